@@ -1,0 +1,153 @@
+/* Flash-DMA C ABI.
+ *
+ * Plain C over the same operations as the C++ API (fdma.hpp). Every function returns an
+ * fdma_status; on failure fdma_last_error() gives a message for the calling thread. The
+ * library never allocates memory for the caller: outputs and workspace come from the
+ * caller, and the workspace size comes from the *_workspace_size functions.
+ *
+ * Structs are zero-initialisable: a zeroed params struct means "no optional tensor, default
+ * scale, no softcap, not causal, automatic backend".
+ */
+#ifndef FDMA_FDMA_H
+#define FDMA_FDMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(FDMA_BUILDING_LIBRARY) && defined(__GNUC__)
+#define FDMA_API __attribute__((visibility("default")))
+#else
+#define FDMA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a struct layout or a function signature changes. */
+#define FDMA_ABI_VERSION 1
+#define FDMA_MAX_DIMS 4
+#define FDMA_MAX_HEAD_DIM 256
+
+typedef enum fdma_status {
+  FDMA_OK = 0,
+  FDMA_ERR_INVALID_ARGUMENT = 1, /* bad shape, stride, dtype, pointer or value */
+  FDMA_ERR_UNSUPPORTED = 2,      /* valid, but this build/backend cannot run it */
+  FDMA_ERR_WORKSPACE = 3,        /* workspace missing or too small */
+  FDMA_ERR_DEVICE = 4,           /* CUDA runtime error */
+  FDMA_ERR_INTERNAL = 5
+} fdma_status;
+
+typedef enum fdma_dtype {
+  FDMA_DTYPE_UNSET = 0,
+  FDMA_FLOAT32 = 1,
+  FDMA_FLOAT16 = 2,
+  FDMA_BFLOAT16 = 3,
+  FDMA_FLOAT64 = 4, /* CPU only: computes in float64 (reference mode) */
+  FDMA_BOOL = 5,    /* one byte per element, nonzero = true */
+  FDMA_INT32 = 6
+} fdma_dtype;
+
+typedef enum fdma_backend {
+  FDMA_BACKEND_AUTO = 0, /* CUDA when the tensors are in device memory, else CPU */
+  FDMA_BACKEND_CPU = 1,
+  FDMA_BACKEND_CUDA = 2
+} fdma_backend;
+
+typedef enum fdma_pass { FDMA_PASS_FORWARD = 0, FDMA_PASS_BACKWARD = 1 } fdma_pass;
+
+/* A strided view. data == NULL marks an optional tensor as absent. Strides are in
+ * elements and must be >= 0; a dim of size 1 may have any stride (it is ignored). */
+typedef struct fdma_tensor {
+  void* data;
+  int32_t dtype; /* fdma_dtype */
+  int32_t ndim;
+  int64_t shape[FDMA_MAX_DIMS];
+  int64_t stride[FDMA_MAX_DIMS];
+} fdma_tensor;
+
+/* attention (design.md 2.1). Forward reads q, k, v, mask, bias and writes out, lse.
+ * Backward also reads out, lse, dout and writes dq, dk, dv and (if given) dbias.
+ *   q, out, dout, dq : [B, Sq, H, D]        k, v, dk, dv : [B, Sk, Hk, D]
+ *   lse              : [B, H, Sq] float32 (float64 allowed when q is float64)
+ *   mask             : [B|1, 1|Hk|H, Sq|1, Sk|1] bool, nonzero keeps
+ *   bias, dbias      : same broadcast rules as mask; bias dtype = q's or float32;
+ *                      dbias dtype = bias's or float32, reduced over broadcast dims. */
+typedef struct fdma_attention_params {
+  fdma_tensor q, k, v, mask, bias;
+  double scale;   /* 0 = default 1/sqrt(D); otherwise any finite value */
+  double softcap; /* 0 = off; > 0: scores become softcap * tanh(score / softcap) */
+  int32_t causal; /* bottom-right: key j visible to query i iff j <= i + Sk - Sq */
+  int32_t deterministic; /* bitwise-reproducible backward (the CPU always is) */
+  fdma_tensor out, lse;
+  fdma_tensor dout, dq, dk, dv, dbias;
+  int32_t backend; /* fdma_backend */
+  void* stream;    /* cudaStream_t for the CUDA backend; ignored by the CPU */
+  void* workspace;
+  size_t workspace_bytes;
+} fdma_attention_params;
+
+/* selection (design.md 2.2): which queries keep each key. For every key j of (b, hk) the
+ * queries that keep it form one interval [keep_begin, keep_end); a key no query keeps has
+ * keep_begin == keep_end == 0.
+ *   key_scores : [B, Hk, Sk] float32, float16, bfloat16 or float64 (NaN ranks lowest)
+ *   key_padding: optional [B, Sk] bool, nonzero = the key exists and may be kept
+ *   keep_begin, keep_end : [B, Hk, Sk] int32 outputs */
+typedef struct fdma_select_params {
+  fdma_tensor key_scores, key_padding;
+  int64_t num_queries; /* Sq */
+  int64_t window;      /* w >= 1 */
+  int32_t causal;
+  fdma_tensor keep_begin, keep_end;
+  int32_t backend;
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+} fdma_select_params;
+
+/* dynamic_mask_attention (design.md 2.2). Same layouts as attention; key_scores
+ * [B, Hk, Sk] in float32 or q's dtype; dkey_scores (optional in backward) has the shape
+ * and dtype of key_scores. */
+typedef struct fdma_dma_params {
+  fdma_tensor q, k, v, key_scores, key_padding;
+  int64_t window;
+  int32_t causal;
+  int32_t add_scores; /* nonzero: key_scores are added to the kept scores as a bias */
+  double scale, softcap;
+  int32_t deterministic;
+  fdma_tensor out, lse;
+  fdma_tensor dout, dq, dk, dv, dkey_scores;
+  int32_t backend;
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+} fdma_dma_params;
+
+FDMA_API int32_t fdma_abi_version(void);
+FDMA_API const char* fdma_version_string(void);
+/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+FDMA_API const char* fdma_last_error(void);
+FDMA_API const char* fdma_status_name(int32_t status);
+
+/* CPU backend threads: 0 restores the default (FDMA_NUM_THREADS or all cores). The CPU
+ * workspace size depends on it, so query the size after setting it. */
+FDMA_API int32_t fdma_set_num_threads(int32_t n);
+FDMA_API int32_t fdma_get_num_threads(void);
+/* 1 when this build has CUDA and a GPU is usable, else 0. */
+FDMA_API int32_t fdma_cuda_available(void);
+
+FDMA_API int32_t fdma_attention_workspace_size(const fdma_attention_params* p, int32_t pass, size_t* bytes);
+FDMA_API int32_t fdma_attention_fwd(const fdma_attention_params* p);
+FDMA_API int32_t fdma_attention_bwd(const fdma_attention_params* p);
+
+FDMA_API int32_t fdma_select_workspace_size(const fdma_select_params* p, size_t* bytes);
+FDMA_API int32_t fdma_select(const fdma_select_params* p);
+
+FDMA_API int32_t fdma_dma_workspace_size(const fdma_dma_params* p, int32_t pass, size_t* bytes);
+FDMA_API int32_t fdma_dma_fwd(const fdma_dma_params* p);
+FDMA_API int32_t fdma_dma_bwd(const fdma_dma_params* p);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+#endif /* FDMA_FDMA_H */

@@ -1,0 +1,148 @@
+// The C++ API: validate, check the workspace, dispatch to a backend.
+#include <cmath>
+#include <string>
+
+#include "core/device.hpp"
+#include "core/parallel.hpp"
+#include "core/problem.hpp"
+#include "cpu/cpu_backend.hpp"
+
+#ifndef FDMA_VERSION_STRING
+#define FDMA_VERSION_STRING "0.1.0"
+#endif
+
+namespace fdma {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::f64: return 8;
+    case DType::boolean: return 1;
+    case DType::i32: return 4;
+    default: return 0;
+  }
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+    case DType::f64: return "float64";
+    case DType::boolean: return "bool";
+    case DType::i32: return "int32";
+    case DType::unset: return "unset";
+    default: return "unknown";
+  }
+}
+
+namespace {
+void fill_tensor(fdma_tensor& t, const void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  if (shape.size() > FDMA_MAX_DIMS) throw Error(Status::invalid_argument, "Tensor: at most 4 dims");
+  t.data = const_cast<void*>(data);
+  t.dtype = static_cast<int32_t>(dtype);
+  t.ndim = static_cast<int32_t>(shape.size());
+  int d = 0;
+  for (int64_t s : shape) t.shape[d++] = s;
+}
+}  // namespace
+
+Tensor::Tensor(const void* data, DType dtype, std::initializer_list<int64_t> shape) : fdma_tensor{} {
+  fill_tensor(*this, data, dtype, shape);
+  int64_t stride = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    this->stride[d] = stride;
+    stride *= this->shape[d];
+  }
+}
+
+Tensor::Tensor(const void* data, DType dtype, std::initializer_list<int64_t> shape,
+               std::initializer_list<int64_t> strides)
+    : fdma_tensor{} {
+  fill_tensor(*this, data, dtype, shape);
+  if (strides.size() != shape.size()) throw Error(Status::invalid_argument, "Tensor: shape and strides differ in length");
+  int d = 0;
+  for (int64_t s : strides) stride[d++] = s;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+namespace {
+
+[[noreturn]] void no_cuda_kernels(const char* op) {
+  detail::fail(Status::unsupported, std::string(op) +
+                                        ": this build has no CUDA kernels for this operation yet; pass host tensors "
+                                        "to run it on the CPU backend");
+}
+
+}  // namespace
+
+size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
+  auto prob = detail::validate_attention(p, pass);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("attention");
+  return cpu::attention_workspace(prob, pass);
+}
+
+void attention_forward(const fdma_attention_params& p) {
+  auto prob = detail::validate_attention(p, Pass::forward);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("attention forward");
+  detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cpu::attention_workspace(prob, Pass::forward));
+  cpu::attention_forward(p, prob);
+}
+
+void attention_backward(const fdma_attention_params& p) {
+  auto prob = detail::validate_attention(p, Pass::backward);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("attention backward");
+  detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
+                          cpu::attention_workspace(prob, Pass::backward));
+  cpu::attention_backward(p, prob);
+}
+
+size_t select_workspace_size(const fdma_select_params& p) {
+  auto prob = detail::validate_select(p);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("select");
+  return cpu::select_workspace(prob, static_cast<DType>(p.key_scores.dtype));
+}
+
+void select_keys(const fdma_select_params& p) {
+  auto prob = detail::validate_select(p);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("select");
+  detail::check_workspace("select", p.workspace, p.workspace_bytes,
+                          cpu::select_workspace(prob, static_cast<DType>(p.key_scores.dtype)));
+  cpu::select(p, prob);
+}
+
+size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
+  auto prob = detail::validate_dma(p, pass);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("dynamic_mask_attention");
+  return cpu::dma_workspace(prob, pass);
+}
+
+void dma_forward(const fdma_dma_params& p) {
+  auto prob = detail::validate_dma(p, Pass::forward);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("dynamic_mask_attention forward");
+  detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
+                          cpu::dma_workspace(prob, Pass::forward));
+  cpu::dma_forward(p, prob);
+}
+
+void dma_backward(const fdma_dma_params& p) {
+  auto prob = detail::validate_dma(p, Pass::backward);
+  if (prob.backend == Backend::cuda) no_cuda_kernels("dynamic_mask_attention backward");
+  detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
+                          cpu::dma_workspace(prob, Pass::backward));
+  cpu::dma_backward(p, prob);
+}
+
+void set_num_threads(int n) { detail::set_num_threads(n); }
+int num_threads() { return detail::num_threads(); }
+bool cuda_available() { return detail::cuda_runtime_usable(); }
+const char* version() { return FDMA_VERSION_STRING; }
+
+}  // namespace fdma

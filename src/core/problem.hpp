@@ -1,0 +1,71 @@
+// Validated, normalised descriptions of each operation. The validation layer (validate.cpp)
+// turns a params struct into one of these or throws fdma::Error naming the bad argument;
+// backends only ever see problems that passed it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fdma/fdma.hpp"
+
+namespace fdma::detail {
+
+[[noreturn]] void fail(Status status, const std::string& message);
+
+struct Dims {
+  int64_t B = 0, Sq = 0, Sk = 0, H = 0, Hk = 0, D = 0;
+  int64_t G() const { return H / Hk; }
+  // Causal offset: key j is visible to query i iff j <= i + causal_offset().
+  int64_t causal_offset() const { return Sk - Sq; }
+};
+
+// How a [B|1, 1|Hk|H, Sq|1, Sk|1] mask or bias maps (b, h, i, j) to an element.
+struct Broadcast {
+  bool present = false;
+  enum HeadMode { shared = 0, per_kv_head = 1, per_head = 2 } head_mode = shared;
+  int64_t size[4] = {1, 1, 1, 1};    // declared sizes
+  int64_t stride[4] = {0, 0, 0, 0};  // 0 on every broadcast (size 1) dim
+  int64_t head_index(int64_t h, int64_t G) const {
+    return head_mode == per_head ? h : head_mode == per_kv_head ? h / G : 0;
+  }
+  int64_t offset(int64_t b, int64_t hidx, int64_t i, int64_t j) const {
+    return b * stride[0] + hidx * stride[1] + i * stride[2] + j * stride[3];
+  }
+};
+
+struct AttentionProblem {
+  Dims dims;
+  Broadcast mask, bias;
+  bool has_dbias = false;
+  bool causal = false;
+  double scale = 0, softcap = 0;
+  DType dtype = DType::unset;  // q's dtype
+  Backend backend = Backend::cpu;
+};
+
+struct SelectProblem {
+  int64_t B = 0, Hk = 0, Sk = 0, Sq = 0, window = 0;
+  bool causal = false, has_padding = false;
+  Backend backend = Backend::cpu;
+};
+
+struct DmaProblem {
+  Dims dims;
+  int64_t window = 0;
+  bool causal = false, add_scores = false, has_padding = false, has_dscores = false;
+  double scale = 0, softcap = 0;
+  DType dtype = DType::unset;
+  Backend backend = Backend::cpu;
+  SelectProblem select() const {
+    return SelectProblem{dims.B, dims.Hk, dims.Sk, dims.Sq, window, causal, has_padding, backend};
+  }
+};
+
+AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass);
+SelectProblem validate_select(const fdma_select_params& p);
+DmaProblem validate_dma(const fdma_dma_params& p, Pass pass);
+
+// Throws FDMA_ERR_WORKSPACE unless [workspace, +bytes) holds `needed` bytes.
+void check_workspace(const char* op, const void* workspace, size_t bytes, size_t needed);
+
+}  // namespace fdma::detail

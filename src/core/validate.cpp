@@ -1,0 +1,443 @@
+// The one validation layer every backend shares. Each check names the argument and what was
+// expected; all checks run before any output is touched, so an error never leaves a partial
+// write behind.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/problem.hpp"
+
+namespace fdma::detail {
+
+void fail(Status status, const std::string& message) { throw Error(status, message); }
+
+namespace {
+
+constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();  // int32 indices in kernels
+
+std::string shape_str(const fdma_tensor& t) {
+  std::ostringstream os;
+  os << '[';
+  for (int d = 0; d < t.ndim && d < FDMA_MAX_DIMS; ++d) os << (d ? ", " : "") << t.shape[d];
+  os << ']';
+  return os.str();
+}
+
+struct Span {
+  std::string name;
+  uintptr_t lo, hi;
+};
+
+// Bytes a strided view can touch: [data, data + (1 + sum (shape-1)*stride) * element size).
+Span span_of(const fdma_tensor& t, const std::string& name) {
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  auto lo = reinterpret_cast<uintptr_t>(t.data);
+  return {name, lo, lo + static_cast<uintptr_t>(last + 1) * dtype_size(static_cast<DType>(t.dtype))};
+}
+
+class Checker {
+ public:
+  explicit Checker(const char* op) : op_(op) {}
+
+  [[noreturn]] void bad(const std::string& msg) const { fail(Status::invalid_argument, std::string(op_) + ": " + msg); }
+
+  // Presence, rank, positive sizes, non-negative strides, a dtype this library knows.
+  void layout(const fdma_tensor& t, const char* name, int ndim, const char* dims_doc) const {
+    if (t.data == nullptr) bad(std::string(name) + " is required but its data pointer is null");
+    if (t.ndim != ndim)
+      bad(std::string(name) + " must have " + std::to_string(ndim) + " dims " + dims_doc + ", got ndim = " +
+          std::to_string(t.ndim));
+    for (int d = 0; d < ndim; ++d) {
+      if (t.shape[d] < 1)
+        bad(std::string(name) + ".shape[" + std::to_string(d) + "] must be >= 1, got " + std::to_string(t.shape[d]) +
+            " (shape " + shape_str(t) + ")");
+      if (t.shape[d] > kMaxDim)
+        bad(std::string(name) + ".shape[" + std::to_string(d) + "] = " + std::to_string(t.shape[d]) +
+            " exceeds the supported maximum " + std::to_string(kMaxDim));
+      if (t.stride[d] < 0)
+        bad(std::string(name) + ".stride[" + std::to_string(d) + "] = " + std::to_string(t.stride[d]) +
+            ": negative strides are not supported");
+    }
+    if (dtype_size(static_cast<DType>(t.dtype)) == 0)
+      bad(std::string(name) + " has unknown dtype code " + std::to_string(t.dtype));
+  }
+
+  void dtype_in(const fdma_tensor& t, const char* name, std::initializer_list<DType> allowed,
+                const char* expected) const {
+    for (DType a : allowed)
+      if (t.dtype == static_cast<int32_t>(a)) return;
+    bad(std::string(name) + " has dtype " + dtype_name(static_cast<DType>(t.dtype)) + ", expected " + expected);
+  }
+
+  void dim(const fdma_tensor& t, const char* name, int d, int64_t expected, const char* what) const {
+    if (t.shape[d] != expected)
+      bad(std::string(name) + ".shape[" + std::to_string(d) + "] = " + std::to_string(t.shape[d]) + ", expected " +
+          what + " = " + std::to_string(expected) + " (" + name + " shape " + shape_str(t) + ")");
+  }
+
+  void unit_last_stride(const fdma_tensor& t, const char* name) const {
+    int d = t.ndim - 1;
+    if (t.shape[d] > 1 && t.stride[d] != 1)
+      bad(std::string(name) + ".stride[" + std::to_string(d) + "] = " + std::to_string(t.stride[d]) +
+          ", expected 1 (the head dim must be contiguous)");
+  }
+
+  // An output must not write one element twice: sorted by stride, each dim must step past
+  // everything the smaller dims reach.
+  void no_self_overlap(const fdma_tensor& t, const char* name) const {
+    std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims with size > 1
+    for (int d = 0; d < t.ndim; ++d)
+      if (t.shape[d] > 1) dims.emplace_back(t.stride[d], t.shape[d]);
+    std::sort(dims.begin(), dims.end());
+    int64_t reach = 0;
+    for (auto [stride, size] : dims) {
+      if (stride <= reach)
+        bad(std::string(name) + " is an output but its strides make elements overlap (stride 0 or aliasing dims)");
+      reach += (size - 1) * stride;
+    }
+  }
+
+  // mask / bias / dbias: [B|1, 1|Hk|H, Sq|1, Sk|1].
+  Broadcast broadcast4(const fdma_tensor& t, const char* name, const Dims& d) const {
+    layout(t, name, 4, "[B|1, 1|Hk|H, Sq|1, Sk|1]");
+    const int64_t full[4] = {d.B, d.H, d.Sq, d.Sk};
+    const char* names[4] = {"B", "H", "Sq", "Sk"};
+    for (int k : {0, 2, 3})
+      if (t.shape[k] != 1 && t.shape[k] != full[k])
+        bad(std::string(name) + ".shape[" + std::to_string(k) + "] = " + std::to_string(t.shape[k]) + " must be 1 or " +
+            names[k] + " = " + std::to_string(full[k]) + " (" + name + " shape " + shape_str(t) + ")");
+    if (t.shape[1] != 1 && t.shape[1] != d.Hk && t.shape[1] != d.H)
+      bad(std::string(name) + ".shape[1] = " + std::to_string(t.shape[1]) + ": the head count must be 1, Hk = " +
+          std::to_string(d.Hk) + " or H = " + std::to_string(d.H));
+    Broadcast b;
+    b.present = true;
+    b.head_mode = t.shape[1] == d.H ? Broadcast::per_head : t.shape[1] == d.Hk ? Broadcast::per_kv_head : Broadcast::shared;
+    for (int k = 0; k < 4; ++k) {
+      b.size[k] = t.shape[k];
+      b.stride[k] = t.shape[k] == 1 ? 0 : t.stride[k];
+    }
+    return b;
+  }
+
+  void finite(double x, const char* name) const {
+    if (!std::isfinite(x)) bad(std::string(name) + " must be finite, got " + std::to_string(x));
+  }
+
+  void no_overlap(const std::vector<Span>& outputs, const std::vector<Span>& inputs) const {
+    for (size_t a = 0; a < outputs.size(); ++a) {
+      auto hit = [&](const Span& o) { return outputs[a].lo < o.hi && o.lo < outputs[a].hi; };
+      for (const Span& in : inputs)
+        if (hit(in)) bad("output " + outputs[a].name + " overlaps input " + in.name + " in memory");
+      for (size_t b = a + 1; b < outputs.size(); ++b)
+        if (hit(outputs[b])) bad("outputs " + outputs[a].name + " and " + outputs[b].name + " overlap in memory");
+    }
+  }
+
+  // AUTO picks CUDA iff the first tensor is device memory; then every tensor must agree.
+  Backend backend(int32_t requested, const std::vector<std::pair<std::string, const void*>>& ptrs) const {
+    if (requested < FDMA_BACKEND_AUTO || requested > FDMA_BACKEND_CUDA)
+      bad("backend = " + std::to_string(requested) + " is not one of AUTO (0), CPU (1), CUDA (2)");
+    std::vector<PointerLocation> locs;
+    for (auto& [name, ptr] : ptrs) locs.push_back(locate_pointer(ptr));
+    Backend b = static_cast<Backend>(requested);
+    if (b == Backend::automatic) b = locs.front().device ? Backend::cuda : Backend::cpu;
+    if (b == Backend::cuda && !cuda_runtime_usable())
+      fail(Status::unsupported, std::string(op_) + ": the CUDA backend needs a CUDA build of Flash-DMA and a usable GPU");
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      const auto& name = ptrs[i].first;
+      if (b == Backend::cpu && locs[i].device)
+        bad(name + " is in CUDA device memory (device " + std::to_string(locs[i].ordinal) +
+            ") but the CPU backend runs this call; pass all tensors on one device");
+      if (b == Backend::cuda && !locs[i].device)
+        bad(name + " is host memory but the CUDA backend runs this call; pass all tensors on one device");
+      if (b == Backend::cuda && locs[i].ordinal != locs[0].ordinal)
+        bad(name + " is on CUDA device " + std::to_string(locs[i].ordinal) + " but " + ptrs[0].first +
+            " is on device " + std::to_string(locs[0].ordinal));
+    }
+    return b;
+  }
+
+ private:
+  const char* op_;
+};
+
+// A q/k/v triple, shared by attention and dynamic_mask_attention.
+Dims check_qkv(const Checker& c, const fdma_tensor& q, const fdma_tensor& k, const fdma_tensor& v) {
+  c.layout(q, "q", 4, "[B, Sq, H, D]");
+  c.dtype_in(q, "q", {DType::f32, DType::f16, DType::bf16, DType::f64}, "float16, bfloat16, float32 or float64");
+  Dims d;
+  d.B = q.shape[0];
+  d.Sq = q.shape[1];
+  d.H = q.shape[2];
+  d.D = q.shape[3];
+  if (d.D > FDMA_MAX_HEAD_DIM)
+    c.bad("head dim D = q.shape[3] = " + std::to_string(d.D) + " is not supported (1 to " +
+          std::to_string(FDMA_MAX_HEAD_DIM) + ")");
+  const std::string qdt = dtype_name(static_cast<DType>(q.dtype));
+  for (auto [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    c.layout(*t, name, 4, "[B, Sk, Hk, D]");
+    if (t->dtype != q.dtype)
+      c.bad(std::string(name) + " has dtype " + dtype_name(static_cast<DType>(t->dtype)) + ", expected q's dtype " + qdt);
+    c.dim(*t, name, 0, d.B, "B");
+    c.dim(*t, name, 3, d.D, "head dim D");
+  }
+  d.Sk = k.shape[1];
+  d.Hk = k.shape[2];
+  c.dim(v, "v", 1, d.Sk, "Sk");
+  c.dim(v, "v", 2, d.Hk, "Hk");
+  if (d.H % d.Hk != 0)
+    c.bad("H = " + std::to_string(d.H) + " (q.shape[2]) must be a multiple of Hk = " + std::to_string(d.Hk) +
+          " (k.shape[2])");
+  for (auto [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) c.unit_last_stride(*t, name);
+  return d;
+}
+
+// A tensor shaped and typed like q (or k): out, dout, dq, dk, dv.
+void check_like(const Checker& c, const fdma_tensor& t, const char* name, const fdma_tensor& like,
+                const char* like_name, bool output) {
+  c.layout(t, name, 4, like_name[0] == 'q' ? "[B, Sq, H, D]" : "[B, Sk, Hk, D]");
+  for (int d = 0; d < 4; ++d)
+    if (t.shape[d] != like.shape[d])
+      c.bad(std::string(name) + " has shape " + shape_str(t) + ", expected " + like_name + "'s shape " + shape_str(like));
+  if (t.dtype != like.dtype)
+    c.bad(std::string(name) + " has dtype " + dtype_name(static_cast<DType>(t.dtype)) + ", expected " + like_name +
+          "'s dtype " + dtype_name(static_cast<DType>(like.dtype)));
+  c.unit_last_stride(t, name);
+  if (output) c.no_self_overlap(t, name);
+}
+
+void check_lse(const Checker& c, const fdma_tensor& lse, const Dims& d, DType qdt, bool output) {
+  c.layout(lse, "lse", 3, "[B, H, Sq]");
+  if (qdt == DType::f64)
+    c.dtype_in(lse, "lse", {DType::f32, DType::f64}, "float32 or float64");
+  else
+    c.dtype_in(lse, "lse", {DType::f32}, "float32");
+  c.dim(lse, "lse", 0, d.B, "B");
+  c.dim(lse, "lse", 1, d.H, "H");
+  c.dim(lse, "lse", 2, d.Sq, "Sq");
+  if (output) c.no_self_overlap(lse, "lse");
+}
+
+// Either q's dtype or float32: the rule for bias, key_scores and their gradients.
+void check_q_or_f32(const Checker& c, const fdma_tensor& t, const char* name, DType qdt) {
+  std::string expected = qdt == DType::f32 ? std::string("float32") : std::string(dtype_name(qdt)) + " (q's dtype) or float32";
+  c.dtype_in(t, name, {qdt, DType::f32}, expected.c_str());
+}
+
+void check_scalars(const Checker& c, double scale, double softcap) {
+  c.finite(scale, "scale");
+  c.finite(softcap, "softcap");
+  if (softcap < 0) c.bad("softcap must be >= 0 (0 turns it off), got " + std::to_string(softcap));
+}
+
+double resolve_scale(double scale, int64_t D) { return scale == 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : scale; }
+
+void check_key_scores(const Checker& c, const fdma_tensor& t, const char* name, int64_t B, int64_t Hk, int64_t Sk) {
+  c.layout(t, name, 3, "[B, Hk, Sk]");
+  c.dim(t, name, 0, B, "B");
+  c.dim(t, name, 1, Hk, "Hk");
+  c.dim(t, name, 2, Sk, "Sk");
+}
+
+void check_padding(const Checker& c, const fdma_tensor& t, int64_t B, int64_t Sk) {
+  c.layout(t, "key_padding", 2, "[B, Sk]");
+  c.dtype_in(t, "key_padding", {DType::boolean}, "bool");
+  c.dim(t, "key_padding", 0, B, "B");
+  c.dim(t, "key_padding", 1, Sk, "Sk");
+}
+
+void check_window(const Checker& c, int64_t window) {
+  if (window < 1) c.bad("window must be >= 1, got " + std::to_string(window));
+}
+
+}  // namespace
+
+void check_workspace(const char* op, const void* workspace, size_t bytes, size_t needed) {
+  if (needed == 0) return;
+  if (workspace == nullptr || bytes < needed)
+    fail(Status::workspace, std::string(op) + ": workspace needs " + std::to_string(needed) + " bytes, got " +
+                                (workspace ? std::to_string(bytes) : std::string("a null pointer")) +
+                                " (ask the matching *_workspace_size function)");
+}
+
+AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
+  Checker c(pass == Pass::forward ? "attention forward" : "attention backward");
+  AttentionProblem prob;
+  prob.dims = check_qkv(c, p.q, p.k, p.v);
+  const Dims& d = prob.dims;
+  prob.dtype = static_cast<DType>(p.q.dtype);
+  std::vector<Span> inputs = {span_of(p.q, "q"), span_of(p.k, "k"), span_of(p.v, "v")};
+  std::vector<Span> outputs;
+  std::vector<std::pair<std::string, const void*>> ptrs = {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}};
+
+  if (p.mask.data) {
+    prob.mask = c.broadcast4(p.mask, "mask", d);
+    c.dtype_in(p.mask, "mask", {DType::boolean}, "bool");
+    inputs.push_back(span_of(p.mask, "mask"));
+    ptrs.emplace_back("mask", p.mask.data);
+  }
+  if (p.bias.data) {
+    prob.bias = c.broadcast4(p.bias, "bias", d);
+    check_q_or_f32(c, p.bias, "bias", prob.dtype);
+    inputs.push_back(span_of(p.bias, "bias"));
+    ptrs.emplace_back("bias", p.bias.data);
+  }
+  check_scalars(c, p.scale, p.softcap);
+  prob.scale = resolve_scale(p.scale, d.D);
+  prob.softcap = p.softcap;
+  prob.causal = p.causal != 0;
+
+  if (pass == Pass::forward) {
+    check_like(c, p.out, "out", p.q, "q", true);
+    outputs.push_back(span_of(p.out, "out"));
+    ptrs.emplace_back("out", p.out.data);
+    if (p.lse.data) {
+      check_lse(c, p.lse, d, prob.dtype, true);
+      outputs.push_back(span_of(p.lse, "lse"));
+      ptrs.emplace_back("lse", p.lse.data);
+    }
+  } else {
+    check_like(c, p.out, "out", p.q, "q", false);
+    check_lse(c, p.lse, d, prob.dtype, false);
+    check_like(c, p.dout, "dout", p.q, "q", false);
+    check_like(c, p.dq, "dq", p.q, "q", true);
+    check_like(c, p.dk, "dk", p.k, "k", true);
+    check_like(c, p.dv, "dv", p.v, "v", true);
+    for (auto [t, name] : {std::pair{&p.out, "out"}, std::pair{&p.lse, "lse"}, std::pair{&p.dout, "dout"}}) {
+      inputs.push_back(span_of(*t, name));
+      ptrs.emplace_back(name, t->data);
+    }
+    for (auto [t, name] : {std::pair{&p.dq, "dq"}, std::pair{&p.dk, "dk"}, std::pair{&p.dv, "dv"}}) {
+      outputs.push_back(span_of(*t, name));
+      ptrs.emplace_back(name, t->data);
+    }
+    if (p.dbias.data) {
+      if (!p.bias.data) c.bad("dbias is given but bias is not");
+      c.broadcast4(p.dbias, "dbias", d);
+      for (int k = 0; k < 4; ++k)
+        if (p.dbias.shape[k] != p.bias.shape[k])
+          c.bad("dbias has shape " + shape_str(p.dbias) + ", expected bias's shape " + shape_str(p.bias));
+      std::string expected = std::string(dtype_name(static_cast<DType>(p.bias.dtype))) + " (bias's dtype) or float32";
+      c.dtype_in(p.dbias, "dbias", {static_cast<DType>(p.bias.dtype), DType::f32}, expected.c_str());
+      c.no_self_overlap(p.dbias, "dbias");
+      outputs.push_back(span_of(p.dbias, "dbias"));
+      ptrs.emplace_back("dbias", p.dbias.data);
+      prob.has_dbias = true;
+    }
+  }
+  c.no_overlap(outputs, inputs);
+  prob.backend = c.backend(p.backend, ptrs);
+  return prob;
+}
+
+SelectProblem validate_select(const fdma_select_params& p) {
+  Checker c("select");
+  c.layout(p.key_scores, "key_scores", 3, "[B, Hk, Sk]");
+  c.dtype_in(p.key_scores, "key_scores", {DType::f32, DType::f16, DType::bf16, DType::f64},
+             "float16, bfloat16, float32 or float64");
+  SelectProblem prob;
+  prob.B = p.key_scores.shape[0];
+  prob.Hk = p.key_scores.shape[1];
+  prob.Sk = p.key_scores.shape[2];
+  if (p.num_queries < 1 || p.num_queries > kMaxDim)
+    c.bad("num_queries must be in 1.." + std::to_string(kMaxDim) + ", got " + std::to_string(p.num_queries));
+  prob.Sq = p.num_queries;
+  check_window(c, p.window);
+  prob.window = p.window;
+  prob.causal = p.causal != 0;
+  std::vector<Span> inputs = {span_of(p.key_scores, "key_scores")};
+  std::vector<std::pair<std::string, const void*>> ptrs = {{"key_scores", p.key_scores.data}};
+  if (p.key_padding.data) {
+    check_padding(c, p.key_padding, prob.B, prob.Sk);
+    prob.has_padding = true;
+    inputs.push_back(span_of(p.key_padding, "key_padding"));
+    ptrs.emplace_back("key_padding", p.key_padding.data);
+  }
+  std::vector<Span> outputs;
+  for (auto [t, name] : {std::pair{&p.keep_begin, "keep_begin"}, std::pair{&p.keep_end, "keep_end"}}) {
+    check_key_scores(c, *t, name, prob.B, prob.Hk, prob.Sk);
+    c.dtype_in(*t, name, {DType::i32}, "int32");
+    c.no_self_overlap(*t, name);
+    outputs.push_back(span_of(*t, name));
+    ptrs.emplace_back(name, t->data);
+  }
+  c.no_overlap(outputs, inputs);
+  prob.backend = c.backend(p.backend, ptrs);
+  return prob;
+}
+
+DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
+  Checker c(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward");
+  DmaProblem prob;
+  prob.dims = check_qkv(c, p.q, p.k, p.v);
+  const Dims& d = prob.dims;
+  prob.dtype = static_cast<DType>(p.q.dtype);
+  std::vector<Span> inputs = {span_of(p.q, "q"), span_of(p.k, "k"), span_of(p.v, "v")};
+  std::vector<Span> outputs;
+  std::vector<std::pair<std::string, const void*>> ptrs = {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}};
+
+  check_key_scores(c, p.key_scores, "key_scores", d.B, d.Hk, d.Sk);
+  check_q_or_f32(c, p.key_scores, "key_scores", prob.dtype);
+  inputs.push_back(span_of(p.key_scores, "key_scores"));
+  ptrs.emplace_back("key_scores", p.key_scores.data);
+  if (p.key_padding.data) {
+    check_padding(c, p.key_padding, d.B, d.Sk);
+    prob.has_padding = true;
+    inputs.push_back(span_of(p.key_padding, "key_padding"));
+    ptrs.emplace_back("key_padding", p.key_padding.data);
+  }
+  check_window(c, p.window);
+  prob.window = p.window;
+  prob.causal = p.causal != 0;
+  prob.add_scores = p.add_scores != 0;
+  check_scalars(c, p.scale, p.softcap);
+  prob.scale = resolve_scale(p.scale, d.D);
+  prob.softcap = p.softcap;
+
+  if (pass == Pass::forward) {
+    check_like(c, p.out, "out", p.q, "q", true);
+    outputs.push_back(span_of(p.out, "out"));
+    ptrs.emplace_back("out", p.out.data);
+    if (p.lse.data) {
+      check_lse(c, p.lse, d, prob.dtype, true);
+      outputs.push_back(span_of(p.lse, "lse"));
+      ptrs.emplace_back("lse", p.lse.data);
+    }
+  } else {
+    check_like(c, p.out, "out", p.q, "q", false);
+    check_lse(c, p.lse, d, prob.dtype, false);
+    check_like(c, p.dout, "dout", p.q, "q", false);
+    check_like(c, p.dq, "dq", p.q, "q", true);
+    check_like(c, p.dk, "dk", p.k, "k", true);
+    check_like(c, p.dv, "dv", p.v, "v", true);
+    for (auto [t, name] : {std::pair{&p.out, "out"}, std::pair{&p.lse, "lse"}, std::pair{&p.dout, "dout"}}) {
+      inputs.push_back(span_of(*t, name));
+      ptrs.emplace_back(name, t->data);
+    }
+    for (auto [t, name] : {std::pair{&p.dq, "dq"}, std::pair{&p.dk, "dk"}, std::pair{&p.dv, "dv"}}) {
+      outputs.push_back(span_of(*t, name));
+      ptrs.emplace_back(name, t->data);
+    }
+    if (p.dkey_scores.data) {
+      check_key_scores(c, p.dkey_scores, "dkey_scores", d.B, d.Hk, d.Sk);
+      std::string expected =
+          std::string(dtype_name(static_cast<DType>(p.key_scores.dtype))) + " (key_scores' dtype) or float32";
+      c.dtype_in(p.dkey_scores, "dkey_scores", {static_cast<DType>(p.key_scores.dtype), DType::f32}, expected.c_str());
+      c.no_self_overlap(p.dkey_scores, "dkey_scores");
+      outputs.push_back(span_of(p.dkey_scores, "dkey_scores"));
+      ptrs.emplace_back("dkey_scores", p.dkey_scores.data);
+      prob.has_dscores = true;
+    }
+  }
+  c.no_overlap(outputs, inputs);
+  prob.backend = c.backend(p.backend, ptrs);
+  return prob;
+}
+
+}  // namespace fdma::detail

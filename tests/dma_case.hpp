@@ -1,0 +1,145 @@
+// One dynamic_mask_attention problem run through the C++ API and the float64 reference
+// (brute-force selection turned into a dense keep-mask plus the scores as a bias).
+#pragma once
+
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "host_tensor.hpp"
+#include "reference.hpp"
+#include "test_util.hpp"
+
+namespace fdma::test {
+
+struct DmaCase {
+  int64_t B = 1, Sq = 8, Sk = 8, H = 2, Hk = 1, D = 16, w = 4;
+  bool causal = true, add_scores = true, padding = false, ties = false;
+  double softcap = 0;
+  DType dtype = DType::f32;
+  DType score_dtype = DType::f32;
+  int layout = 0;
+  uint64_t seed = 1;
+  std::string str() const {
+    std::ostringstream os;
+    os << "B" << B << " Sq" << Sq << " Sk" << Sk << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " causal"
+       << causal << " add_scores" << add_scores << " padding" << padding << " ties" << ties << " softcap" << softcap
+       << " " << dtype_name(dtype) << " scores " << dtype_name(score_dtype) << " layout" << layout;
+    return os.str();
+  }
+};
+
+struct DmaRun {
+  DmaCase c;
+  HostTensor q, k, v, scores, pad, out, lse, dout, dq, dk, dv, dscores;
+  ref::Problem rp;
+
+  explicit DmaRun(const DmaCase& cs) : c(cs) {
+    std::mt19937_64 rng(c.seed);
+    std::vector<int> perm = c.layout == 1 ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{};
+    q = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm);
+    k = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm);
+    v = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm);
+    q.fill_uniform(rng, -1.5, 1.5);
+    k.fill_uniform(rng, -1.5, 1.5);
+    v.fill_uniform(rng, -1, 1);
+    scores = HostTensor(c.score_dtype, {c.B, c.Hk, c.Sk});
+    std::uniform_real_distribution<double> u(-2, 2);
+    for (int64_t i = 0; i < scores.numel(); ++i) scores.set(i, c.ties ? std::round(u(rng) * 2) / 2 : u(rng));
+    pad = HostTensor(DType::boolean, {c.B, c.Sk});
+    if (c.padding) pad.fill_bool(rng, 0.8);
+
+    rp.B = c.B, rp.Sq = c.Sq, rp.Sk = c.Sk, rp.H = c.H, rp.Hk = c.Hk, rp.D = c.D;
+    rp.scale = 1.0 / std::sqrt(double(c.D));
+    rp.softcap = c.softcap;
+    rp.causal = false;  // the selection already holds causality
+    rp.q = q.values(), rp.k = k.values(), rp.v = v.values();
+    rebuild_reference_mask();
+
+    out = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm);
+    lse = HostTensor(c.dtype == DType::f64 ? DType::f64 : DType::f32, {c.B, c.H, c.Sq});
+    dout = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D});
+    dout.fill_uniform(rng, -1, 1);
+    dq = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm);
+    dk = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm);
+    dv = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm);
+    dscores = HostTensor(c.score_dtype, {c.B, c.Hk, c.Sk});
+  }
+
+  // Reference keep-mask and bias from brute-force selection over the current scores.
+  void rebuild_reference_mask() {
+    std::vector<uint8_t> padding;
+    if (c.padding)
+      for (double x : pad.values()) padding.push_back(x != 0);
+    auto sv = scores.values();
+    auto keep = ref::select_brute(sv, padding, c.B, c.Hk, c.Sq, c.Sk, c.w, c.causal);
+    const int64_t G = c.H / c.Hk;
+    rp.keep.assign(c.B * c.H * c.Sq * c.Sk, 0);
+    rp.bias.assign(c.B * c.H * c.Sq * c.Sk, 0.0);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t i = 0; i < c.Sq; ++i)
+          for (int64_t j = 0; j < c.Sk; ++j) {
+            const int64_t hk = h / G, idx = ((b * c.H + h) * c.Sq + i) * c.Sk + j;
+            rp.keep[idx] = keep[((b * c.Hk + hk) * c.Sq + i) * c.Sk + j];
+            if (c.add_scores) rp.bias[idx] = sv[(b * c.Hk + hk) * c.Sk + j];
+          }
+  }
+
+  DmaParams params() const {
+    DmaParams p;
+    p.q = q.view(), p.k = k.view(), p.v = v.view();
+    p.key_scores = scores.view();
+    if (c.padding) p.key_padding = pad.view();
+    p.window = c.w;
+    p.causal = c.causal;
+    p.add_scores = c.add_scores;
+    p.softcap = c.softcap;
+    p.out = out.view(), p.lse = lse.view();
+    p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view(), p.dkey_scores = dscores.view();
+    return p;
+  }
+
+  void forward() {
+    out.poison();
+    lse.poison();
+    DmaParams p = params();
+    std::vector<unsigned char> ws(dma_workspace_size(p, Pass::forward));
+    p.workspace = ws.data(), p.workspace_bytes = ws.size();
+    dma_forward(p);
+  }
+
+  void backward() {
+    for (HostTensor* t : {&dq, &dk, &dv, &dscores}) t->poison();
+    DmaParams p = params();
+    std::vector<unsigned char> ws(dma_workspace_size(p, Pass::backward));
+    p.workspace = ws.data(), p.workspace_bytes = ws.size();
+    dma_backward(p);
+  }
+
+  void check_forward() {
+    auto f = ref::forward(rp);
+    EXPECT_TRUE(all_close(out.values(), f.out, forward_tol(c.dtype, f.out), "out")) << c.str();
+    EXPECT_TRUE(all_close(lse.values(), f.lse, {1e-5, 2e-6}, "lse")) << c.str();
+  }
+
+  void check_backward() {
+    auto g = ref::backward(rp, dout.values());
+    EXPECT_TRUE(all_close(dq.values(), g.dq, grad_tol(c.dtype, g.dq), "dq")) << c.str();
+    EXPECT_TRUE(all_close(dk.values(), g.dk, grad_tol(c.dtype, g.dk), "dk")) << c.str();
+    EXPECT_TRUE(all_close(dv.values(), g.dv, grad_tol(c.dtype, g.dv), "dv")) << c.str();
+    // dkey_scores(b, hk, j) = sum over the group's heads and all queries of dS(b, h, i, j).
+    std::vector<double> ds(c.B * c.Hk * c.Sk, 0.0);
+    const int64_t G = c.H / c.Hk;
+    if (c.add_scores)
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t h = 0; h < c.H; ++h)
+          for (int64_t i = 0; i < c.Sq; ++i)
+            for (int64_t j = 0; j < c.Sk; ++j) ds[(b * c.Hk + h / G) * c.Sk + j] += g.dbias[((b * c.H + h) * c.Sq + i) * c.Sk + j];
+    EXPECT_TRUE(all_close(dscores.values(), ds, grad_tol(c.score_dtype == DType::f32 ? c.dtype : c.score_dtype, ds),
+                          "dkey_scores"))
+        << c.str();
+  }
+};
+
+}  // namespace fdma::test

@@ -1,0 +1,181 @@
+// Naive float64 reference for every operation, written for clarity, not speed: dense
+// [B, H, Sq, Sk] visibility and bias, explicit softmax, explicit gradient formulas, and a
+// brute-force top-w selection (sort each query's candidates, take w). The tests compare the
+// library against it; the `fdma` command uses it on slices of its main job.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace fdma::ref {
+
+struct Problem {
+  int64_t B = 1, Sq = 1, Sk = 1, H = 1, Hk = 1, D = 1;
+  double scale = 1, softcap = 0;
+  bool causal = false;
+  std::vector<double> q, k, v;  // [B, Sq, H, D], [B, Sk, Hk, D] logical row-major
+  std::vector<uint8_t> keep;    // [B, H, Sq, Sk] mask (causality applied separately); empty = all
+  std::vector<double> bias;     // [B, H, Sq, Sk]; empty = 0
+
+  int64_t G() const { return H / Hk; }
+  int64_t qi(int64_t b, int64_t i, int64_t h, int64_t d) const { return ((b * Sq + i) * H + h) * D + d; }
+  int64_t ki(int64_t b, int64_t j, int64_t hk, int64_t d) const { return ((b * Sk + j) * Hk + hk) * D + d; }
+  int64_t si(int64_t b, int64_t h, int64_t i, int64_t j) const { return ((b * H + h) * Sq + i) * Sk + j; }
+  bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (causal && j > i + Sk - Sq) return false;
+    return keep.empty() || keep[si(b, h, i, j)];
+  }
+  double capped(double x) const { return softcap > 0 ? softcap * std::tanh(x / softcap) : x; }
+  // Capped score of (b, h, i, j), before the bias.
+  double score(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    double s = 0;
+    for (int64_t d = 0; d < D; ++d) s += q[qi(b, i, h, d)] * k[ki(b, j, h / G(), d)];
+    return capped(scale * s);
+  }
+};
+
+// Softmax probabilities of one row over its visible keys; returns lse (-inf if none visible).
+inline double row_probs(const Problem& p, int64_t b, int64_t h, int64_t i, std::vector<double>& prob,
+                        std::vector<double>& capped) {
+  prob.assign(p.Sk, 0.0);
+  capped.assign(p.Sk, 0.0);
+  double m = -std::numeric_limits<double>::infinity();
+  bool nan = false;
+  std::vector<double> s(p.Sk, -std::numeric_limits<double>::infinity());
+  for (int64_t j = 0; j < p.Sk; ++j) {
+    if (!p.visible(b, h, i, j)) continue;
+    capped[j] = p.score(b, h, i, j);
+    s[j] = capped[j] + (p.bias.empty() ? 0.0 : p.bias[p.si(b, h, i, j)]);
+    if (std::isnan(s[j])) nan = true;
+    m = std::max(m, s[j]);
+  }
+  if (nan) return std::numeric_limits<double>::quiet_NaN();
+  if (m == -std::numeric_limits<double>::infinity()) return m;
+  double l = 0;
+  for (int64_t j = 0; j < p.Sk; ++j)
+    if (p.visible(b, h, i, j)) l += std::exp(s[j] - m);
+  for (int64_t j = 0; j < p.Sk; ++j)
+    if (p.visible(b, h, i, j)) prob[j] = std::exp(s[j] - m) / l;
+  return m + std::log(l);
+}
+
+struct Forward {
+  std::vector<double> out, lse;  // [B, Sq, H, D], [B, H, Sq]
+};
+
+inline Forward forward(const Problem& p) {
+  Forward f;
+  f.out.assign(p.B * p.Sq * p.H * p.D, 0.0);
+  f.lse.assign(p.B * p.H * p.Sq, 0.0);
+  std::vector<double> prob, capped;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t i = 0; i < p.Sq; ++i) {
+        double lse = row_probs(p, b, h, i, prob, capped);
+        f.lse[(b * p.H + h) * p.Sq + i] = lse;
+        for (int64_t d = 0; d < p.D; ++d) {
+          double o = 0;
+          if (std::isnan(lse)) o = lse;
+          else
+            for (int64_t j = 0; j < p.Sk; ++j)
+              if (prob[j] != 0) o += prob[j] * p.v[p.ki(b, j, h / p.G(), d)];
+          f.out[p.qi(b, i, h, d)] = o;
+        }
+      }
+  return f;
+}
+
+struct Backward {
+  std::vector<double> dq, dk, dv;
+  std::vector<double> dbias;  // full [B, H, Sq, Sk] dS; reduce with reduce_broadcast
+};
+
+inline Backward backward(const Problem& p, const std::vector<double>& dout) {
+  Backward g;
+  g.dq.assign(p.q.size(), 0.0);
+  g.dk.assign(p.k.size(), 0.0);
+  g.dv.assign(p.v.size(), 0.0);
+  g.dbias.assign(p.B * p.H * p.Sq * p.Sk, 0.0);
+  std::vector<double> prob, capped;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t i = 0; i < p.Sq; ++i) {
+        double lse = row_probs(p, b, h, i, prob, capped);
+        if (lse == -std::numeric_limits<double>::infinity()) continue;
+        const int64_t hk = h / p.G();
+        std::vector<double> o(p.D, 0.0);
+        for (int64_t j = 0; j < p.Sk; ++j)
+          for (int64_t d = 0; d < p.D; ++d) o[d] += prob[j] * p.v[p.ki(b, j, hk, d)];
+        double delta = 0;
+        for (int64_t d = 0; d < p.D; ++d) delta += dout[p.qi(b, i, h, d)] * o[d];
+        for (int64_t j = 0; j < p.Sk; ++j) {
+          if (!p.visible(b, h, i, j)) continue;
+          double dp = 0;
+          for (int64_t d = 0; d < p.D; ++d) dp += dout[p.qi(b, i, h, d)] * p.v[p.ki(b, j, hk, d)];
+          const double ds = prob[j] * (dp - delta);
+          g.dbias[p.si(b, h, i, j)] = ds;
+          double dx = ds * p.scale;
+          if (p.softcap > 0) {
+            double t = capped[j] / p.softcap;
+            dx *= 1 - t * t;
+          }
+          for (int64_t d = 0; d < p.D; ++d) {
+            g.dq[p.qi(b, i, h, d)] += dx * p.k[p.ki(b, j, hk, d)];
+            g.dk[p.ki(b, j, hk, d)] += dx * p.q[p.qi(b, i, h, d)];
+            g.dv[p.ki(b, j, hk, d)] += prob[j] * dout[p.qi(b, i, h, d)];
+          }
+        }
+      }
+  return g;
+}
+
+// Sums a full [B, H, Sq, Sk] array into a declared [b', h', q', k'] broadcast shape (each dim 1
+// or full; h' in {1, Hk, H}).
+inline std::vector<double> reduce_broadcast(const Problem& p, const std::vector<double>& full,
+                                            const std::vector<int64_t>& shape) {
+  std::vector<double> r(shape[0] * shape[1] * shape[2] * shape[3], 0.0);
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t i = 0; i < p.Sq; ++i)
+        for (int64_t j = 0; j < p.Sk; ++j) {
+          int64_t hb = shape[1] == p.H ? h : shape[1] == p.Hk ? h / p.G() : 0;
+          int64_t idx = (((shape[0] > 1 ? b : 0) * shape[1] + hb) * shape[2] + (shape[2] > 1 ? i : 0)) * shape[3] +
+                        (shape[3] > 1 ? j : 0);
+          r[idx] += full[p.si(b, h, i, j)];
+        }
+  return r;
+}
+
+// Brute-force top-w: keep[(b*Hk + hk)*Sq + i][j]. Candidates of query i: existing keys, and
+// with causal only j <= i + Sk - Sq; ranked by score (NaN lowest) then lower index.
+inline std::vector<uint8_t> select_brute(const std::vector<double>& scores, const std::vector<uint8_t>& padding,
+                                         int64_t B, int64_t Hk, int64_t Sq, int64_t Sk, int64_t w, bool causal) {
+  std::vector<uint8_t> keep(B * Hk * Sq * Sk, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hk = 0; hk < Hk; ++hk) {
+      const double* s = scores.data() + (b * Hk + hk) * Sk;
+      auto above = [&](int64_t x, int64_t y) {
+        bool nx = std::isnan(s[x]), ny = std::isnan(s[y]);
+        if (nx != ny) return ny;
+        if (!nx && s[x] != s[y]) return s[x] > s[y];
+        return x < y;
+      };
+      for (int64_t i = 0; i < Sq; ++i) {
+        std::vector<int64_t> cand;
+        for (int64_t j = 0; j < Sk; ++j) {
+          if (!padding.empty() && !padding[b * Sk + j]) continue;
+          if (causal && j > i + Sk - Sq) continue;
+          cand.push_back(j);
+        }
+        std::sort(cand.begin(), cand.end(), above);
+        for (int64_t t = 0; t < std::min<int64_t>(w, cand.size()); ++t) keep[((b * Hk + hk) * Sq + i) * Sk + cand[t]] = 1;
+      }
+    }
+  return keep;
+}
+
+}  // namespace fdma::ref
