@@ -27,7 +27,7 @@ struct AttnCase {
   double softcap = 0;
   DType dtype = DType::f32;
   Bcast mask, bias;
-  int layout = 0;  // 0: contiguous, 1: [B, H, S, D] physical, 2: padded strides
+  int layout = 0;  // 0: contiguous, 1: [B, H, S, D] physical, 2: rows padded by 3, 3: by 8
   double scale = 0;
   int empty_rows = 0;  // mask rows forced all-false (needs a mask)
   uint64_t seed = 1;
@@ -75,7 +75,7 @@ struct AttnRun {
   explicit AttnRun(const AttnCase& cs) : c(cs) {
     std::mt19937_64 rng(c.seed);
     std::vector<int> perm = c.layout == 1 ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{};
-    const int64_t pad = c.layout == 2 ? 3 : 0;
+    const int64_t pad = c.layout == 2 ? 3 : c.layout == 3 ? 8 : 0;
     q = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm, pad);
     k = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm, pad);
     v = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm, pad);

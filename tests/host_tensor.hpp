@@ -129,6 +129,7 @@ class HostTensor {
     return std::all_of(storage_.begin(), storage_.end(), [](unsigned char c) { return c == 0xFF; });
   }
   const std::vector<unsigned char>& bytes() const { return storage_; }
+  std::vector<unsigned char>& bytes() { return storage_; }
 
  private:
   DType dtype_ = DType::f32;

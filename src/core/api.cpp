@@ -6,6 +6,9 @@
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
 #include "cpu/cpu_backend.hpp"
+#ifdef FDMA_HAVE_CUDA
+#include "cuda/cuda_backend.hpp"
+#endif
 
 #ifndef FDMA_VERSION_STRING
 #define FDMA_VERSION_STRING "0.1.0"
@@ -85,13 +88,24 @@ namespace {
 
 size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
   auto prob = detail::validate_attention(p, pass);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("attention");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    if (pass == Pass::forward) return 0;  // the forward kernel needs no workspace
+#endif
+    no_cuda_kernels("attention backward");
+  }
   return cpu::attention_workspace(prob, pass);
 }
 
 void attention_forward(const fdma_attention_params& p) {
   auto prob = detail::validate_attention(p, Pass::forward);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("attention forward");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    return cuda::attention_forward(p, prob);
+#else
+    no_cuda_kernels("attention forward");
+#endif
+  }
   detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cpu::attention_workspace(prob, Pass::forward));
   cpu::attention_forward(p, prob);
 }

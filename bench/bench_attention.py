@@ -1,0 +1,126 @@
+"""Attention forward on the GPU: Flash-DMA against SDPA's backends in one run.
+
+Usage (on a GPU machine with torch): python3 bench/bench_attention.py [--lib build/libfdma.so]
+Medians of CUDA-event timings after warm-up. TF/s = 4*B*H*Sq*Sk*D / t, halved for causal.
+Prints a markdown table last.
+"""
+import argparse
+import ctypes
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from flash_dma import _abi  # noqa: E402
+
+DTYPE_CODE = {torch.bfloat16: _abi.BFLOAT16, torch.float16: _abi.FLOAT16, torch.float32: _abi.FLOAT32,
+              torch.bool: _abi.BOOL}
+
+
+def view(t):
+    v = _abi.Tensor()
+    if t is None:
+        return v
+    v.data = t.data_ptr()
+    v.dtype = DTYPE_CODE[t.dtype]
+    v.ndim = t.dim()
+    for d in range(t.dim()):
+        v.shape[d] = t.shape[d]
+        v.stride[d] = t.stride(d)
+    return v
+
+
+def median_ms(fn, warmup=3, iters=15):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--seqlens", default="4096,8192,16384")
+    args = ap.parse_args()
+    lib = _abi.load_library(args.lib)
+    dev = torch.device("cuda")
+    B, H, Hk, D = 1, 16, 16, 128
+    rows = []
+    for S in [int(s) for s in args.seqlens.split(",")]:
+        for causal in (False, True):
+            for case in ("dense", "per-key bias [B,H,1,Sk]"):
+                torch.manual_seed(0)
+                q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
+                k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+                v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+                bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16) if case != "dense" else None
+                out = torch.empty_like(q)
+                lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
+                p = _abi.AttentionParams()
+                p.q, p.k, p.v, p.out, p.lse = view(q), view(k), view(v), view(out), view(lse)
+                p.bias = view(bias)
+                p.causal = int(causal)
+                p.stream = torch.cuda.current_stream().cuda_stream
+
+                def ours():
+                    st = lib.fdma_attention_fwd(ctypes.byref(p))
+                    if st != 0:
+                        raise RuntimeError(lib.fdma_last_error().decode())
+
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                mask = None
+                if bias is not None:
+                    mask = bias
+                    if causal:
+                        tri = torch.ones(S, S, device=dev, dtype=torch.bool).tril()
+                        mask = bias.masked_fill(~tri, float("-inf"))
+
+                def sdpa(backend):
+                    def run():
+                        with sdpa_kernel(backend):
+                            if mask is None:
+                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+                    return run
+
+                ours()
+                ref = sdpa(SDPBackend.EFFICIENT_ATTENTION if mask is not None else SDPBackend.FLASH_ATTENTION)()
+                err = (out.transpose(1, 2).float() - ref.float()).abs().max().item()
+                flops = 4 * B * H * S * S * D / (2 if causal else 1)
+                t = {"flash-dma": median_ms(ours)}
+                candidates = ([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION] if mask is None
+                              else [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION])
+                for be in candidates:
+                    try:
+                        t[be.name.lower()] = median_ms(sdpa(be))
+                    except RuntimeError as e:
+                        t[be.name.lower()] = None
+                        print(f"  {be.name} unavailable: {str(e).splitlines()[0][:100]}")
+                rows.append((S, causal, case, t, flops, err))
+                print(S, causal, case, {k: (round(x, 3) if x else None) for k, x in t.items()}, f"max|diff| {err:.3g}",
+                      flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{Hk} D{D}; ms (TF/s)")
+    print("| S | causal | case | flash-dma | SDPA flash / efficient | SDPA cuDNN | max abs diff vs SDPA |")
+    print("|---|---|---|---|---|---|---|")
+    for S, causal, case, t, flops, err in rows:
+        def cell(x):
+            return "-" if x is None else f"{x:.3f} ({flops / x / 1e9:.0f})"
+        other = t.get("flash_attention", t.get("efficient_attention"))
+        print(f"| {S} | {int(causal)} | {case} | {cell(t['flash-dma'])} | {cell(other)} | "
+              f"{cell(t.get('cudnn_attention'))} | {err:.3g} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+// Which compiled kernel runs a head dim: one constexpr function for host code and tests.
+// The list of instantiations itself lives in CMakeLists.txt (FDMA_CUDA_HEAD_DIMS x dtypes);
+// CMake generates one .cu per entry and the X-macro list `kernel_list.inc` that dispatch
+// expands, so the two can never drift.
+#pragma once
+
+namespace fdma::cuda {
+
+// The smallest compiled head dim >= D (D <= 256), or 0 when none fits.
+constexpr int head_dim_bucket(int D) {
+  return D <= 0 ? 0 : D <= 32 ? 32 : D <= 64 ? 64 : D <= 96 ? 96 : D <= 128 ? 128 : D <= 192 ? 192 : D <= 256 ? 256 : 0;
+}
+
+}  // namespace fdma::cuda

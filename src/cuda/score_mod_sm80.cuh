@@ -1,0 +1,48 @@
+// Turns raw q.k accumulators of one warp's S fragment into scores: scale, softcap, then
+// visibility (key range, causality, mask) and the additive bias, all per element from
+// global memory through broadcast strides. Invisible scores become -inf.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/attention_fwd_params.hpp"
+
+namespace fdma::cuda {
+
+template <class T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+
+__device__ __forceinline__ int64_t head_index(int mode, int h, int G) { return mode == 2 ? h : mode == 1 ? h / G : 0; }
+
+// s[nt][e]: n-tile nt (8 keys) of a 16-row fragment; element e covers row g + 8 * (e >= 2) and
+// key 2t + (e & 1) within the tile (g = lane / 4, t = lane % 4).
+template <class T, int kTilesN>
+__device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int b, int h,
+                                                int row0, int key0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const int64_t mh = head_index(p.mask_head_mode, h, p.G), bh = head_index(p.bias_head_mode, h, p.G);
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + g + (e >= 2 ? 8 : 0);
+      const int j = key0 + nt * 8 + 2 * t + (e & 1);
+      float x = s[nt][e] * p.scale;
+      if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+      bool visible = i < p.Sq && j < p.Sk && (!p.causal || j <= i + p.Sk - p.Sq);
+      if (visible && p.mask)
+        visible = p.mask[b * p.mask_stride[0] + mh * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3]] != 0;
+      if (visible && p.bias) {
+        const int64_t off = b * p.bias_stride[0] + bh * p.bias_stride[1] + i * p.bias_stride[2] + j * p.bias_stride[3];
+        x += p.bias_f32 ? static_cast<const float*>(p.bias)[off] : to_float(static_cast<const T*>(p.bias)[off]);
+      }
+      s[nt][e] = visible ? x : -INFINITY;
+    }
+}
+
+}  // namespace fdma::cuda

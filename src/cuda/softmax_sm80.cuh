@@ -1,0 +1,59 @@
+// Online softmax over one warp's S fragments (two rows per thread, a row spread over the
+// four threads of a quad). Keeps the running max m (natural units) and the thread-partial
+// row sum l; rescales the output accumulators when the max moves. A row that has seen
+// only -inf keeps m = -inf and contributes exact zeros, never NaN.
+#pragma once
+
+namespace fdma::cuda {
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int kTilesN, int kTilesD>
+struct OnlineSoftmax {
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  // Scores -> probabilities in place (unnormalised, relative to the running max).
+  __device__ __forceinline__ void update(float (&s)[kTilesN][4], float (&o)[kTilesD][4]) {
+    constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kTilesN; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      const float m_new = fmaxf(m[r], quad_max(mx));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // all -inf so far: exp gives 0, not NaN
+      const float alpha = exp2f((m[r] - m_use) * kLog2e);
+      m[r] = m_new;
+      l[r] *= alpha;
+#pragma unroll
+      for (int dt = 0; dt < kTilesD; ++dt) {
+        o[dt][2 * r] *= alpha;
+        o[dt][2 * r + 1] *= alpha;
+      }
+      const float offset = m_use * kLog2e;
+#pragma unroll
+      for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[nt][e] = exp2f(fmaf(s[nt][e], kLog2e, -offset));
+          l[r] += s[nt][e];
+        }
+    }
+  }
+
+  // Full row sums, once at the end.
+  __device__ __forceinline__ void finish() {
+    l[0] = quad_sum(l[0]);
+    l[1] = quad_sum(l[1]);
+  }
+};
+
+}  // namespace fdma::cuda

@@ -1,0 +1,46 @@
+// A device copy of a HostTensor: the same bytes and strides in CUDA memory.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "host_tensor.hpp"
+
+namespace fdma::test {
+
+#define FDMA_CUDA_OK(expr)                                                               \
+  do {                                                                                   \
+    cudaError_t err_ = (expr);                                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);           \
+  } while (0)
+
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  explicit DeviceTensor(HostTensor& host) : host_(&host) {
+    bytes_ = host.bytes().size();
+    if (cudaMalloc(&ptr_, bytes_) != cudaSuccess) ptr_ = nullptr;
+    upload();
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  void upload() { cudaMemcpy(ptr_, host_->bytes().data(), bytes_, cudaMemcpyHostToDevice); }
+  void download() { cudaMemcpy(host_->bytes().data(), ptr_, bytes_, cudaMemcpyDeviceToHost); }
+  void poison() { cudaMemset(ptr_, 0xFF, bytes_); }
+  Tensor view() const {
+    Tensor t = host_->view();
+    t.data = ptr_;
+    return t;
+  }
+  bool ok() const { return ptr_ != nullptr; }
+
+ private:
+  HostTensor* host_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace fdma::test
