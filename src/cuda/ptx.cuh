@@ -66,6 +66,13 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x on the special-function unit (rel. error ~2^-22); -inf -> +0, NaN -> NaN.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two floats -> one register of two 16-bit values (lo in the low half), round to nearest.
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);

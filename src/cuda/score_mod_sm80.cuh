@@ -24,6 +24,19 @@ __device__ __forceinline__ int64_t head_index(int mode, int h, int G) { return m
 template <class T, int kTilesN>
 __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int b, int h,
                                                 int row0, int key0, int lane) {
+  // Interior tiles of unmasked, unbiased attention: every key visible, only scale/softcap.
+  const bool interior = !p.mask && !p.bias && row0 + 16 <= p.Sq && key0 + 8 * kTilesN <= p.Sk &&
+                        (!p.causal || key0 + 8 * kTilesN - 1 <= row0 + p.Sk - p.Sq);
+  if (interior) {
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = s[nt][e] * p.scale;
+        s[nt][e] = p.softcap > 0.f ? p.softcap * tanhf(x / p.softcap) : x;
+      }
+    return;
+  }
   const int g = lane / 4, t = lane % 4;
   const int64_t mh = head_index(p.mask_head_mode, h, p.G), bh = head_index(p.bias_head_mode, h, p.G);
 #pragma unroll

@@ -4,6 +4,8 @@
 // only -inf keeps m = -inf and contributes exact zeros, never NaN.
 #pragma once
 
+#include "cuda/ptx.cuh"
+
 namespace fdma::cuda {
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -30,7 +32,7 @@ struct OnlineSoftmax {
       for (int nt = 0; nt < kTilesN; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       const float m_new = fmaxf(m[r], quad_max(mx));
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // all -inf so far: exp gives 0, not NaN
-      const float alpha = exp2f((m[r] - m_use) * kLog2e);
+      const float alpha = ptx::exp2_approx((m[r] - m_use) * kLog2e);
       m[r] = m_new;
       l[r] *= alpha;
 #pragma unroll
@@ -43,7 +45,7 @@ struct OnlineSoftmax {
       for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nt][e] = exp2f(fmaf(s[nt][e], kLog2e, -offset));
+          s[nt][e] = ptx::exp2_approx(fmaf(s[nt][e], kLog2e, -offset));
           l[r] += s[nt][e];
         }
     }

@@ -132,9 +132,10 @@ TEST(AttentionGpu, LongSequenceOnAStream) {
 TEST(AttentionGpu, ClearErrorsForWhatTheGpuPathRejects) {
   REQUIRE_GPU();
   AttnRun r(base(16, 16, 2, 2, 64, false, DType::bf16, 500));
-  DeviceTensor q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse);
+  DeviceTensor q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse), dout(r.dout), dq(r.dq), dk(r.dk), dv(r.dv);
   AttentionParams p = r.params();
   p.q = q.view(), p.k = k.view(), p.v = v.view(), p.out = out.view(), p.lse = lse.view();
+  p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view();
   // Mixed devices: host k with device q.
   AttentionParams mixed = p;
   mixed.k = r.k.view();
