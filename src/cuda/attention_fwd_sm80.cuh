@@ -25,11 +25,9 @@ struct FwdTile {
   static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kMTiles * kWarps;
-#ifndef FDMA_FWD_BLOCK_N_D128
-#define FDMA_FWD_BLOCK_N_D128 64
-#endif
-  // Keys per tile; D = 128 with two m-tiles is at the register limit (see perf-notes.md).
-  static constexpr int kBlockN = kHeadDim == 128 ? FDMA_FWD_BLOCK_N_D128 : 64;
+  // Keys per tile. D = 128 with two m-tiles sits at the register limit: 32-key tiles halve
+  // the S registers and measured 10-18% faster than 64 (docs/perf-notes.md).
+  static constexpr int kBlockN = kHeadDim == 128 ? 32 : 64;
   static constexpr int kRowBytes = kHeadDim * 2 + 16;  // padded row
   static constexpr int kQBytes = kBlockM * kRowBytes, kKVBytes = kBlockN * kRowBytes;
   static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q, K x2, V x2
@@ -61,7 +59,9 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   constexpr int kM = Tile::kMTiles, kN = Tile::kTilesN, kDT = Tile::kTilesD;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  // Causal blocks near the end see the most keys: launch them first so the tail is short.
+  const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
   const int row0 = m_block * Tile::kBlockM;
   const int warp_row0 = row0 + warp * 16 * kM;
 

@@ -38,20 +38,30 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
     return;
   }
   const int g = lane / 4, t = lane % 4;
-  const int64_t mh = head_index(p.mask_head_mode, h, p.G), bh = head_index(p.bias_head_mode, h, p.G);
+  // Row base offsets once per call; each element then adds only j * key stride.
+  int rows[2];
+  int64_t mask_row[2], bias_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    rows[r] = row0 + g + 8 * r;
+    mask_row[r] = b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] +
+                  int64_t(rows[r]) * p.mask_stride[2];
+    bias_row[r] = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
+                  int64_t(rows[r]) * p.bias_stride[2];
+  }
+  const int last_key_of_row0 = rows[0] + p.Sk - p.Sq;  // causal: j <= i + Sk - Sq
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = row0 + g + (e >= 2 ? 8 : 0);
+      const int r = e >> 1, i = rows[r];
       const int j = key0 + nt * 8 + 2 * t + (e & 1);
       float x = s[nt][e] * p.scale;
       if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-      bool visible = i < p.Sq && j < p.Sk && (!p.causal || j <= i + p.Sk - p.Sq);
-      if (visible && p.mask)
-        visible = p.mask[b * p.mask_stride[0] + mh * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3]] != 0;
+      bool visible = i < p.Sq && j < p.Sk && (!p.causal || j <= last_key_of_row0 + 8 * r);
+      if (visible && p.mask) visible = p.mask[mask_row[r] + j * p.mask_stride[3]] != 0;
       if (visible && p.bias) {
-        const int64_t off = b * p.bias_stride[0] + bh * p.bias_stride[1] + i * p.bias_stride[2] + j * p.bias_stride[3];
+        const int64_t off = bias_row[r] + j * p.bias_stride[3];
         x += p.bias_f32 ? static_cast<const float*>(p.bias)[off] : to_float(static_cast<const T*>(p.bias)[off]);
       }
       s[nt][e] = visible ? x : -INFINITY;
