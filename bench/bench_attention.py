@@ -60,12 +60,18 @@ def main():
     rows = []
     for S in [int(s) for s in args.seqlens.split(",")]:
         for causal in (False, True):
-            for case in ("dense", "per-key bias [B,H,1,Sk]"):
+            for case in ("dense", "per-key bias [B,H,1,Sk]", "full bias [B,H,Sq,Sk]"):
+                if case.startswith("full") and S > 8192:
+                    continue
                 torch.manual_seed(0)
                 q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
                 k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
                 v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-                bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16) if case != "dense" else None
+                bias = None
+                if case.startswith("per-key"):
+                    bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16)
+                elif case.startswith("full"):
+                    bias = torch.randn(B, H, S, S, device=dev, dtype=torch.bfloat16)
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
                 p = _abi.AttentionParams()
