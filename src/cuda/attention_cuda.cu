@@ -33,6 +33,18 @@ void check_rows_aligned(const fdma_tensor& t, const char* name) {
     unsupported(std::string(name) + " must be 16-byte aligned with strides that are multiples of 8 elements");
 }
 
+// Tiles of a mask/bias can stream through shared memory in 16-byte copies when keys are
+// contiguous and every row start (for any b, head, i) is 16-byte aligned.
+bool can_tile(const fdma_tensor& t, const detail::Broadcast& bc) {
+  const int64_t esize = static_cast<int64_t>(dtype_size(static_cast<DType>(t.dtype)));
+  if (bc.size[3] > 1 && bc.stride[3] != 1) return false;
+  if (bc.size[3] == 1) return false;  // a broadcast key dim has nothing to stream
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (bc.stride[d] * esize % 16 != 0) return false;
+  return true;
+}
+
 void fill_broadcast(const detail::Broadcast& bc, int64_t (&stride)[4], int& head_mode) {
   for (int d = 0; d < 4; ++d) stride[d] = bc.stride[d];
   head_mode = static_cast<int>(bc.head_mode);
@@ -88,11 +100,13 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
   if (prob.mask.present) {
     k.mask = static_cast<const uint8_t*>(p.mask.data);
     fill_broadcast(prob.mask, k.mask_stride, k.mask_head_mode);
+    k.mask_tiled = can_tile(p.mask, prob.mask);
   }
   if (prob.bias.present) {
     k.bias = p.bias.data;
     k.bias_f32 = p.bias.dtype == FDMA_FLOAT32;
     fill_broadcast(prob.bias, k.bias_stride, k.bias_head_mode);
+    k.bias_tiled = can_tile(p.bias, prob.bias);
   }
   k.B = int(d.B), k.Sq = int(d.Sq), k.Sk = int(d.Sk), k.H = int(d.H), k.Hk = int(d.Hk), k.G = int(d.G()), k.D = int(d.D);
   k.scale = float(prob.scale);

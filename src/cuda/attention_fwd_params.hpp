@@ -18,6 +18,9 @@ struct AttentionFwdParams {
   bool bias_f32;       // else q's dtype
   int64_t bias_stride[4];
   int bias_head_mode;
+  // Tiles of mask/bias stream through shared memory with K/V when their rows allow 16-byte
+  // copies (key stride 1, aligned rows); otherwise each score reads global memory itself.
+  bool mask_tiled, bias_tiled;
   int B, Sq, Sk, H, Hk, G, D;
   float scale, softcap;
   bool causal;

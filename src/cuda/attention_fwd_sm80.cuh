@@ -34,7 +34,38 @@ struct FwdTile {
   static constexpr int kTilesN = kBlockN / 8;                // n-tiles of S per m-tile
   static constexpr int kTilesD = kHeadDim / 8;               // n-tiles of O per m-tile
   static_assert(kHeadDim % 16 == 0, "head dim tiles are k16 steps");
+
+  // Optional mask/bias tiles (two buffers each), sized at launch from what the call uses so
+  // unmasked calls keep their occupancy. Rows are padded by 16 bytes against bank conflicts.
+  __host__ __device__ static int mask_pitch() { return kBlockN + 16; }
+  __host__ __device__ static int bias_pitch(const AttentionFwdParams& p) { return kBlockN * (p.bias_f32 ? 4 : 2) + 16; }
+  __host__ __device__ static int mask_rows(const AttentionFwdParams& p) { return p.mask_stride[2] == 0 ? 1 : kBlockM; }
+  __host__ __device__ static int bias_rows(const AttentionFwdParams& p) { return p.bias_stride[2] == 0 ? 1 : kBlockM; }
+  __host__ __device__ static int mask_tile_bytes(const AttentionFwdParams& p) {
+    return p.mask_tiled ? mask_rows(p) * mask_pitch() : 0;
+  }
+  __host__ __device__ static int bias_tile_bytes(const AttentionFwdParams& p) {
+    return p.bias_tiled ? bias_rows(p) * bias_pitch(p) : 0;
+  }
+  __host__ __device__ static int smem_bytes(const AttentionFwdParams& p) {
+    return kSmemBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p));
+  }
 };
+
+// Copies rows [0, valid_rows) x bytes [0, valid_bytes) of a byte-strided window into a shared
+// tile of `rows` rows; everything else in the tile is zero-filled. Row starts are 16-byte
+// aligned (checked on the host before tiling is chosen).
+template <int kThreads>
+__device__ __forceinline__ void load_bytes_tile_async(uint32_t smem, int pitch, const char* src, int64_t row_stride,
+                                                      int rows, int row_bytes, int valid_rows, int valid_bytes,
+                                                      int tid) {
+  const int chunks = row_bytes / 16;
+  for (int c = tid; c < rows * chunks; c += kThreads) {
+    const int r = c / chunks, ch = c % chunks;
+    const int bytes = r < valid_rows ? min(16, max(0, valid_bytes - ch * 16)) : 0;
+    ptx::cp_async_16(smem + r * pitch + ch * 16, bytes > 0 ? src + r * row_stride + ch * 16 : src, bytes);
+  }
+}
 
 // Copies rows [row0, row0 + kRows) of a [rows, D] slab (row stride in elements) into a padded
 // shared tile. Rows past `nrows` and chunks past D are zero-filled.
@@ -75,6 +106,33 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
 
   const uint32_t s_q = ptx::smem_addr(smem);
   const uint32_t s_k = s_q + Tile::kQBytes, s_v = s_k + 2 * Tile::kKVBytes;
+  const int mask_bytes = Tile::mask_tile_bytes(p), bias_bytes = Tile::bias_tile_bytes(p);
+  unsigned char* mask_tiles = smem + Tile::kSmemBytes;
+  unsigned char* bias_tiles = mask_tiles + 2 * mask_bytes;
+  const int bias_esize = p.bias_f32 ? 4 : 2;
+  const bool mask_bcast = p.mask_stride[2] == 0, bias_bcast = p.bias_stride[2] == 0;
+  const char* mask_src = p.mask_tiled ? reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] +
+                                            head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] +
+                                            (mask_bcast ? 0 : row0 * p.mask_stride[2])
+                                      : nullptr;
+  const char* bias_src = p.bias_tiled ? static_cast<const char*>(p.bias) +
+                                            (b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
+                                             (bias_bcast ? 0 : row0 * p.bias_stride[2])) * bias_esize
+                                      : nullptr;
+  const int tile_rows_valid = min(Tile::kBlockM, p.Sq - row0);
+  // Mask and bias tiles for key tile `nb` join the same cp.async group as its K and V.
+  auto load_score_tiles = [&](int nb, int buf) {
+    const int key0 = nb * Tile::kBlockN, keys = min(Tile::kBlockN, p.Sk - key0);
+    if (p.mask_tiled)
+      load_bytes_tile_async<Tile::kThreads>(ptx::smem_addr(mask_tiles + buf * mask_bytes), Tile::mask_pitch(),
+                                            mask_src + key0, p.mask_stride[2], Tile::mask_rows(p), Tile::kBlockN,
+                                            mask_bcast ? 1 : tile_rows_valid, keys, tid);
+    if (p.bias_tiled)
+      load_bytes_tile_async<Tile::kThreads>(ptx::smem_addr(bias_tiles + buf * bias_bytes), Tile::bias_pitch(p),
+                                            bias_src + int64_t(key0) * bias_esize, p.bias_stride[2] * bias_esize,
+                                            Tile::bias_rows(p), Tile::kBlockN * bias_esize,
+                                            bias_bcast ? 1 : tile_rows_valid, keys * bias_esize, tid);
+  };
 
   float o[kM][kDT][4];
 #pragma unroll
@@ -87,6 +145,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     load_tile_async<T, kHeadDim, Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
     load_tile_async<T, kHeadDim, Tile::kBlockN>(s_k, k, p.k_stride[1], 0, p.Sk, p.D, tid);
     load_tile_async<T, kHeadDim, Tile::kBlockN>(s_v, v, p.v_stride[1], 0, p.Sk, p.D, tid);
+    load_score_tiles(0, 0);
     ptx::cp_async_commit();
   }
 
@@ -101,6 +160,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
       const int next = (nb + 1) * Tile::kBlockN;
       load_tile_async<T, kHeadDim, Tile::kBlockN>(s_k + (buf ^ 1) * Tile::kKVBytes, k, p.k_stride[1], next, p.Sk, p.D, tid);
       load_tile_async<T, kHeadDim, Tile::kBlockN>(s_v + (buf ^ 1) * Tile::kKVBytes, v, p.v_stride[1], next, p.Sk, p.D, tid);
+      load_score_tiles(nb + 1, buf ^ 1);
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // this tile (and Q) landed; the next may still be in flight
@@ -130,9 +190,16 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
       }
     }
 
+    const ScoreTiles tiles{p.mask_tiled ? mask_tiles + buf * mask_bytes : nullptr,
+                           p.bias_tiled ? bias_tiles + buf * bias_bytes : nullptr,
+                           Tile::mask_pitch(),
+                           Tile::bias_pitch(p) / bias_esize,
+                           row0,
+                           mask_bcast,
+                           bias_bcast};
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
-      apply_score_mod<T, kN>(s[mt], p, b, h, warp_row0 + mt * 16, nb * Tile::kBlockN, lane);
+      apply_score_mod<T, kN>(s[mt], p, b, h, warp_row0 + mt * 16, nb * Tile::kBlockN, lane, tiles);
       softmax[mt].update(s[mt], o[mt]);
     }
 
@@ -191,10 +258,11 @@ template <class T, int kHeadDim>
 cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
   using Tile = FwdTile<kHeadDim>;
   auto kernel = attention_fwd_kernel<T, kHeadDim>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+  const int smem = Tile::smem_bytes(p);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   dim3 grid((p.Sq + Tile::kBlockM - 1) / Tile::kBlockM, p.H, p.B);
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

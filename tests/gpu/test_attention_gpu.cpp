@@ -159,3 +159,21 @@ TEST(AttentionGpu, ClearErrorsForWhatTheGpuPathRejects) {
     EXPECT_EQ(e.status(), Status::unsupported) << e.what();
   }
 }
+
+TEST(AttentionGpu, MaskAndBiasTilesThroughSharedMemory) {
+  // Key lengths whose rows are 16-byte aligned take the shared-memory tile path; 272 and 1040
+  // also leave a partial last key tile.
+  REQUIRE_GPU();
+  uint64_t seed = 600;
+  for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{200, 256}, {333, 272}, {64, 1040}})
+    for (int heads : {0, 1, 2})
+      for (int bits = 0; bits < 4; ++bits) {
+        AttnCase c = base(Sq, Sk, 4, 2, bits & 1 ? 128 : 64, bits & 2, bits & 1 ? DType::bf16 : DType::f16, seed++);
+        c.mask.present = true;
+        c.mask.heads = heads, c.mask.q = bits & 1, c.mask.b = bits & 2;
+        c.bias.present = true;
+        c.bias.heads = 2 - heads, c.bias.q = !(bits & 1), c.bias.b = bits & 1;
+        c.bias.dtype = bits & 2 ? DType::f32 : DType::unset;
+        run_gpu_forward(c);
+      }
+}
