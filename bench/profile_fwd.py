@@ -1,0 +1,38 @@
+"""Runs the attention forward once per case for a profiler (ncu) to capture.
+
+python3 bench/profile_fwd.py --lib build/libfdma.so [--seqlen 8192]
+Cases: dense, per-key bias [B,H,1,Sk]; B1 H16 D128 bf16, non-causal; each launched twice
+(warm-up, then the one to read).
+"""
+import argparse
+import ctypes
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from flash_dma import _abi  # noqa: E402
+from bench_attention import view  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--seqlen", type=int, default=8192)
+    args = ap.parse_args()
+    lib = _abi.load_library(args.lib)
+    B, H, D, S = 1, 16, 128, args.seqlen
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(B, H, 1, S, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    for b in (None, bias):
+        p = _abi.AttentionParams()
+        p.q, p.k, p.v, p.out, p.bias = view(q), view(k), view(v), view(out), view(b)
+        for _ in range(2):
+            assert lib.fdma_attention_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
