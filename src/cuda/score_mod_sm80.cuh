@@ -28,28 +28,74 @@ struct ScoreTiles {
   bool mask_bcast_rows, bias_bcast_rows;
 };
 
-// Bias value of tile element (row rl, key jl) from shared memory or, untiled, global memory.
-template <class T>
-__device__ __forceinline__ float load_bias(const AttentionFwdParams& p, const ScoreTiles& tiles, int rl, int jl,
-                                           int64_t global_row, int j) {
-  if (tiles.bias) {
-    const int idx = (tiles.bias_bcast_rows ? 0 : rl) * tiles.bias_pitch + jl;
-    return p.bias_f32 ? static_cast<const float*>(tiles.bias)[idx] : to_float(static_cast<const T*>(tiles.bias)[idx]);
-  }
-  const int64_t off = global_row + j * p.bias_stride[3];
-  return p.bias_f32 ? static_cast<const float*>(p.bias)[off] : to_float(static_cast<const T*>(p.bias)[off]);
+// Fills add[nt][e] with the bias (0 without one) where the mask keeps the score and -inf
+// where it does not. Each source layout gets its own loop, picked once per tile, so the
+// per-score work carries no branches on uniform flags (which doubled the instruction count
+// when they sat inside the loop; docs/perf-notes.md).
+template <class T, class Load, int kTilesN>
+__device__ __forceinline__ void gather_tile(float (&add)[kTilesN][4], int t, Load&& load) {
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) add[nt][e] = load(e >> 1, nt * 8 + 2 * t + (e & 1));
 }
 
-__device__ __forceinline__ bool load_mask(const AttentionFwdParams& p, const ScoreTiles& tiles, int rl, int jl,
-                                          int64_t global_row, int j) {
-  if (tiles.mask) return tiles.mask[(tiles.mask_bcast_rows ? 0 : rl) * tiles.mask_pitch + jl] != 0;
-  return p.mask[global_row + j * p.mask_stride[3]] != 0;
+template <class T, int kTilesN>
+__device__ __forceinline__ void additive_terms(float (&add)[kTilesN][4], const AttentionFwdParams& p,
+                                               const ScoreTiles& tiles, int b, int h, const int (&rows)[2], int key0,
+                                               int t) {
+  if (p.bias) {
+    if (tiles.bias) {
+      const int r0 = tiles.bias_bcast_rows ? 0 : (rows[0] - tiles.tile_row0) * tiles.bias_pitch;
+      const int r1 = tiles.bias_bcast_rows ? 0 : (rows[1] - tiles.tile_row0) * tiles.bias_pitch;
+      if (p.bias_f32) {
+        const float* tile = static_cast<const float*>(tiles.bias);
+        gather_tile<T>(add, t, [&](int r, int jl) { return tile[(r ? r1 : r0) + jl]; });
+      } else {
+        const T* tile = static_cast<const T*>(tiles.bias);
+        gather_tile<T>(add, t, [&](int r, int jl) { return to_float(tile[(r ? r1 : r0) + jl]); });
+      }
+    } else {
+      const int64_t base = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1];
+      // Rows past Sq read row Sq - 1 (in bounds); their scores are discarded anyway.
+      const int64_t r0 = base + int64_t(min(rows[0], p.Sq - 1)) * p.bias_stride[2];
+      const int64_t r1 = base + int64_t(min(rows[1], p.Sq - 1)) * p.bias_stride[2];
+      const int64_t ks = p.bias_stride[3];
+      gather_tile<T>(add, t, [&](int r, int jl) {
+        const int64_t off = (r ? r1 : r0) + int64_t(min(key0 + jl, p.Sk - 1)) * ks;
+        return p.bias_f32 ? static_cast<const float*>(p.bias)[off] : to_float(static_cast<const T*>(p.bias)[off]);
+      });
+    }
+  } else {
+    gather_tile<T>(add, t, [](int, int) { return 0.f; });
+  }
+  if (p.mask) {
+    if (tiles.mask) {
+      const int r0 = tiles.mask_bcast_rows ? 0 : (rows[0] - tiles.tile_row0) * tiles.mask_pitch;
+      const int r1 = tiles.mask_bcast_rows ? 0 : (rows[1] - tiles.tile_row0) * tiles.mask_pitch;
+#pragma unroll
+      for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!tiles.mask[((e >> 1) ? r1 : r0) + nt * 8 + 2 * t + (e & 1)]) add[nt][e] = -INFINITY;
+    } else {
+      const int64_t base = b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
+      const int64_t r0 = base + int64_t(min(rows[0], p.Sq - 1)) * p.mask_stride[2];
+      const int64_t r1 = base + int64_t(min(rows[1], p.Sq - 1)) * p.mask_stride[2];
+#pragma unroll
+      for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = min(key0 + nt * 8 + 2 * t + (e & 1), p.Sk - 1);
+          if (!p.mask[((e >> 1) ? r1 : r0) + j * p.mask_stride[3]]) add[nt][e] = -INFINITY;
+        }
+    }
+  }
 }
 
 // s[nt][e]: n-tile nt (8 keys) of a 16-row fragment; element e covers row g + 8 * (e >= 2) and
 // key 2t + (e & 1) within the tile (g = lane / 4, t = lane % 4). Scores become
-// softcap(scale * qk) + bias where visible, -inf elsewhere. Per-score instructions are what
-// this costs (comparable to the mma time at D = 128), so interior tiles, where no bound or
+// softcap(scale * qk) + bias where visible, -inf elsewhere. Interior tiles, where no bound or
 // causal check can fail, skip those checks.
 template <class T, int kTilesN>
 __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int b, int h,
@@ -57,41 +103,35 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
   const int g = lane / 4, t = lane % 4;
   const bool interior = row0 + 16 <= p.Sq && key0 + 8 * kTilesN <= p.Sk &&
                         (!p.causal || key0 + 8 * kTilesN - 1 <= row0 + p.Sk - p.Sq);
-  if (interior && !p.mask && !p.bias) {  // dense attention's common case
+  if (p.softcap > 0.f) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = s[nt][e] * p.scale;
-        s[nt][e] = p.softcap > 0.f ? p.softcap * tanhf(x / p.softcap) : x;
-      }
-    return;
-  }
-  int rows[2], rl[2];
-  int64_t mask_row[2] = {0, 0}, bias_row[2] = {0, 0};
+      for (int e = 0; e < 4; ++e) s[nt][e] = p.softcap * tanhf(s[nt][e] * p.scale / p.softcap);
+  } else {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    rows[r] = row0 + g + 8 * r;
-    rl[r] = rows[r] - tiles.tile_row0;
-    if (p.mask && !tiles.mask)
-      mask_row[r] = b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] +
-                    int64_t(rows[r]) * p.mask_stride[2];
-    if (p.bias && !tiles.bias)
-      bias_row[r] = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
-                    int64_t(rows[r]) * p.bias_stride[2];
+    for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale;
   }
+  const int rows[2] = {row0 + g, row0 + g + 8};
+  if (p.mask || p.bias) {
+    float add[kTilesN][4];
+    additive_terms<T>(add, p, tiles, b, h, rows, key0, t);
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += add[nt][e];
+  }
+  if (interior) return;
   const int last_key_of_row0 = rows[0] + p.Sk - p.Sq;  // causal: j <= i + Sk - Sq
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int r = e >> 1, jl = nt * 8 + 2 * t + (e & 1), j = key0 + jl;
-      float x = s[nt][e] * p.scale;
-      if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-      bool visible = interior || (rows[r] < p.Sq && j < p.Sk && (!p.causal || j <= last_key_of_row0 + 8 * r));
-      if (p.mask) visible = visible && load_mask(p, tiles, rl[r], jl, mask_row[r], j);
-      if (p.bias && visible) x += load_bias<T>(p, tiles, rl[r], jl, bias_row[r], j);
-      s[nt][e] = visible ? x : -INFINITY;
+      const int r = e >> 1, j = key0 + nt * 8 + 2 * t + (e & 1);
+      const bool visible = rows[r] < p.Sq && j < p.Sk && (!p.causal || j <= last_key_of_row0 + 8 * r);
+      if (!visible) s[nt][e] = -INFINITY;
     }
 }
 
