@@ -90,9 +90,10 @@ size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
   auto prob = detail::validate_attention(p, pass);
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    if (pass == Pass::forward) return 0;  // the forward kernel needs no workspace
+    return cuda::attention_workspace(prob, pass);
+#else
+    no_cuda_kernels("attention");
 #endif
-    no_cuda_kernels("attention backward");
   }
   return cpu::attention_workspace(prob, pass);
 }
@@ -101,6 +102,7 @@ void attention_forward(const fdma_attention_params& p) {
   auto prob = detail::validate_attention(p, Pass::forward);
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
+    detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cuda::attention_workspace(prob, Pass::forward));
     return cuda::attention_forward(p, prob);
 #else
     no_cuda_kernels("attention forward");

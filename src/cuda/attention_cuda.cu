@@ -6,9 +6,11 @@
 
 #include <string>
 
+#include "core/device.hpp"
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernel_table.hpp"
+#include "cuda/mask_tile_summary.hpp"
 
 namespace fdma::cuda {
 
@@ -75,6 +77,18 @@ int device_of(const void* ptr) {
 
 }  // namespace
 
+namespace {
+MaskTileGrid summary_grid(const detail::AttentionProblem& prob) {
+  const int hd = head_dim_bucket(int(prob.dims.D));
+  return mask_tile_grid(prob.mask, prob.dims.Sq, prob.dims.Sk, fwd_block_m(hd), fwd_block_n(hd));
+}
+}  // namespace
+
+size_t attention_workspace(const detail::AttentionProblem& prob, Pass pass) {
+  if (pass != Pass::forward) unsupported("the backward has no CUDA kernels yet");
+  return prob.mask.present ? size_t(summary_grid(prob).bytes()) : 0;
+}
+
 void attention_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
   const detail::Dims& d = prob.dims;
   if (prob.dtype != DType::bf16 && prob.dtype != DType::f16)
@@ -97,7 +111,16 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
     k.out_stride[i] = p.out.stride[i];
     k.lse_stride[i] = p.lse.data ? p.lse.stride[i] : 0;
   }
+  MaskTileGrid grid;
   if (prob.mask.present) {
+    if (!detail::locate_pointer(p.workspace).device)
+      detail::fail(Status::workspace, "attention (CUDA): the workspace must be CUDA device memory");
+    grid = summary_grid(prob);
+    k.tile_active = static_cast<const uint8_t*>(p.workspace);
+    k.active_batches = int(prob.mask.size[0]);
+    k.active_heads = int(prob.mask.size[1]);
+    k.active_q_tiles = grid.q_tiles;
+    k.active_k_tiles = grid.k_tiles;
     k.mask = static_cast<const uint8_t*>(p.mask.data);
     fill_broadcast(prob.mask, k.mask_stride, k.mask_head_mode);
     k.mask_tiled = can_tile(p.mask, prob.mask);
@@ -116,6 +139,10 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
   DeviceGuard guard(device_of(p.q.data));
   auto stream = static_cast<cudaStream_t>(p.stream);
   const int bucket = head_dim_bucket(int(d.D));
+  if (prob.mask.present)
+    check_cuda(launch_mask_tile_summary(k.mask, prob.mask, fwd_block_m(bucket), fwd_block_n(bucket), grid,
+                                        static_cast<uint8_t*>(p.workspace), stream),
+               "mask tile summary");
   const bool bf16 = prob.dtype == DType::bf16;
   cudaError_t err = cudaErrorInvalidValue;
   bool launched = false;

@@ -21,6 +21,11 @@ struct AttentionFwdParams {
   // Tiles of mask/bias stream through shared memory with K/V when their rows allow 16-byte
   // copies (key stride 1, aligned rows); otherwise each score reads global memory itself.
   bool mask_tiled, bias_tiled;
+  // Per (mask batch, mask head, query tile, key tile): nonzero if the mask keeps any key
+  // there (mask_tile_summary.cu). Null without a mask. Tiles of zero are skipped whole.
+  const uint8_t* tile_active;
+  int active_batches, active_heads;    // the mask's own batch and head counts
+  int active_q_tiles, active_k_tiles;  // 1 when the mask broadcasts over that dim
   int B, Sq, Sk, H, Hk, G, D;
   float scale, softcap;
   bool causal;

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/attention_fwd_params.hpp"
+#include "cuda/kernel_table.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/softmax_sm80.cuh"
@@ -22,12 +23,13 @@ struct FwdTile {
   // Each warp owns kMTiles m16 row tiles: every K/V fragment read from shared memory then
   // feeds kMTiles mmas. Two tiles for D <= 128; above that the O accumulators alone would
   // need 2 * D / 2 registers per thread and spill.
-  static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
+  static constexpr int kMTiles = fwd_m_tiles_per_warp(kHeadDim);
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
-  static constexpr int kBlockM = 16 * kMTiles * kWarps;
+  static constexpr int kBlockM = fwd_block_m(kHeadDim);
   // Keys per tile. D = 128 with two m-tiles sits at the register limit: 32-key tiles halve
   // the S registers and measured 10-18% faster than 64 (docs/perf-notes.md).
-  static constexpr int kBlockN = kHeadDim == 128 ? 32 : 64;
+  static constexpr int kBlockN = fwd_block_n(kHeadDim);
+  static_assert(kBlockM == 16 * kMTiles * kWarps, "tile table and kernel agree");
   static constexpr int kRowBytes = kHeadDim * 2 + 16;  // padded row
   static constexpr int kQBytes = kBlockM * kRowBytes, kKVBytes = kBlockN * kRowBytes;
   static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q, K x2, V x2
@@ -141,11 +143,25 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     for (int dt = 0; dt < kDT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
   OnlineSoftmax<kN, kDT> softmax[kM];
 
-  if (n_blocks > 0) {
+  // Key tiles the mask rules out entirely are skipped: no K, V or bias loads, no math.
+  const uint8_t* active = nullptr;
+  if (p.tile_active) {
+    const int mb = p.active_batches == 1 ? 0 : b, mh = int(head_index(p.mask_head_mode, h, p.G));
+    const int qt = p.active_q_tiles == 1 ? 0 : m_block;
+    active = p.tile_active + ((int64_t(mb) * p.active_heads + mh) * p.active_q_tiles + qt) * p.active_k_tiles;
+  }
+  auto next_active = [&](int nb) {
+    if (active)
+      while (nb < n_blocks && !active[p.active_k_tiles == 1 ? 0 : nb]) ++nb;
+    return nb;
+  };
+
+  int nb = next_active(0);
+  if (nb < n_blocks) {
     load_tile_async<T, kHeadDim, Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
-    load_tile_async<T, kHeadDim, Tile::kBlockN>(s_k, k, p.k_stride[1], 0, p.Sk, p.D, tid);
-    load_tile_async<T, kHeadDim, Tile::kBlockN>(s_v, v, p.v_stride[1], 0, p.Sk, p.D, tid);
-    load_score_tiles(0, 0);
+    load_tile_async<T, kHeadDim, Tile::kBlockN>(s_k, k, p.k_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
+    load_tile_async<T, kHeadDim, Tile::kBlockN>(s_v, v, p.v_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
+    load_score_tiles(nb, 0);
     ptx::cp_async_commit();
   }
 
@@ -154,13 +170,13 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   const uint32_t k_lane = (lane % 8 + (lane / 16) * 8) * Tile::kRowBytes + ((lane / 8) % 2) * 16;
   const uint32_t v_lane = (lane % 8 + ((lane / 8) % 2) * 8) * Tile::kRowBytes + (lane / 16) * 16;
 
-  for (int nb = 0; nb < n_blocks; ++nb) {
-    const int buf = nb & 1;
-    if (nb + 1 < n_blocks) {
-      const int next = (nb + 1) * Tile::kBlockN;
+  for (int buf = 0; nb < n_blocks; buf ^= 1) {
+    const int nb_next = next_active(nb + 1);
+    if (nb_next < n_blocks) {
+      const int next = nb_next * Tile::kBlockN;
       load_tile_async<T, kHeadDim, Tile::kBlockN>(s_k + (buf ^ 1) * Tile::kKVBytes, k, p.k_stride[1], next, p.Sk, p.D, tid);
       load_tile_async<T, kHeadDim, Tile::kBlockN>(s_v + (buf ^ 1) * Tile::kKVBytes, v, p.v_stride[1], next, p.Sk, p.D, tid);
-      load_score_tiles(nb + 1, buf ^ 1);
+      load_score_tiles(nb_next, buf ^ 1);
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // this tile (and Q) landed; the next may still be in flight
@@ -227,6 +243,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
       }
     }
     __syncthreads();  // everyone is done with this buffer before it is refilled
+    nb = nb_next;
   }
 
   // Epilogue: normalise, store O (two elements per store) and lse.

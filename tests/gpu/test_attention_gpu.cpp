@@ -23,9 +23,9 @@ double max_err(const std::vector<double>& a, const std::vector<double>& r) {
 #define REQUIRE_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped"
 
-void run_gpu_forward(const AttnCase& c, cudaStream_t stream = nullptr) {
+void run_gpu_forward(AttnRun& r, cudaStream_t stream = nullptr) {
+  const AttnCase& c = r.c;
   SCOPED_TRACE(c.str());
-  AttnRun r(c);
   r.forward();  // CPU backend
   const auto cpu_out = r.out.values();
   const auto ref = ref::forward(r.rp);
@@ -46,9 +46,14 @@ void run_gpu_forward(const AttnCase& c, cudaStream_t stream = nullptr) {
   p.stream = stream;
   out.poison();
   lse.poison();
-  ASSERT_EQ(attention_workspace_size(p, Pass::forward), 0u);
+  const size_t ws_bytes = attention_workspace_size(p, Pass::forward);
+  EXPECT_EQ(ws_bytes == 0, !c.mask.present);  // only the mask tile summary needs workspace
+  void* ws = nullptr;
+  if (ws_bytes) FDMA_CUDA_OK(cudaMalloc(&ws, ws_bytes));
+  p.workspace = ws, p.workspace_bytes = ws_bytes;
   attention_forward(p);
   FDMA_CUDA_OK(stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize());
+  if (ws) cudaFree(ws);
   out.download();
   lse.download();
 
@@ -57,6 +62,11 @@ void run_gpu_forward(const AttnCase& c, cudaStream_t stream = nullptr) {
   const double bound = 2 * cpu_err + unit(c.dtype) * std::max(1e-3, max_abs(ref.out));
   EXPECT_TRUE(all_close(gpu_out, ref.out, {bound, 0.0}, "out (GPU)")) << "CPU backend error " << cpu_err;
   EXPECT_TRUE(all_close(r.lse.values(), ref.lse, {2e-4, 2e-5}, "lse (GPU)"));
+}
+
+void run_gpu_forward(const AttnCase& c, cudaStream_t stream = nullptr) {
+  AttnRun r(c);
+  run_gpu_forward(r, stream);
 }
 
 AttnCase base(int64_t Sq, int64_t Sk, int64_t H, int64_t Hk, int64_t D, bool causal, DType dt, uint64_t seed) {
@@ -176,4 +186,28 @@ TEST(AttentionGpu, MaskAndBiasTilesThroughSharedMemory) {
         c.bias.dtype = bits & 2 ? DType::f32 : DType::unset;
         run_gpu_forward(c);
       }
+}
+
+TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
+  // 64x64 blocks kept with probability 1/8 (elements inside with 1/2): most forward tiles
+  // hold no kept key and are skipped; rows whose blocks are all off must still give zeros.
+  REQUIRE_GPU();
+  uint64_t seed = 700;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      AttnCase c = base(700, 900, 4, 2, D, causal, DType::bf16, seed++);
+      c.mask.present = true;
+      c.mask.b = false, c.mask.heads = 0;
+      AttnRun r(c);
+      std::mt19937_64 rng(seed);
+      std::bernoulli_distribution block_on(1.0 / 8), elem_on(0.5);
+      const int64_t nbq = (c.Sq + 63) / 64, nbk = (c.Sk + 63) / 64;
+      std::vector<char> on(nbq * nbk);
+      for (auto& x : on) x = block_on(rng);
+      for (int64_t i = 0; i < c.Sq; ++i)
+        for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / 64) * nbk + j / 64] && elem_on(rng));
+      auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
+      r.rp.keep.assign(full.begin(), full.end());
+      run_gpu_forward(r);
+    }
 }
