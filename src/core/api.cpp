@@ -122,13 +122,26 @@ void attention_backward(const fdma_attention_params& p) {
 
 size_t select_workspace_size(const fdma_select_params& p) {
   auto prob = detail::validate_select(p);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("select");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    return cuda::select_workspace(p, prob);
+#else
+    no_cuda_kernels("select");
+#endif
+  }
   return cpu::select_workspace(prob, static_cast<DType>(p.key_scores.dtype));
 }
 
 void select_keys(const fdma_select_params& p) {
   auto prob = detail::validate_select(p);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("select");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    detail::check_workspace("select", p.workspace, p.workspace_bytes, cuda::select_workspace(p, prob));
+    return cuda::select(p, prob);
+#else
+    no_cuda_kernels("select");
+#endif
+  }
   detail::check_workspace("select", p.workspace, p.workspace_bytes,
                           cpu::select_workspace(prob, static_cast<DType>(p.key_scores.dtype)));
   cpu::select(p, prob);
@@ -136,13 +149,27 @@ void select_keys(const fdma_select_params& p) {
 
 size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
   auto prob = detail::validate_dma(p, pass);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("dynamic_mask_attention");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    return cuda::dma_workspace(p, prob, pass);
+#else
+    no_cuda_kernels("dynamic_mask_attention");
+#endif
+  }
   return cpu::dma_workspace(prob, pass);
 }
 
 void dma_forward(const fdma_dma_params& p) {
   auto prob = detail::validate_dma(p, Pass::forward);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("dynamic_mask_attention forward");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
+                            cuda::dma_workspace(p, prob, Pass::forward));
+    return cuda::dma_forward(p, prob);
+#else
+    no_cuda_kernels("dynamic_mask_attention forward");
+#endif
+  }
   detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
                           cpu::dma_workspace(prob, Pass::forward));
   cpu::dma_forward(p, prob);

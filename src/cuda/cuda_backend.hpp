@@ -10,4 +10,10 @@ namespace fdma::cuda {
 size_t attention_workspace(const detail::AttentionProblem& prob, Pass pass);
 void attention_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 
+// select and dynamic_mask_attention: non-causal on the GPU so far (dma_cuda.cu).
+size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob);
+void select(const fdma_select_params& p, const detail::SelectProblem& prob);
+size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass);
+void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob);
+
 }  // namespace fdma::cuda

@@ -1,0 +1,111 @@
+"""dynamic_mask_attention forward on the GPU (non-causal) against the floor and dense SDPA.
+
+Usage: python3 bench/bench_dma.py [--lib build/libfdma.so] [--seqlens 8192,16384,32768]
+bf16, B1 H16 Hk4 D128 w2048. Floor = SDPA flash over exactly w keys per query (what any
+top-w method must at least do). Useful TF/s counts kept pairs only: 4*B*H*Sq*min(w,Sk)*D / t.
+Medians of CUDA-event timings after warm-up; a markdown table last.
+"""
+import argparse
+import ctypes
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from bench_attention import median_ms, view  # noqa: E402
+from flash_dma import _abi  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--seqlens", default="8192,16384,32768")
+    args = ap.parse_args()
+    lib = _abi.load_library(args.lib)
+    dev = torch.device("cuda")
+    B, H, Hk, D, w = 1, 16, 4, 128, 2048
+    rows = []
+    for S in [int(s) for s in args.seqlens.split(",")]:
+        torch.manual_seed(0)
+        q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+        scores = torch.randn(B, Hk, S, device=dev, dtype=torch.float32)
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
+        p = _abi.DmaParams()
+        p.q, p.k, p.v, p.key_scores, p.out, p.lse = view(q), view(k), view(v), view(scores), view(out), view(lse)
+        p.window, p.causal, p.add_scores = w, 0, 1
+        p.stream = torch.cuda.current_stream().cuda_stream
+        nbytes = ctypes.c_size_t(0)
+        assert lib.fdma_dma_workspace_size(ctypes.byref(p), 0, ctypes.byref(nbytes)) == 0, lib.fdma_last_error()
+        ws = torch.empty(nbytes.value, device=dev, dtype=torch.uint8)
+        p.workspace, p.workspace_bytes = ws.data_ptr(), nbytes.value
+
+        def ours():
+            assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error().decode()
+
+        # The selection alone, through the public select op.
+        begin = torch.empty(B, Hk, S, device=dev, dtype=torch.int32)
+        end = torch.empty_like(begin)
+        sp = _abi.SelectParams()
+        sp.key_scores, sp.keep_begin, sp.keep_end = view(scores), view(begin), view(end)
+        sp.num_queries, sp.window, sp.causal = S, w, 0
+        sp.stream = p.stream
+        sbytes = ctypes.c_size_t(0)
+        assert lib.fdma_select_workspace_size(ctypes.byref(sp), ctypes.byref(sbytes)) == 0
+        sws = torch.empty(sbytes.value, device=dev, dtype=torch.uint8)
+        sp.workspace, sp.workspace_bytes = sws.data_ptr(), sbytes.value
+
+        def select():
+            assert lib.fdma_select(ctypes.byref(sp)) == 0
+
+        # Correctness against SDPA over the same kept keys with the scores as bias.
+        ours()
+        top = torch.topk(scores, w, dim=-1).indices  # [B, Hk, w]; random scores: no ties
+        kg = torch.gather(k, 1, top.transpose(1, 2).unsqueeze(-1).expand(B, w, Hk, D))
+        vg = torch.gather(v, 1, top.transpose(1, 2).unsqueeze(-1).expand(B, w, Hk, D))
+        bias = torch.gather(scores, 2, top).repeat_interleave(H // Hk, 1).unsqueeze(2).to(torch.bfloat16)
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            ref = F.scaled_dot_product_attention(q.transpose(1, 2), kg.transpose(1, 2).repeat_interleave(H // Hk, 1),
+                                                 vg.transpose(1, 2).repeat_interleave(H // Hk, 1), attn_mask=bias)
+        err = (out.transpose(1, 2).float() - ref.float()).abs().max().item()
+
+        qt = q.transpose(1, 2)
+        kgt, vgt = kg.transpose(1, 2), vg.transpose(1, 2)
+        kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+
+        def floor():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                F.scaled_dot_product_attention(qt, kgt, vgt, enable_gqa=True)
+
+        def dense_cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qt, kt.repeat_interleave(H // Hk, 1), vt.repeat_interleave(H // Hk, 1))
+
+        t = {"flash-dma": median_ms(ours), "select": median_ms(select), "floor": median_ms(floor)}
+        try:
+            t["dense cudnn"] = median_ms(dense_cudnn)
+        except RuntimeError as e:
+            t["dense cudnn"] = None
+            print("cuDNN unavailable:", str(e).splitlines()[0][:100])
+        useful = 4 * B * H * S * min(w, S) * D
+        rows.append((S, t, useful, err, nbytes.value))
+        print(S, {k_: (round(x, 3) if x else None) for k_, x in t.items()}, f"max|diff| {err:.3g}", flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, bf16, non-causal, B{B} H{H} Hk{Hk} D{D} w{w}; ms (useful TF/s)")
+    print("| S | flash-dma fwd | selection alone | floor: SDPA flash over w keys | dense SDPA cuDNN (all keys) |"
+          " workspace MB | max abs diff |")
+    print("|---|---|---|---|---|---|---|")
+    for S, t, useful, err, nbytes in rows:
+        def cell(x, flops=useful):
+            return "-" if x is None else f"{x:.3f} ({flops / x / 1e9:.0f})"
+        print(f"| {S} | {cell(t['flash-dma'])} | {t['select']:.3f} | {cell(t['floor'])} | "
+              f"{cell(t['dense cudnn'], 4 * B * H * S * S * D)} | {nbytes / 1e6:.1f} | {err:.3g} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+#include <cub/device/device_segmented_radix_sort.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/select_topw.cuh"
+
+namespace fdma::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+__device__ __forceinline__ float load_score(const void* p, int dtype, int64_t off) {
+  switch (dtype) {
+    case 2: return __half2float(static_cast<const __half*>(p)[off]);
+    case 3: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+    default: return static_cast<const float*>(p)[off];
+  }
+}
+
+// Order-preserving map of a float to uint32, with NaN mapped to 0 (below -inf).
+__device__ __forceinline__ uint32_t sortable(float f) {
+  if (isnan(f)) return 0u;
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__global__ void rank_keys_kernel(TopwInputs in, uint64_t* keys, int32_t* idx, int32_t* offsets) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
+    const int j = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
+    const float s = load_score(in.scores, in.score_dtype,
+                               b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
+    const bool exists = !in.padding || in.padding[b * in.padding_stride[0] + j * in.padding_stride[1]] != 0;
+    keys[t] = (uint64_t(exists) << 32) | sortable(s);
+    idx[t] = j;
+    if (j == 0) offsets[row] = row * in.Sk;
+    if (t == n - 1) offsets[row + 1] = int32_t(n);
+  }
+}
+
+__global__ void intervals_kernel(TopwInputs in, const uint64_t* keys, const int32_t* idx, int64_t w, int Sq,
+                                 int32_t* begin, int64_t b0, int64_t b1, int64_t b2, int32_t* end, int64_t e0,
+                                 int64_t e1, int64_t e2) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
+    const int rank = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
+    const bool kept = rank < w && (keys[t] >> 32) != 0;
+    const int j = idx[t];  // each key appears once per row, so every output is written once
+    begin[b * b0 + hk * b1 + j * b2] = 0;
+    end[b * e0 + hk * e1 + j * e2] = kept ? Sq : 0;
+  }
+}
+
+// One warp per gathered slot: copies the K and V rows 16 bytes per lane.
+__global__ void gather_kernel(TopwInputs in, const uint64_t* keys, const int32_t* idx, GatherArgs g) {
+  const int lane = threadIdx.x % 32;
+  const int64_t slot = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;  // (b, hk, t)
+  const int64_t slots = int64_t(in.B) * in.Hk * g.W;
+  if (slot >= slots) return;
+  const int t = int(slot % g.W), row = int(slot / g.W), hk = row % in.Hk, b = row / in.Hk;
+  const int64_t src = int64_t(row) * in.Sk + t;
+  const bool kept = (keys[src] >> 32) != 0;
+  const int j = kept ? idx[src] : 0;
+  const int64_t row_bytes = int64_t(g.D) * g.elem_bytes;
+  const int64_t dst = ((int64_t(b) * g.W + t) * in.Hk + hk) * row_bytes;
+  const char* ks = static_cast<const char*>(g.k) + (b * g.k_stride[0] + j * g.k_stride[1] + hk * g.k_stride[2]) * g.elem_bytes;
+  const char* vs = static_cast<const char*>(g.v) + (b * g.v_stride[0] + j * g.v_stride[1] + hk * g.v_stride[2]) * g.elem_bytes;
+  for (int64_t c = lane * 16; c < row_bytes; c += 32 * 16) {
+    *reinterpret_cast<uint4*>(static_cast<char*>(g.k_out) + dst + c) = *reinterpret_cast<const uint4*>(ks + c);
+    *reinterpret_cast<uint4*>(static_cast<char*>(g.v_out) + dst + c) = *reinterpret_cast<const uint4*>(vs + c);
+  }
+  if (lane == 0) {
+    float bias = -INFINITY;
+    if (kept)
+      bias = g.add_scores ? load_score(in.scores, in.score_dtype,
+                                       b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2])
+                          : 0.f;
+    g.bias_out[(int64_t(b) * in.Hk + hk) * g.W + t] = bias;
+  }
+}
+
+int grid_for(int64_t n, int threads) { return int(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8)); }
+
+}  // namespace
+
+size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  const int rows = in.B * in.Hk;
+  size_t temp = 0;
+  cub::DeviceSegmentedRadixSort::SortPairsDescending(nullptr, temp, static_cast<const uint64_t*>(nullptr),
+                                                     static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                     static_cast<int32_t*>(nullptr), n, rows,
+                                                     static_cast<const int32_t*>(nullptr),
+                                                     static_cast<const int32_t*>(nullptr) + 1, 0, 33);
+  if (cub_bytes) *cub_bytes = temp;
+  return 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up((rows + 1) * 4) + align_up(temp);
+}
+
+TopwScratch carve_topw(void* base, const TopwInputs& in) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  const int rows = in.B * in.Hk;
+  TopwScratch s{};
+  char* p = static_cast<char*>(base);
+  s.keys_in = reinterpret_cast<uint64_t*>(p), p += align_up(n * 8);
+  s.keys_out = reinterpret_cast<uint64_t*>(p), p += align_up(n * 8);
+  s.idx_in = reinterpret_cast<int32_t*>(p), p += align_up(n * 4);
+  s.idx_out = reinterpret_cast<int32_t*>(p), p += align_up(n * 4);
+  s.offsets = reinterpret_cast<int32_t*>(p), p += align_up((rows + 1) * 4);
+  topw_workspace(in, &s.cub_bytes);
+  s.cub_temp = p;
+  return s;
+}
+
+cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  rank_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_in, s.idx_in, s.offsets);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  size_t temp = s.cub_bytes;
+  // Bits 0..32: the score and the exists bit.
+  return cub::DeviceSegmentedRadixSort::SortPairsDescending(s.cub_temp, temp, s.keys_in, s.keys_out, s.idx_in,
+                                                            s.idx_out, n, in.B * in.Hk, s.offsets, s.offsets + 1, 0,
+                                                            33, stream);
+}
+
+cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w, int Sq, int32_t* begin,
+                           const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3], cudaStream_t stream) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, w, Sq, begin, bs[0], bs[1], bs[2],
+                                                         end, es[0], es[1], es[2]);
+  return cudaGetLastError();
+}
+
+cudaError_t topw_gather(const TopwInputs& in, const TopwScratch& s, const GatherArgs& g, cudaStream_t stream) {
+  const int64_t threads = int64_t(in.B) * in.Hk * g.W * 32;
+  gather_kernel<<<int((threads + 255) / 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, g);
+  return cudaGetLastError();
+}
+
+}  // namespace fdma::cuda

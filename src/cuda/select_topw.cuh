@@ -1,0 +1,58 @@
+// Non-causal top-w selection on the GPU: every query of (b, kv head) keeps the same w keys.
+// Each key gets a 64-bit rank key (exists bit, then its score mapped to an order-preserving
+// integer with NaN lowest), rows are sorted descending and stably by CUB (so ties keep the
+// lower index first), and the first w entries whose exists bit is set are the kept keys:
+// exactly the CPU backend's selection.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fdma::cuda {
+
+struct TopwInputs {
+  const void* scores;  // [B, Hk, Sk]
+  int score_dtype;     // fdma_dtype: f32, f16 or bf16
+  int64_t score_stride[3];
+  const uint8_t* padding;  // optional [B, Sk]
+  int64_t padding_stride[2];
+  int B, Hk, Sk;
+};
+
+// Device scratch for the sort; sizes come from topw_workspace with the same inputs.
+struct TopwScratch {
+  uint64_t *keys_in, *keys_out;
+  int32_t *idx_in, *idx_out, *offsets;
+  void* cub_temp;
+  size_t cub_bytes;
+};
+
+// Bytes of each piece (laid out in this order, 256-byte aligned) and their total.
+size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes);
+TopwScratch carve_topw(void* base, const TopwInputs& in);
+
+// Sorts every row; afterwards idx_out[row * Sk + t] is the t-th ranked key of the row, and
+// it is kept iff t < w and keys_out[row * Sk + t] has bit 32 (the key exists).
+cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream);
+
+// The selection as intervals: kept keys get [0, Sq), others (0, 0).
+cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w, int Sq, int32_t* begin,
+                           const int64_t (&begin_stride)[3], int32_t* end, const int64_t (&end_stride)[3],
+                           cudaStream_t stream);
+
+// Gathers the kept keys' K and V rows into [B, W, Hk, D] (W = min(w, Sk)) and writes the
+// additive bias [B, Hk, 1, W] in float32: the score (or 0) for a kept key, -inf for an empty
+// slot (fewer than w existing keys).
+struct GatherArgs {
+  const void *k, *v;
+  int64_t k_stride[3], v_stride[3];
+  void *k_out, *v_out;  // [B, W, Hk, D] contiguous
+  float* bias_out;      // [B, Hk, 1, W]
+  int D, W, elem_bytes;
+  bool add_scores;
+};
+cudaError_t topw_gather(const TopwInputs& in, const TopwScratch& s, const GatherArgs& g, cudaStream_t stream);
+
+}  // namespace fdma::cuda
