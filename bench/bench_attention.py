@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from flash_dma import _abi  # noqa: E402
 
 DTYPE_CODE = {torch.bfloat16: _abi.BFLOAT16, torch.float16: _abi.FLOAT16, torch.float32: _abi.FLOAT32,
-              torch.bool: _abi.BOOL}
+              torch.bool: _abi.BOOL, torch.int32: _abi.INT32}
 
 
 def view(t):
