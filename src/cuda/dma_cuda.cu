@@ -69,13 +69,13 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in) {
 
 }  // namespace
 
+// select: the sort, then intervals (causal: through the wavelet matrix after the sort scratch).
 size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob) {
-  require_non_causal("select", prob.causal);
-  return topw_workspace(topw_inputs(p.key_scores, p.key_padding), nullptr);
+  const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
+  return align_up(topw_workspace(in, nullptr)) + (prob.causal ? wavelet_workspace(in, nullptr) : 0);
 }
 
 void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
-  require_non_causal("select", prob.causal);
   require_device_workspace("select", p.workspace);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const TopwScratch s = carve_topw(p.workspace, in);
@@ -83,9 +83,15 @@ void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
   check_cuda(topw_sort(in, s, stream), "select", "sort");
   int64_t bs[3], es[3];
   for (int d = 0; d < 3; ++d) bs[d] = p.keep_begin.stride[d], es[d] = p.keep_end.stride[d];
-  check_cuda(topw_intervals(in, s, prob.window, int(prob.Sq), static_cast<int32_t*>(p.keep_begin.data), bs,
-                            static_cast<int32_t*>(p.keep_end.data), es, stream),
-             "select", "intervals");
+  auto* begin = static_cast<int32_t*>(p.keep_begin.data);
+  auto* end = static_cast<int32_t*>(p.keep_end.data);
+  if (prob.causal) {
+    const WaveletScratch wv = carve_wavelet(static_cast<char*>(p.workspace) + align_up(topw_workspace(in, nullptr)), in);
+    check_cuda(causal_intervals(in, s, wv, prob.window, int(prob.Sq), begin, bs, end, es, stream), "select",
+               "causal intervals");
+  } else {
+    check_cuda(topw_intervals(in, s, prob.window, int(prob.Sq), begin, bs, end, es, stream), "select", "intervals");
+  }
 }
 
 size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {

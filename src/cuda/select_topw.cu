@@ -1,3 +1,4 @@
+#include <cub/device/device_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -80,9 +81,122 @@ __global__ void gather_kernel(TopwInputs in, const uint64_t* keys, const int32_t
   }
 }
 
+// Level `level` of the wavelet matrix: flag the values whose bit is 0 (scanned next).
+__global__ void wavelet_flags_kernel(const int32_t* a, int64_t n, int bit, int32_t* flags) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t <= n; t += int64_t(gridDim.x) * blockDim.x)
+    flags[t] = t < n ? ((a[t] >> bit) & 1) == 0 : 0;
+}
+
+// Stable partition of each row: zeros first, then ones, from the scanned flags.
+__global__ void wavelet_partition_kernel(const int32_t* a, int64_t n, int Sk, int bit, const int32_t* rank0,
+                                         int32_t* out) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row0 = t - t % Sk;
+    const int32_t base = rank0[row0], zeros_before = rank0[t] - base, zeros = rank0[row0 + Sk] - base;
+    const int64_t i = t - row0;
+    const bool zero = ((a[t] >> bit) & 1) == 0;
+    out[row0 + (zero ? zeros_before : zeros + (i - zeros_before))] = a[t];
+  }
+}
+
+// k-th smallest (0-based) of the first `len` ranked indices of a row.
+__device__ int32_t wavelet_kth(const int32_t* rank0, int levels, int64_t n, int64_t row0, int Sk, int len, int k) {
+  int lo = 0, hi = len;
+  int32_t value = 0;
+  for (int l = 0; l < levels; ++l) {
+    const int32_t* r = rank0 + int64_t(l) * (n + 1) + row0;
+    const int32_t base = r[0], r_lo = r[lo] - base, r_hi = r[hi] - base;
+    if (k < r_hi - r_lo) {
+      lo = r_lo, hi = r_hi;
+    } else {
+      k -= r_hi - r_lo;
+      value |= 1 << (levels - 1 - l);
+      const int32_t zeros = r[Sk] - base;
+      lo = zeros + (lo - r_lo), hi = zeros + (hi - r_hi);
+    }
+  }
+  return value;
+}
+
+__global__ void causal_intervals_kernel(TopwInputs in, const uint64_t* keys, const int32_t* idx, const int32_t* rank0,
+                                        int levels, int64_t w, int Sq, int32_t* begin, int64_t b0, int64_t b1,
+                                        int64_t b2, int32_t* end, int64_t e0, int64_t e1, int64_t e2) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  const int64_t off = int64_t(in.Sk) - Sq;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
+    const int rank = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
+    const int j = idx[t];
+    int64_t lo = 0, hi = 0;
+    if ((keys[t] >> 32) != 0) {  // exists (padded keys rank last and are never kept)
+      lo = j - off > 0 ? j - off : 0;
+      hi = Sq;
+      if (rank >= w) {
+        const int64_t x = wavelet_kth(rank0, levels, n, int64_t(row) * in.Sk, in.Sk, rank, int(w - 1));
+        hi = x - off < Sq ? x - off : Sq;
+      }
+      if (hi <= lo) lo = hi = 0;
+    }
+    begin[b * b0 + hk * b1 + j * b2] = int32_t(lo);
+    end[b * e0 + hk * e1 + j * e2] = int32_t(hi);
+  }
+}
+
+int levels_for(int Sk) {
+  int levels = 1;
+  while ((int64_t(1) << levels) < Sk) ++levels;
+  return levels;
+}
+
 int grid_for(int64_t n, int threads) { return int(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8)); }
 
 }  // namespace
+
+size_t wavelet_workspace(const TopwInputs& in, size_t* scan_bytes) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  size_t temp = 0;
+  cub::DeviceScan::ExclusiveSum(nullptr, temp, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                n + 1);
+  if (scan_bytes) *scan_bytes = temp;
+  return align_up(size_t(levels_for(in.Sk)) * (n + 1) * 4) + align_up((n + 1) * 4) + 2 * align_up(n * 4) +
+         align_up(temp);
+}
+
+WaveletScratch carve_wavelet(void* base, const TopwInputs& in) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  WaveletScratch w{};
+  w.levels = levels_for(in.Sk);
+  char* p = static_cast<char*>(base);
+  w.rank0 = reinterpret_cast<int32_t*>(p), p += align_up(size_t(w.levels) * (n + 1) * 4);
+  w.flags = reinterpret_cast<int32_t*>(p), p += align_up((n + 1) * 4);
+  w.a = reinterpret_cast<int32_t*>(p), p += align_up(n * 4);
+  w.b = reinterpret_cast<int32_t*>(p), p += align_up(n * 4);
+  wavelet_workspace(in, &w.scan_bytes);
+  w.scan_temp = p;
+  return w;
+}
+
+cudaError_t causal_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch& wv, int64_t w, int Sq,
+                             int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
+                             cudaStream_t stream) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  cudaError_t err = cudaMemcpyAsync(wv.a, s.idx_out, n * 4, cudaMemcpyDeviceToDevice, stream);
+  int32_t *cur = wv.a, *next = wv.b;
+  for (int l = 0; l < wv.levels && err == cudaSuccess; ++l) {
+    const int bit = wv.levels - 1 - l;
+    int32_t* rank0 = wv.rank0 + int64_t(l) * (n + 1);
+    wavelet_flags_kernel<<<grid_for(n + 1, 256), 256, 0, stream>>>(cur, n, bit, wv.flags);
+    size_t temp = wv.scan_bytes;
+    err = cub::DeviceScan::ExclusiveSum(wv.scan_temp, temp, wv.flags, rank0, n + 1, stream);
+    if (err != cudaSuccess) break;
+    wavelet_partition_kernel<<<grid_for(n, 256), 256, 0, stream>>>(cur, n, in.Sk, bit, rank0, next);
+    err = cudaGetLastError();
+    std::swap(cur, next);
+  }
+  if (err != cudaSuccess) return err;
+  causal_intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, wv.rank0, wv.levels, w, Sq,
+                                                                begin, bs[0], bs[1], bs[2], end, es[0], es[1], es[2]);
+  return cudaGetLastError();
+}
 
 size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;

@@ -37,7 +37,7 @@ TopwScratch carve_topw(void* base, const TopwInputs& in);
 // it is kept iff t < w and keys_out[row * Sk + t] has bit 32 (the key exists).
 cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream);
 
-// The selection as intervals: kept keys get [0, Sq), others (0, 0).
+// The selection as intervals, non-causal: kept keys get [0, Sq), others (0, 0).
 cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w, int Sq, int32_t* begin,
                            const int64_t (&begin_stride)[3], int32_t* end, const int64_t (&end_stride)[3],
                            cudaStream_t stream);
@@ -54,5 +54,23 @@ struct GatherArgs {
   bool add_scores;
 };
 cudaError_t topw_gather(const TopwInputs& in, const TopwScratch& s, const GatherArgs& g, cudaStream_t stream);
+
+// Causal selection. After topw_sort, key j at rank position r is kept by queries
+// [max(0, j - off), x - off) (off = Sk - Sq), where x is the w-th smallest index among the r
+// keys ranked above it (none if r < w: kept to the end). A wavelet matrix over the ranked
+// indices answers "w-th smallest of a prefix" for every key in parallel in O(log Sk); its
+// levels are built by one device-wide scan and one stable partition each.
+struct WaveletScratch {
+  int levels;
+  int32_t* rank0;          // [levels][n + 1]: zeros before position t at each level (global scan)
+  int32_t *flags, *a, *b;  // [n + 1], [n], [n]
+  void* scan_temp;
+  size_t scan_bytes;
+};
+size_t wavelet_workspace(const TopwInputs& in, size_t* scan_bytes);
+WaveletScratch carve_wavelet(void* base, const TopwInputs& in);
+cudaError_t causal_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch& wv, int64_t w, int Sq,
+                             int32_t* begin, const int64_t (&begin_stride)[3], int32_t* end,
+                             const int64_t (&end_stride)[3], cudaStream_t stream);
 
 }  // namespace fdma::cuda

@@ -59,23 +59,29 @@ void run_gpu_dma(DmaRun& r) {
   EXPECT_TRUE(all_close(r.lse.values(), ref.lse, {2e-4, 2e-5}, "lse (GPU)"));
 }
 
-void run_gpu_select(DmaRun& r) {
-  const DmaCase& c = r.c;
-  SCOPED_TRACE(c.str());
-  HostTensor b_cpu(DType::i32, {c.B, c.Hk, c.Sk}), e_cpu(DType::i32, {c.B, c.Hk, c.Sk});
-  HostTensor b_gpu(DType::i32, {c.B, c.Hk, c.Sk}, {2, 0, 1}), e_gpu(DType::i32, {c.B, c.Hk, c.Sk});  // strided too
+// GPU select against the CPU select on the same scores: intervals compared exactly.
+void run_gpu_select(HostTensor& scores, HostTensor* padding, int64_t Sq, int64_t w, bool causal) {
+  const int64_t B = scores.shape()[0], Hk = scores.shape()[1], Sk = scores.shape()[2];
+  SCOPED_TRACE(testing::Message() << "select B" << B << " Hk" << Hk << " Sq" << Sq << " Sk" << Sk << " w" << w
+                                  << " causal" << causal << " padding" << (padding != nullptr));
+  HostTensor b_cpu(DType::i32, {B, Hk, Sk}), e_cpu(DType::i32, {B, Hk, Sk});
+  HostTensor b_gpu(DType::i32, {B, Hk, Sk}, {2, 0, 1}), e_gpu(DType::i32, {B, Hk, Sk});  // strided too
   SelectParams p;
-  p.key_scores = r.scores.view();
-  if (c.padding) p.key_padding = r.pad.view();
-  p.num_queries = c.Sq, p.window = c.w, p.causal = 0;
+  p.key_scores = scores.view();
+  if (padding) p.key_padding = padding->view();
+  p.num_queries = Sq, p.window = w, p.causal = causal;
   p.keep_begin = b_cpu.view(), p.keep_end = e_cpu.view();
   std::vector<unsigned char> host_ws(select_workspace_size(p));
   p.workspace = host_ws.data(), p.workspace_bytes = host_ws.size();
   select_keys(p);
 
-  DeviceTensor scores(r.scores), pad(r.pad), bg(b_gpu), eg(e_gpu);
-  p.key_scores = scores.view();
-  if (c.padding) p.key_padding = pad.view();
+  DeviceTensor d_scores(scores), bg(b_gpu), eg(e_gpu);
+  std::unique_ptr<DeviceTensor> d_pad;
+  p.key_scores = d_scores.view();
+  if (padding) {
+    d_pad = std::make_unique<DeviceTensor>(*padding);
+    p.key_padding = d_pad->view();
+  }
   p.keep_begin = bg.view(), p.keep_end = eg.view();
   const size_t bytes = select_workspace_size(p);
   DeviceWorkspace ws(bytes);
@@ -86,8 +92,16 @@ void run_gpu_select(DmaRun& r) {
   FDMA_CUDA_OK(cudaDeviceSynchronize());
   bg.download();
   eg.download();
-  EXPECT_EQ(b_gpu.values(), b_cpu.values());
-  EXPECT_EQ(e_gpu.values(), e_cpu.values());
+  const auto bc = b_cpu.values(), ec = e_cpu.values(), bgv = b_gpu.values(), egv = e_gpu.values();
+  int64_t bad = 0;
+  for (size_t i = 0; i < bc.size(); ++i)
+    if ((bc[i] != bgv[i] || ec[i] != egv[i]) && ++bad <= 5)
+      ADD_FAILURE() << "key " << i << ": CPU [" << bc[i] << ", " << ec[i] << "), GPU [" << bgv[i] << ", " << egv[i] << ")";
+  EXPECT_EQ(bad, 0);
+}
+
+void run_gpu_select(DmaRun& r) {
+  run_gpu_select(r.scores, r.c.padding ? &r.pad : nullptr, r.c.Sq, r.c.w, r.c.causal);
 }
 
 }  // namespace
@@ -109,6 +123,34 @@ TEST(DmaGpu, NonCausalShapesWindowsTiesPadding) {
           run_gpu_dma(r);
           run_gpu_select(r);
         }
+}
+
+TEST(SelectGpu, CausalMatchesTheCpuExactly) {
+  REQUIRE_GPU();
+  uint64_t seed = 50;
+  for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {7, 7}, {63, 64}, {65, 65}, {40, 129}, {129, 40},
+                        {1, 300}, {1000, 1000}, {500, 3000}})
+    for (int64_t w : {int64_t(1), int64_t(2), int64_t(17), Sk - 1, Sk, Sk + 3})
+      for (int variant = 0; variant < 3; ++variant) {
+        if (w < 1) continue;
+        DmaCase c;
+        c.B = 2, c.Sq = Sq, c.Sk = Sk, c.Hk = 3, c.H = 3, c.w = w, c.causal = true, c.seed = seed++;
+        c.ties = variant == 1, c.padding = variant != 0;
+        c.score_dtype = variant == 2 ? DType::bf16 : DType::f32;
+        DmaRun r(c);
+        if (variant == 2 && Sk > 5) r.scores.set(5, NAN);  // NaN ranks lowest
+        run_gpu_select(r);
+      }
+}
+
+TEST(SelectGpu, CausalLongRow) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(77);
+  HostTensor scores(DType::f32, {1, 2, 131072}), pad(DType::boolean, {1, 131072});
+  scores.fill_uniform(rng, -4, 4);
+  pad.fill_bool(rng, 0.95);
+  run_gpu_select(scores, &pad, 131072, 2048, true);
+  run_gpu_select(scores, nullptr, 100000, 2048, true);  // Sq < Sk: a prefill chunk after a cache
 }
 
 TEST(DmaGpu, AllKeysPaddedGivesZeros) {
