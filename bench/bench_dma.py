@@ -64,6 +64,18 @@ def main():
         def select():
             assert lib.fdma_select(ctypes.byref(sp)) == 0
 
+        # Causal selection (the wavelet-matrix intervals), timed alone as well.
+        cp = _abi.SelectParams()
+        ctypes.pointer(cp)[0] = sp
+        cp.causal = 1
+        cbytes = ctypes.c_size_t(0)
+        assert lib.fdma_select_workspace_size(ctypes.byref(cp), ctypes.byref(cbytes)) == 0
+        cws = torch.empty(cbytes.value, device=dev, dtype=torch.uint8)
+        cp.workspace, cp.workspace_bytes = cws.data_ptr(), cbytes.value
+
+        def select_causal():
+            assert lib.fdma_select(ctypes.byref(cp)) == 0
+
         # Correctness against SDPA over the same kept keys with the scores as bias.
         ours()
         top = torch.topk(scores, w, dim=-1).indices  # [B, Hk, w]; random scores: no ties
@@ -87,23 +99,25 @@ def main():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qt, kt.repeat_interleave(H // Hk, 1), vt.repeat_interleave(H // Hk, 1))
 
-        t = {"flash-dma": median_ms(ours), "select": median_ms(select), "floor": median_ms(floor)}
+        t = {"flash-dma": median_ms(ours), "select": median_ms(select), "select causal": median_ms(select_causal),
+             "floor": median_ms(floor)}
         try:
             t["dense cudnn"] = median_ms(dense_cudnn)
         except RuntimeError as e:
             t["dense cudnn"] = None
             print("cuDNN unavailable:", str(e).splitlines()[0][:100])
         useful = 4 * B * H * S * min(w, S) * D
-        rows.append((S, t, useful, err, nbytes.value))
+        rows.append((S, t, useful, err, nbytes.value, cbytes.value))
         print(S, {k_: (round(x, 3) if x else None) for k_, x in t.items()}, f"max|diff| {err:.3g}", flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, non-causal, B{B} H{H} Hk{Hk} D{D} w{w}; ms (useful TF/s)")
-    print("| S | flash-dma fwd | selection alone | floor: SDPA flash over w keys | dense SDPA cuDNN (all keys) |"
-          " workspace MB | max abs diff |")
-    print("|---|---|---|---|---|---|---|")
-    for S, t, useful, err, nbytes in rows:
+    print("| S | flash-dma fwd | selection alone | causal selection alone (workspace MB) | floor: SDPA flash over w keys |"
+          " dense SDPA cuDNN (all keys) | workspace MB | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|")
+    for S, t, useful, err, nbytes, cbytes in rows:
         def cell(x, flops=useful):
             return "-" if x is None else f"{x:.3f} ({flops / x / 1e9:.0f})"
-        print(f"| {S} | {cell(t['flash-dma'])} | {t['select']:.3f} | {cell(t['floor'])} | "
+        print(f"| {S} | {cell(t['flash-dma'])} | {t['select']:.3f} | {t['select causal']:.3f} ({cbytes / 1e6:.1f}) | "
+              f"{cell(t['floor'])} | "
               f"{cell(t['dense cudnn'], 4 * B * H * S * S * D)} | {nbytes / 1e6:.1f} | {err:.3g} |")
 
 
