@@ -84,6 +84,16 @@ TEST(Selection, MatchesBruteForce) {
           }
 }
 
+TEST(Selection, MoreHeadsAndMidWindows) {
+  uint64_t seed = 500;
+  for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{63, 64}, {65, 65}, {129, 40}, {300, 300}})
+    for (int64_t w : {2, 17})
+      for (bool ties : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "Sq " << Sq << " Sk " << Sk << " w " << w << " ties " << ties);
+        run_select_case({2, 3, Sq, Sk, w, true, true, ties, ties ? DType::f32 : DType::bf16}, seed++);
+      }
+}
+
 TEST(Selection, EveryScoreDtype) {
   for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64})
     run_select_case({1, 3, 50, 80, 9, true, true, true, dt}, 7);

@@ -37,6 +37,8 @@ TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
   in.B = int(scores.shape[0]);
   in.Hk = int(scores.shape[1]);
   in.Sk = int(scores.shape[2]);
+  in.index_bits = 1;
+  while ((int64_t(1) << in.index_bits) < in.Sk) ++in.index_bits;
   return in;
 }
 

@@ -33,7 +33,8 @@ __global__ void rank_keys_kernel(TopwInputs in, uint64_t* keys, int32_t* idx, in
     const float s = load_score(in.scores, in.score_dtype,
                                b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
     const bool exists = !in.padding || in.padding[b * in.padding_stride[0] + j * in.padding_stride[1]] != 0;
-    keys[t] = (uint64_t(exists) << 32) | sortable(s);
+    const uint64_t inv_index = (uint64_t(1) << in.index_bits) - 1 - uint64_t(j);
+    keys[t] = (uint64_t(exists) << (32 + in.index_bits)) | (uint64_t(sortable(s)) << in.index_bits) | inv_index;
     idx[t] = j;
     if (j == 0) offsets[row] = row * in.Sk;
     if (t == n - 1) offsets[row + 1] = int32_t(n);
@@ -46,7 +47,7 @@ __global__ void intervals_kernel(TopwInputs in, const uint64_t* keys, const int3
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
     const int rank = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
-    const bool kept = rank < w && (keys[t] >> 32) != 0;
+    const bool kept = rank < w && rank_key_exists(keys[t], in.index_bits);
     const int j = idx[t];  // each key appears once per row, so every output is written once
     begin[b * b0 + hk * b1 + j * b2] = 0;
     end[b * e0 + hk * e1 + j * e2] = kept ? Sq : 0;
@@ -61,7 +62,7 @@ __global__ void gather_kernel(TopwInputs in, const uint64_t* keys, const int32_t
   if (slot >= slots) return;
   const int t = int(slot % g.W), row = int(slot / g.W), hk = row % in.Hk, b = row / in.Hk;
   const int64_t src = int64_t(row) * in.Sk + t;
-  const bool kept = (keys[src] >> 32) != 0;
+  const bool kept = rank_key_exists(keys[src], in.index_bits);
   const int j = kept ? idx[src] : 0;
   const int64_t row_bytes = int64_t(g.D) * g.elem_bytes;
   const int64_t dst = ((int64_t(b) * g.W + t) * in.Hk + hk) * row_bytes;
@@ -127,7 +128,7 @@ __global__ void causal_intervals_kernel(TopwInputs in, const uint64_t* keys, con
     const int rank = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
     const int j = idx[t];
     int64_t lo = 0, hi = 0;
-    if ((keys[t] >> 32) != 0) {  // exists (padded keys rank last and are never kept)
+    if (rank_key_exists(keys[t], in.index_bits)) {  // padded keys rank last and are never kept
       lo = j - off > 0 ? j - off : 0;
       hi = Sq;
       if (rank >= w) {
@@ -206,7 +207,8 @@ size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes) {
                                                      static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
                                                      static_cast<int32_t*>(nullptr), n, rows,
                                                      static_cast<const int32_t*>(nullptr),
-                                                     static_cast<const int32_t*>(nullptr) + 1, 0, 33);
+                                                     static_cast<const int32_t*>(nullptr) + 1, 0,
+                                                     33 + in.index_bits);
   if (cub_bytes) *cub_bytes = temp;
   return 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up((rows + 1) * 4) + align_up(temp);
 }
@@ -232,10 +234,10 @@ cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t s
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   size_t temp = s.cub_bytes;
-  // Bits 0..32: the score and the exists bit.
+  // The significant bits: index, score, exists.
   return cub::DeviceSegmentedRadixSort::SortPairsDescending(s.cub_temp, temp, s.keys_in, s.keys_out, s.idx_in,
                                                             s.idx_out, n, in.B * in.Hk, s.offsets, s.offsets + 1, 0,
-                                                            33, stream);
+                                                            33 + in.index_bits, stream);
 }
 
 cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w, int Sq, int32_t* begin,

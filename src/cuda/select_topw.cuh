@@ -1,8 +1,8 @@
-// Non-causal top-w selection on the GPU: every query of (b, kv head) keeps the same w keys.
-// Each key gets a 64-bit rank key (exists bit, then its score mapped to an order-preserving
-// integer with NaN lowest), rows are sorted descending and stably by CUB (so ties keep the
-// lower index first), and the first w entries whose exists bit is set are the kept keys:
-// exactly the CPU backend's selection.
+// Top-w selection on the GPU. Each key gets a 64-bit rank key, high bits first: an exists
+// bit, its score as an order-preserving integer (NaN lowest), and the inverted index, so that
+// a plain descending sort (CUB, per row) ranks ties by lower index without relying on sort
+// stability (measured: CUB's segmented descending sort reversed ties). The rank order is
+// exactly the CPU backend's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +19,11 @@ struct TopwInputs {
   const uint8_t* padding;  // optional [B, Sk]
   int64_t padding_stride[2];
   int B, Hk, Sk;
+  int index_bits;  // bits of the inverted index at the bottom of each rank key
 };
+
+// Whether the key behind a sorted rank key exists (is not padding).
+__host__ __device__ inline bool rank_key_exists(uint64_t key, int index_bits) { return (key >> (32 + index_bits)) != 0; }
 
 // Device scratch for the sort; sizes come from topw_workspace with the same inputs.
 struct TopwScratch {
@@ -34,7 +38,7 @@ size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes);
 TopwScratch carve_topw(void* base, const TopwInputs& in);
 
 // Sorts every row; afterwards idx_out[row * Sk + t] is the t-th ranked key of the row, and
-// it is kept iff t < w and keys_out[row * Sk + t] has bit 32 (the key exists).
+// it is kept iff t < w and rank_key_exists(keys_out[row * Sk + t]).
 cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream);
 
 // The selection as intervals, non-causal: kept keys get [0, Sq), others (0, 0).
