@@ -19,9 +19,11 @@ __device__ __forceinline__ float load_score(const void* p, int dtype, int64_t of
   }
 }
 
-// Order-preserving map of a float to uint32, with NaN mapped to 0 (below -inf).
+// Order-preserving map of a float to uint32, with NaN mapped to 0 (below -inf) and -0.0 to
+// +0.0's value: they compare equal, so they must tie (and fall back to the index).
 __device__ __forceinline__ uint32_t sortable(float f) {
   if (isnan(f)) return 0u;
+  if (f == 0.f) f = 0.f;
   const uint32_t u = __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }

@@ -143,6 +143,15 @@ TEST(SelectGpu, CausalMatchesTheCpuExactly) {
       }
 }
 
+TEST(SelectGpu, SignedZerosTieByIndex) {
+  // -0.0 == +0.0: they tie and the lower index ranks first, as on the CPU.
+  REQUIRE_GPU();
+  HostTensor scores(DType::f32, {1, 1, 40});
+  for (int64_t j = 0; j < 40; ++j) scores.set(j, j % 3 == 0 ? -0.0 : j % 3 == 1 ? 0.0 : -1.0);
+  for (bool causal : {false, true})
+    for (int64_t w : {1, 5, 13}) run_gpu_select(scores, nullptr, 40, w, causal);
+}
+
 TEST(SelectGpu, CausalLongRow) {
   REQUIRE_GPU();
   std::mt19937_64 rng(77);
