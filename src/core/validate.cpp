@@ -256,6 +256,47 @@ void check_window(const Checker& c, int64_t window) {
   if (window < 1) c.bad("window must be >= 1, got " + std::to_string(window));
 }
 
+// What a validation collects for the overlap and device checks.
+struct Collected {
+  std::vector<Span> inputs, outputs;
+  std::vector<std::pair<std::string, const void*>> ptrs;
+  void input(const fdma_tensor& t, const char* name) {
+    inputs.push_back(span_of(t, name));
+    ptrs.emplace_back(name, t.data);
+  }
+  void output(const fdma_tensor& t, const char* name) {
+    outputs.push_back(span_of(t, name));
+    ptrs.emplace_back(name, t.data);
+  }
+};
+
+// out and lse (forward outputs; backward inputs with dout) and dq, dk, dv: the same for
+// attention and dynamic_mask_attention, whose params name these fields alike.
+template <class P>
+void check_attention_io(const Checker& c, const P& p, Pass pass, const Dims& d, DType dtype, Collected& io) {
+  if (pass == Pass::forward) {
+    check_like(c, p.out, "out", p.q, "q", true);
+    io.output(p.out, "out");
+    if (p.lse.data) {
+      check_lse(c, p.lse, d, dtype, true);
+      io.output(p.lse, "lse");
+    }
+    return;
+  }
+  check_like(c, p.out, "out", p.q, "q", false);
+  check_lse(c, p.lse, d, dtype, false);
+  check_like(c, p.dout, "dout", p.q, "q", false);
+  check_like(c, p.dq, "dq", p.q, "q", true);
+  check_like(c, p.dk, "dk", p.k, "k", true);
+  check_like(c, p.dv, "dv", p.v, "v", true);
+  io.input(p.out, "out");
+  io.input(p.lse, "lse");
+  io.input(p.dout, "dout");
+  io.output(p.dq, "dq");
+  io.output(p.dk, "dk");
+  io.output(p.dv, "dv");
+}
+
 }  // namespace
 
 void check_workspace(const char* op, const void* workspace, size_t bytes, size_t needed) {
@@ -272,67 +313,39 @@ AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
   prob.dims = check_qkv(c, p.q, p.k, p.v);
   const Dims& d = prob.dims;
   prob.dtype = static_cast<DType>(p.q.dtype);
-  std::vector<Span> inputs = {span_of(p.q, "q"), span_of(p.k, "k"), span_of(p.v, "v")};
-  std::vector<Span> outputs;
-  std::vector<std::pair<std::string, const void*>> ptrs = {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}};
-
+  Collected io;
+  io.input(p.q, "q");
+  io.input(p.k, "k");
+  io.input(p.v, "v");
   if (p.mask.data) {
     prob.mask = c.broadcast4(p.mask, "mask", d);
     c.dtype_in(p.mask, "mask", {DType::boolean}, "bool");
-    inputs.push_back(span_of(p.mask, "mask"));
-    ptrs.emplace_back("mask", p.mask.data);
+    io.input(p.mask, "mask");
   }
   if (p.bias.data) {
     prob.bias = c.broadcast4(p.bias, "bias", d);
     check_q_or_f32(c, p.bias, "bias", prob.dtype);
-    inputs.push_back(span_of(p.bias, "bias"));
-    ptrs.emplace_back("bias", p.bias.data);
+    io.input(p.bias, "bias");
   }
   check_scalars(c, p.scale, p.softcap);
   prob.scale = resolve_scale(p.scale, d.D);
   prob.softcap = p.softcap;
   prob.causal = p.causal != 0;
-
-  if (pass == Pass::forward) {
-    check_like(c, p.out, "out", p.q, "q", true);
-    outputs.push_back(span_of(p.out, "out"));
-    ptrs.emplace_back("out", p.out.data);
-    if (p.lse.data) {
-      check_lse(c, p.lse, d, prob.dtype, true);
-      outputs.push_back(span_of(p.lse, "lse"));
-      ptrs.emplace_back("lse", p.lse.data);
-    }
-  } else {
-    check_like(c, p.out, "out", p.q, "q", false);
-    check_lse(c, p.lse, d, prob.dtype, false);
-    check_like(c, p.dout, "dout", p.q, "q", false);
-    check_like(c, p.dq, "dq", p.q, "q", true);
-    check_like(c, p.dk, "dk", p.k, "k", true);
-    check_like(c, p.dv, "dv", p.v, "v", true);
-    for (auto [t, name] : {std::pair{&p.out, "out"}, std::pair{&p.lse, "lse"}, std::pair{&p.dout, "dout"}}) {
-      inputs.push_back(span_of(*t, name));
-      ptrs.emplace_back(name, t->data);
-    }
-    for (auto [t, name] : {std::pair{&p.dq, "dq"}, std::pair{&p.dk, "dk"}, std::pair{&p.dv, "dv"}}) {
-      outputs.push_back(span_of(*t, name));
-      ptrs.emplace_back(name, t->data);
-    }
-    if (p.dbias.data) {
-      if (!p.bias.data) c.bad("dbias is given but bias is not");
-      c.broadcast4(p.dbias, "dbias", d);
-      for (int k = 0; k < 4; ++k)
-        if (p.dbias.shape[k] != p.bias.shape[k])
-          c.bad("dbias has shape " + shape_str(p.dbias) + ", expected bias's shape " + shape_str(p.bias));
-      std::string expected = std::string(dtype_name(static_cast<DType>(p.bias.dtype))) + " (bias's dtype) or float32";
-      c.dtype_in(p.dbias, "dbias", {static_cast<DType>(p.bias.dtype), DType::f32}, expected.c_str());
-      c.no_self_overlap(p.dbias, "dbias");
-      outputs.push_back(span_of(p.dbias, "dbias"));
-      ptrs.emplace_back("dbias", p.dbias.data);
-      prob.has_dbias = true;
-    }
+  check_attention_io(c, p, pass, d, prob.dtype, io);
+  if (pass == Pass::backward && p.dbias.data) {
+    if (!p.bias.data) c.bad("dbias is given but bias is not");
+    c.broadcast4(p.dbias, "dbias", d);
+    for (int k = 0; k < 4; ++k)
+      if (p.dbias.shape[k] != p.bias.shape[k])
+        c.bad("dbias has shape " + shape_str(p.dbias) + ", expected bias's shape " + shape_str(p.bias));
+    std::string expected = std::string(dtype_name(static_cast<DType>(p.bias.dtype))) + " (bias's dtype) or float32";
+    c.dtype_in(p.dbias, "dbias", {static_cast<DType>(p.bias.dtype), DType::f32}, expected.c_str());
+    c.no_self_overlap(p.dbias, "dbias");
+    io.output(p.dbias, "dbias");
+    prob.has_dbias = true;
   }
-  c.no_overlap(outputs, inputs);
-  prob.backend = c.backend(p.backend, ptrs);
+  c.no_overlap(io.outputs, io.inputs);
+  prob.backend = c.backend(p.backend, io.ptrs);
   return prob;
 }
 
@@ -351,24 +364,21 @@ SelectProblem validate_select(const fdma_select_params& p) {
   check_window(c, p.window);
   prob.window = p.window;
   prob.causal = p.causal != 0;
-  std::vector<Span> inputs = {span_of(p.key_scores, "key_scores")};
-  std::vector<std::pair<std::string, const void*>> ptrs = {{"key_scores", p.key_scores.data}};
+  Collected io;
+  io.input(p.key_scores, "key_scores");
   if (p.key_padding.data) {
     check_padding(c, p.key_padding, prob.B, prob.Sk);
     prob.has_padding = true;
-    inputs.push_back(span_of(p.key_padding, "key_padding"));
-    ptrs.emplace_back("key_padding", p.key_padding.data);
+    io.input(p.key_padding, "key_padding");
   }
-  std::vector<Span> outputs;
   for (auto [t, name] : {std::pair{&p.keep_begin, "keep_begin"}, std::pair{&p.keep_end, "keep_end"}}) {
     check_key_scores(c, *t, name, prob.B, prob.Hk, prob.Sk);
     c.dtype_in(*t, name, {DType::i32}, "int32");
     c.no_self_overlap(*t, name);
-    outputs.push_back(span_of(*t, name));
-    ptrs.emplace_back(name, t->data);
+    io.output(*t, name);
   }
-  c.no_overlap(outputs, inputs);
-  prob.backend = c.backend(p.backend, ptrs);
+  c.no_overlap(io.outputs, io.inputs);
+  prob.backend = c.backend(p.backend, io.ptrs);
   return prob;
 }
 
@@ -378,19 +388,17 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
   prob.dims = check_qkv(c, p.q, p.k, p.v);
   const Dims& d = prob.dims;
   prob.dtype = static_cast<DType>(p.q.dtype);
-  std::vector<Span> inputs = {span_of(p.q, "q"), span_of(p.k, "k"), span_of(p.v, "v")};
-  std::vector<Span> outputs;
-  std::vector<std::pair<std::string, const void*>> ptrs = {{"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}};
-
+  Collected io;
+  io.input(p.q, "q");
+  io.input(p.k, "k");
+  io.input(p.v, "v");
   check_key_scores(c, p.key_scores, "key_scores", d.B, d.Hk, d.Sk);
   check_q_or_f32(c, p.key_scores, "key_scores", prob.dtype);
-  inputs.push_back(span_of(p.key_scores, "key_scores"));
-  ptrs.emplace_back("key_scores", p.key_scores.data);
+  io.input(p.key_scores, "key_scores");
   if (p.key_padding.data) {
     check_padding(c, p.key_padding, d.B, d.Sk);
     prob.has_padding = true;
-    inputs.push_back(span_of(p.key_padding, "key_padding"));
-    ptrs.emplace_back("key_padding", p.key_padding.data);
+    io.input(p.key_padding, "key_padding");
   }
   check_window(c, p.window);
   prob.window = p.window;
@@ -399,44 +407,18 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
   check_scalars(c, p.scale, p.softcap);
   prob.scale = resolve_scale(p.scale, d.D);
   prob.softcap = p.softcap;
-
-  if (pass == Pass::forward) {
-    check_like(c, p.out, "out", p.q, "q", true);
-    outputs.push_back(span_of(p.out, "out"));
-    ptrs.emplace_back("out", p.out.data);
-    if (p.lse.data) {
-      check_lse(c, p.lse, d, prob.dtype, true);
-      outputs.push_back(span_of(p.lse, "lse"));
-      ptrs.emplace_back("lse", p.lse.data);
-    }
-  } else {
-    check_like(c, p.out, "out", p.q, "q", false);
-    check_lse(c, p.lse, d, prob.dtype, false);
-    check_like(c, p.dout, "dout", p.q, "q", false);
-    check_like(c, p.dq, "dq", p.q, "q", true);
-    check_like(c, p.dk, "dk", p.k, "k", true);
-    check_like(c, p.dv, "dv", p.v, "v", true);
-    for (auto [t, name] : {std::pair{&p.out, "out"}, std::pair{&p.lse, "lse"}, std::pair{&p.dout, "dout"}}) {
-      inputs.push_back(span_of(*t, name));
-      ptrs.emplace_back(name, t->data);
-    }
-    for (auto [t, name] : {std::pair{&p.dq, "dq"}, std::pair{&p.dk, "dk"}, std::pair{&p.dv, "dv"}}) {
-      outputs.push_back(span_of(*t, name));
-      ptrs.emplace_back(name, t->data);
-    }
-    if (p.dkey_scores.data) {
-      check_key_scores(c, p.dkey_scores, "dkey_scores", d.B, d.Hk, d.Sk);
-      std::string expected =
-          std::string(dtype_name(static_cast<DType>(p.key_scores.dtype))) + " (key_scores' dtype) or float32";
-      c.dtype_in(p.dkey_scores, "dkey_scores", {static_cast<DType>(p.key_scores.dtype), DType::f32}, expected.c_str());
-      c.no_self_overlap(p.dkey_scores, "dkey_scores");
-      outputs.push_back(span_of(p.dkey_scores, "dkey_scores"));
-      ptrs.emplace_back("dkey_scores", p.dkey_scores.data);
-      prob.has_dscores = true;
-    }
+  check_attention_io(c, p, pass, d, prob.dtype, io);
+  if (pass == Pass::backward && p.dkey_scores.data) {
+    check_key_scores(c, p.dkey_scores, "dkey_scores", d.B, d.Hk, d.Sk);
+    std::string expected =
+        std::string(dtype_name(static_cast<DType>(p.key_scores.dtype))) + " (key_scores' dtype) or float32";
+    c.dtype_in(p.dkey_scores, "dkey_scores", {static_cast<DType>(p.key_scores.dtype), DType::f32}, expected.c_str());
+    c.no_self_overlap(p.dkey_scores, "dkey_scores");
+    io.output(p.dkey_scores, "dkey_scores");
+    prob.has_dscores = true;
   }
-  c.no_overlap(outputs, inputs);
-  prob.backend = c.backend(p.backend, ptrs);
+  c.no_overlap(io.outputs, io.inputs);
+  prob.backend = c.backend(p.backend, io.ptrs);
   return prob;
 }
 

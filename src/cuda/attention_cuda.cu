@@ -9,6 +9,7 @@
 #include "core/device.hpp"
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "cuda/device_guard.hpp"
 #include "cuda/kernel_table.hpp"
 #include "cuda/mask_tile_summary.hpp"
 
@@ -21,10 +22,7 @@ namespace {
 
 [[noreturn]] void unsupported(const std::string& msg) { detail::fail(Status::unsupported, "attention (CUDA): " + msg); }
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    detail::fail(Status::device, std::string("attention (CUDA): ") + what + ": " + cudaGetErrorString(err));
-}
+void check_cuda(cudaError_t err, const char* what) { cuda::check_cuda(err, std::string("attention (CUDA): ") + what); }
 
 // cp.async moves 16-byte chunks: rows must start on 16-byte boundaries.
 void check_rows_aligned(const fdma_tensor& t, const char* name) {
@@ -50,29 +48,6 @@ bool can_tile(const fdma_tensor& t, const detail::Broadcast& bc) {
 void fill_broadcast(const detail::Broadcast& bc, int64_t (&stride)[4], int& head_mode) {
   for (int d = 0; d < 4; ++d) stride[d] = bc.stride[d];
   head_mode = static_cast<int>(bc.head_mode);
-}
-
-// Restores the caller's current device on scope exit.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (device != previous_) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    changed_ = device != previous_;
-  }
-  ~DeviceGuard() {
-    if (changed_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
-
-int device_of(const void* ptr) {
-  cudaPointerAttributes attr{};
-  check_cuda(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
-  return attr.device;
 }
 
 }  // namespace
@@ -136,7 +111,7 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
   k.softcap = float(prob.softcap);
   k.causal = prob.causal;
 
-  DeviceGuard guard(device_of(p.q.data));
+  DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const int bucket = head_dim_bucket(int(d.D));
   if (prob.mask.present)

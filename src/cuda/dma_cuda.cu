@@ -7,6 +7,7 @@
 
 #include "core/device.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "cuda/device_guard.hpp"
 #include "cuda/select_topw.cuh"
 
 namespace fdma::cuda {
@@ -20,8 +21,16 @@ size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 }
 
 void check_cuda(cudaError_t err, const char* op, const char* what) {
-  if (err != cudaSuccess)
-    detail::fail(Status::device, std::string(op) + " (CUDA): " + what + ": " + cudaGetErrorString(err));
+  cuda::check_cuda(err, std::string(op) + " (CUDA): " + what);
+}
+
+// What the GPU selection needs beyond validation: 16/32-bit scores, int32 sort offsets.
+void check_selection_inputs(const char* op, const fdma_tensor& scores) {
+  if (scores.dtype != FDMA_FLOAT32 && scores.dtype != FDMA_FLOAT16 && scores.dtype != FDMA_BFLOAT16)
+    unsupported(op, std::string("key_scores has dtype ") + dtype_name(static_cast<DType>(scores.dtype)) +
+                        "; the GPU takes float32, float16 or bfloat16");
+  if (scores.shape[0] * scores.shape[1] * scores.shape[2] >= (int64_t(1) << 31))
+    unsupported(op, "B * Hk * Sk must be below 2^31 on the GPU");
 }
 
 TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
@@ -73,12 +82,15 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in) {
 
 // select: the sort, then intervals (causal: through the wavelet matrix after the sort scratch).
 size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob) {
+  check_selection_inputs("select", p.key_scores);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   return align_up(topw_workspace(in, nullptr)) + (prob.causal ? wavelet_workspace(in, nullptr) : 0);
 }
 
 void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
+  check_selection_inputs("select", p.key_scores);
   require_device_workspace("select", p.workspace);
+  DeviceGuard guard(p.key_scores.data);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const TopwScratch s = carve_topw(p.workspace, in);
   auto stream = static_cast<cudaStream_t>(p.stream);
@@ -99,6 +111,7 @@ void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
 size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {
   if (pass != Pass::forward) unsupported("dynamic_mask_attention", "the backward has no CUDA kernels yet");
   require_non_causal("dynamic_mask_attention", prob.causal);
+  check_selection_inputs("dynamic_mask_attention", p.key_scores);
   return dma_layout(prob, topw_inputs(p.key_scores, p.key_padding)).total();
 }
 
@@ -114,7 +127,9 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
     for (int i = 0; i < 3; ++i) ok &= t->shape[i] == 1 || t->stride[i] % 8 == 0;
     if (!ok) unsupported(op, "k and v must be 16-byte aligned with strides that are multiples of 8 elements");
   }
+  check_selection_inputs(op, p.key_scores);
   require_device_workspace(op, p.workspace);
+  DeviceGuard guard(p.q.data);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in);
   char* base = static_cast<char*>(p.workspace);

@@ -152,6 +152,22 @@ TEST(SelectGpu, SignedZerosTieByIndex) {
     for (int64_t w : {1, 5, 13}) run_gpu_select(scores, nullptr, 40, w, causal);
 }
 
+TEST(SelectGpu, Float64ScoresAreRefusedClearly) {
+  REQUIRE_GPU();
+  HostTensor scores(DType::f64, {1, 1, 16}), begin(DType::i32, {1, 1, 16}), end(DType::i32, {1, 1, 16});
+  DeviceTensor ds(scores), db(begin), de(end);
+  SelectParams p;
+  p.key_scores = ds.view(), p.keep_begin = db.view(), p.keep_end = de.view();
+  p.num_queries = 16, p.window = 4;
+  try {
+    select_workspace_size(p);
+    ADD_FAILURE() << "float64 scores accepted on the GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::unsupported);
+    EXPECT_NE(std::string(e.what()).find("the GPU takes float32, float16 or bfloat16"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SelectGpu, CausalLongRow) {
   REQUIRE_GPU();
   std::mt19937_64 rng(77);
