@@ -1,8 +1,9 @@
 // attention forward, portable sm80+ path (FlashAttention-2 class).
 //
-// One CTA = 128 query rows (64 for D > 128) of one (batch, head); 4 warps of 32 (16) rows. Key tiles of 64
-// stream through shared memory, double-buffered with cp.async: the next tile loads while
-// this one computes. S = Q K^T and O += P V are mma.sync m16n8k16 with fp32 accumulators;
+// One CTA = kBlockM query rows of one (batch, head), 4 warps; tile shapes come from
+// kernel_table.hpp. Key tiles of kBlockN stream through shared memory, double-buffered with
+// cp.async: the next tile loads while this one computes, and tiles the mask rules out
+// (mask_tile_summary.cu) are never loaded. S = Q K^T and O += P V are mma.sync m16n8k16 with fp32 accumulators;
 // P goes from the S accumulators straight into A fragments, never through shared memory.
 // Shared-memory rows are padded by 16 bytes so that ldmatrix's eight row reads hit eight
 // different bank groups.
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     ptx::cp_async_wait<1>();  // this tile (and Q) landed; the next may still be in flight
     __syncthreads();
 
-    // S = Q K^T for this warp's 16 * kM rows x 64 keys.
+    // S = Q K^T for this warp's 16 * kM rows x kBlockN keys.
     float s[kM][kN][4];
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
       softmax[mt].update(s[mt], o[mt]);
     }
 
-    // O += P V: P (16 x 64 keys per m-tile) from registers, V^T by transposing ldmatrix.
+    // O += P V: P (16 x kBlockN keys per m-tile) from registers, V^T by transposing ldmatrix.
     const uint32_t v_tile = s_v + buf * Tile::kKVBytes + v_lane;
 #pragma unroll
     for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
