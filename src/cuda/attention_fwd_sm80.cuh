@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/kernel_table.hpp"
 #include "cuda/ptx.cuh"
@@ -277,8 +279,23 @@ cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t strea
   using Tile = FwdTile<kHeadDim>;
   auto kernel = attention_fwd_kernel<T, kHeadDim>;
   const int smem = Tile::smem_bytes(p);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // Raise the kernel's shared-memory limit once per device and size, not per call (the
+  // attribute is per device; the caller's device guard has made the tensors' device current).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> granted[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
+  std::atomic<int>* seen_for_device = device < kMaxDevices ? &granted[device] : nullptr;
+  if (!seen_for_device || smem > seen_for_device->load(std::memory_order_relaxed)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    if (seen_for_device) {
+      int seen = seen_for_device->load(std::memory_order_relaxed);
+      while (smem > seen && !seen_for_device->compare_exchange_weak(seen, smem)) {
+      }
+    }
+  }
   dim3 grid((p.Sq + Tile::kBlockM - 1) / Tile::kBlockM, p.H, p.B);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
