@@ -230,6 +230,14 @@ void check_q_or_f32(const Checker& c, const fdma_tensor& t, const char* name, DT
   c.dtype_in(t, name, {qdt, DType::f32}, expected.c_str());
 }
 
+// A gradient's dtype: its input's, or float32 (dbias, dkey_scores).
+void check_grad_dtype(const Checker& c, const fdma_tensor& grad, const char* name, const fdma_tensor& input,
+                      const char* input_name) {
+  const DType in = static_cast<DType>(input.dtype);
+  std::string expected = std::string(dtype_name(in)) + " (" + input_name + "'s dtype) or float32";
+  c.dtype_in(grad, name, {in, DType::f32}, expected.c_str());
+}
+
 void check_scalars(const Checker& c, double scale, double softcap) {
   c.finite(scale, "scale");
   c.finite(softcap, "softcap");
@@ -338,8 +346,7 @@ AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
     for (int k = 0; k < 4; ++k)
       if (p.dbias.shape[k] != p.bias.shape[k])
         c.bad("dbias has shape " + shape_str(p.dbias) + ", expected bias's shape " + shape_str(p.bias));
-    std::string expected = std::string(dtype_name(static_cast<DType>(p.bias.dtype))) + " (bias's dtype) or float32";
-    c.dtype_in(p.dbias, "dbias", {static_cast<DType>(p.bias.dtype), DType::f32}, expected.c_str());
+    check_grad_dtype(c, p.dbias, "dbias", p.bias, "bias");
     c.no_self_overlap(p.dbias, "dbias");
     io.output(p.dbias, "dbias");
     prob.has_dbias = true;
@@ -410,9 +417,7 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
   check_attention_io(c, p, pass, d, prob.dtype, io);
   if (pass == Pass::backward && p.dkey_scores.data) {
     check_key_scores(c, p.dkey_scores, "dkey_scores", d.B, d.Hk, d.Sk);
-    std::string expected =
-        std::string(dtype_name(static_cast<DType>(p.key_scores.dtype))) + " (key_scores' dtype) or float32";
-    c.dtype_in(p.dkey_scores, "dkey_scores", {static_cast<DType>(p.key_scores.dtype), DType::f32}, expected.c_str());
+    check_grad_dtype(c, p.dkey_scores, "dkey_scores", p.key_scores, "key_scores");
     c.no_self_overlap(p.dkey_scores, "dkey_scores");
     io.output(p.dkey_scores, "dkey_scores");
     prob.has_dscores = true;
