@@ -114,7 +114,15 @@ void attention_forward(const fdma_attention_params& p) {
 
 void attention_backward(const fdma_attention_params& p) {
   auto prob = detail::validate_attention(p, Pass::backward);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("attention backward");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
+                            cuda::attention_workspace(prob, Pass::backward));
+    return cuda::attention_backward(p, prob);
+#else
+    no_cuda_kernels("attention backward");
+#endif
+  }
   detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
                           cpu::attention_workspace(prob, Pass::backward));
   cpu::attention_backward(p, prob);

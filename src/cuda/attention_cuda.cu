@@ -7,6 +7,8 @@
 #include <string>
 
 #include "core/device.hpp"
+#include "cuda/attention_bwd_aux.hpp"
+#include "cuda/attention_bwd_params.hpp"
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/device_guard.hpp"
@@ -17,6 +19,8 @@ namespace fdma::cuda {
 
 template <class T, int kHeadDim>
 cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream);
+template <class T, int kHeadDim>
+cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream);
 
 namespace {
 
@@ -50,21 +54,8 @@ void fill_broadcast(const detail::Broadcast& bc, int64_t (&stride)[4], int& head
   head_mode = static_cast<int>(bc.head_mode);
 }
 
-}  // namespace
-
-namespace {
-MaskTileGrid summary_grid(const detail::AttentionProblem& prob) {
-  const int hd = head_dim_bucket(int(prob.dims.D));
-  return mask_tile_grid(prob.mask, prob.dims.Sq, prob.dims.Sk, fwd_block_m(hd), fwd_block_n(hd));
-}
-}  // namespace
-
-size_t attention_workspace(const detail::AttentionProblem& prob, Pass pass) {
-  if (pass != Pass::forward) unsupported("the backward has no CUDA kernels yet");
-  return prob.mask.present ? size_t(summary_grid(prob).bytes()) : 0;
-}
-
-void attention_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
+// The GPU-only requirements shared by forward and backward.
+void check_gpu_inputs(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
   const detail::Dims& d = prob.dims;
   if (prob.dtype != DType::bf16 && prob.dtype != DType::f16)
     unsupported(std::string("q has dtype ") + dtype_name(prob.dtype) + "; the GPU takes float16 or bfloat16");
@@ -75,7 +66,12 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
   check_rows_aligned(p.v, "v");
   check_rows_aligned(p.out, "out");
   if (p.lse.data && p.lse.dtype != FDMA_FLOAT32) unsupported("lse must be float32");
+}
 
+// Everything the forward kernel reads, minus the mask summary (whose tile shape differs
+// between forward and backward).
+AttentionFwdParams forward_params(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
+  const detail::Dims& d = prob.dims;
   AttentionFwdParams k{};
   k.q = p.q.data, k.k = p.k.data, k.v = p.v.data, k.out = p.out.data;
   k.lse = static_cast<float*>(p.lse.data);
@@ -86,30 +82,101 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
     k.out_stride[i] = p.out.stride[i];
     k.lse_stride[i] = p.lse.data ? p.lse.stride[i] : 0;
   }
-  MaskTileGrid grid;
   if (prob.mask.present) {
-    if (!detail::locate_pointer(p.workspace).device)
-      detail::fail(Status::workspace, "attention (CUDA): the workspace must be CUDA device memory");
-    grid = summary_grid(prob);
-    k.tile_active = static_cast<const uint8_t*>(p.workspace);
-    k.active_batches = int(prob.mask.size[0]);
-    k.active_heads = int(prob.mask.size[1]);
-    k.active_q_tiles = grid.q_tiles;
-    k.active_k_tiles = grid.k_tiles;
     k.mask = static_cast<const uint8_t*>(p.mask.data);
     fill_broadcast(prob.mask, k.mask_stride, k.mask_head_mode);
-    k.mask_tiled = can_tile(p.mask, prob.mask);
+    k.active_batches = int(prob.mask.size[0]);
+    k.active_heads = int(prob.mask.size[1]);
   }
   if (prob.bias.present) {
     k.bias = p.bias.data;
     k.bias_f32 = p.bias.dtype == FDMA_FLOAT32;
     fill_broadcast(prob.bias, k.bias_stride, k.bias_head_mode);
-    k.bias_tiled = can_tile(p.bias, prob.bias);
   }
   k.B = int(d.B), k.Sq = int(d.Sq), k.Sk = int(d.Sk), k.H = int(d.H), k.Hk = int(d.Hk), k.G = int(d.G()), k.D = int(d.D);
   k.scale = float(prob.scale);
   k.softcap = float(prob.softcap);
   k.causal = prob.causal;
+  return k;
+}
+
+constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// Where the backward keeps things in the caller's workspace, and who reduces dbias.
+struct BwdPlan {
+  MaskTileGrid grid;  // 64 x 64 mask summary
+  int64_t Sq_pad = 0;
+  DbiasOwner owner = DbiasOwner::none;
+  bool use_acc = false;
+  int slots = 0, rows_batches = 1, rows_heads = 1;
+  int64_t numel = 0;
+  size_t delta_off = 0, lse2_off = 0, acc_off = 0, bytes = 0;
+};
+
+BwdPlan plan_backward(const detail::AttentionProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  const detail::Broadcast& bias = prob.bias;
+  BwdPlan plan;
+  plan.Sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
+  if (prob.mask.present) plan.grid = mask_tile_grid(prob.mask, d.Sq, d.Sk, kBwdBlockM, kBwdBlockN);
+  if (prob.has_dbias) {
+    plan.numel = bias.size[0] * bias.size[1] * bias.size[2] * bias.size[3];
+    const bool q_reduced = bias.size[2] == 1 && d.Sq > 1, k_reduced = bias.size[3] == 1 && d.Sk > 1;
+    const bool b_reduced = bias.size[0] == 1 && d.B > 1;
+    if (q_reduced && !k_reduced) {
+      // Broadcast over queries only: the dk/dv kernel sums each key's column; one slot per
+      // (batch, KV head) that shares a dbias element.
+      plan.owner = DbiasOwner::columns;
+      plan.use_acc = true;
+      plan.slots = int((b_reduced ? d.B : 1) * (bias.head_mode == detail::Broadcast::shared ? d.Hk : 1));
+    } else {
+      plan.owner = DbiasOwner::rows;
+      plan.rows_batches = b_reduced ? int(d.B) : 1;
+      plan.rows_heads = bias.head_mode == detail::Broadcast::shared ? int(d.H)
+                        : bias.head_mode == detail::Broadcast::per_kv_head ? int(d.G()) : 1;
+      plan.use_acc = k_reduced || plan.rows_batches * plan.rows_heads > 1;
+      plan.slots = q_reduced ? int(plan.Sq_pad / kBwdBlockM) : 1;
+    }
+  }
+  const size_t rows = size_t(d.B * d.H * plan.Sq_pad) * sizeof(float);
+  plan.delta_off = align256(size_t(plan.grid.bytes()));
+  plan.lse2_off = plan.delta_off + align256(rows);
+  plan.acc_off = plan.lse2_off + align256(rows);
+  plan.bytes = plan.acc_off + (plan.use_acc ? size_t(plan.slots) * size_t(plan.numel) * sizeof(float) : 0);
+  return plan;
+}
+
+MaskTileGrid summary_grid(const detail::AttentionProblem& prob) {
+  const int hd = head_dim_bucket(int(prob.dims.D));
+  return mask_tile_grid(prob.mask, prob.dims.Sq, prob.dims.Sk, fwd_block_m(hd), fwd_block_n(hd));
+}
+
+void require_device_workspace(const fdma_attention_params& p, const char* op) {
+  if (!detail::locate_pointer(p.workspace).device)
+    detail::fail(Status::workspace, std::string("attention ") + op + " (CUDA): the workspace must be CUDA device memory");
+}
+
+}  // namespace
+
+size_t attention_workspace(const detail::AttentionProblem& prob, Pass pass) {
+  if (pass == Pass::backward) return plan_backward(prob).bytes;
+  return prob.mask.present ? size_t(summary_grid(prob).bytes()) : 0;
+}
+
+void attention_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  check_gpu_inputs(p, prob);
+  AttentionFwdParams k = forward_params(p, prob);
+  MaskTileGrid grid;
+  if (prob.mask.present) {
+    require_device_workspace(p, "forward");
+    grid = summary_grid(prob);
+    k.tile_active = static_cast<const uint8_t*>(p.workspace);
+    k.active_q_tiles = grid.q_tiles;
+    k.active_k_tiles = grid.k_tiles;
+    k.mask_tiled = can_tile(p.mask, prob.mask);
+  }
+  if (prob.bias.present) k.bias_tiled = can_tile(p.bias, prob.bias);
 
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
@@ -130,6 +197,78 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
 #undef FDMA_KERNEL
   if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(d.D));
   check_cuda(err, "kernel launch");
+}
+
+void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  check_gpu_inputs(p, prob);
+  check_rows_aligned(p.dout, "dout");
+  check_rows_aligned(p.dq, "dq");
+  check_rows_aligned(p.dk, "dk");
+  check_rows_aligned(p.dv, "dv");
+  const BwdPlan plan = plan_backward(prob);
+  if (plan.bytes > 0) require_device_workspace(p, "backward");
+  auto* ws = static_cast<unsigned char*>(p.workspace);
+
+  AttentionBwdParams k{};
+  k.f = forward_params(p, prob);
+  if (prob.mask.present) {
+    k.f.tile_active = ws;
+    k.f.active_q_tiles = plan.grid.q_tiles;
+    k.f.active_k_tiles = plan.grid.k_tiles;
+  }
+  k.dout = p.dout.data, k.dq = p.dq.data, k.dk = p.dk.data, k.dv = p.dv.data;
+  for (int i = 0; i < 3; ++i) {
+    k.dout_stride[i] = p.dout.stride[i];
+    k.dq_stride[i] = p.dq.stride[i];
+    k.dk_stride[i] = p.dk.stride[i];
+    k.dv_stride[i] = p.dv.stride[i];
+  }
+  float* delta = reinterpret_cast<float*>(ws + plan.delta_off);
+  float* lse2 = reinterpret_cast<float*>(ws + plan.lse2_off);
+  k.delta = delta, k.lse2 = lse2;
+  k.Sq_pad = int(plan.Sq_pad);
+  k.dbias_owner = plan.owner;
+  k.rows_batches_per_block = plan.rows_batches;
+  k.rows_heads_per_block = plan.rows_heads;
+  if (plan.owner != DbiasOwner::none) {
+    k.dbias = p.dbias.data;
+    k.dbias_f32 = p.dbias.dtype == FDMA_FLOAT32;
+    for (int i = 0; i < 4; ++i) {
+      k.dbias_size[i] = prob.bias.size[i];
+      k.dbias_stride[i] = p.dbias.shape[i] > 1 ? p.dbias.stride[i] : 0;
+    }
+    if (plan.use_acc) k.dbias_acc = reinterpret_cast<float*>(ws + plan.acc_off);
+    k.dbias_slots = plan.slots;
+  }
+
+  DeviceGuard guard(p.q.data);
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  const bool bf16 = prob.dtype == DType::bf16;
+  if (prob.mask.present)
+    check_cuda(launch_mask_tile_summary(k.f.mask, prob.mask, kBwdBlockM, kBwdBlockN, plan.grid, ws, stream),
+               "mask tile summary");
+  if (k.dbias_acc)
+    check_cuda(cudaMemsetAsync(k.dbias_acc, 0, size_t(plan.slots) * size_t(plan.numel) * sizeof(float), stream),
+               "dbias reduction slots");
+  check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, delta, lse2, stream)
+                  : launch_bwd_prepare<__half>(k, delta, lse2, stream),
+             "backward prepare");
+  const int bucket = head_dim_bucket(int(d.D));
+  cudaError_t err = cudaErrorInvalidValue;
+  bool launched = false;
+#define FDMA_KERNEL(T, IS_BF16, HD)                             \
+  if (!launched && bf16 == IS_BF16 && bucket == HD) {           \
+    err = launch_attention_bwd<T, HD>(k, stream);               \
+    launched = true;                                            \
+  }
+#include "kernel_list.inc"
+#undef FDMA_KERNEL
+  if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(d.D));
+  check_cuda(err, "backward kernel launch");
+  if (k.dbias_acc)
+    check_cuda(bf16 ? launch_dbias_finish<__nv_bfloat16>(k, stream) : launch_dbias_finish<__half>(k, stream),
+               "dbias finish");
 }
 
 }  // namespace fdma::cuda

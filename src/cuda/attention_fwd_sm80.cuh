@@ -5,8 +5,6 @@
 // cp.async: the next tile loads while this one computes, and tiles the mask rules out
 // (mask_tile_summary.cu) are never loaded. S = Q K^T and O += P V are mma.sync m16n8k16 with fp32 accumulators;
 // P goes from the S accumulators straight into A fragments, never through shared memory.
-// Shared-memory rows are padded by 16 bytes so that ldmatrix's eight row reads hit eight
-// different bank groups.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +16,7 @@
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/softmax_sm80.cuh"
+#include "cuda/tile_io_sm80.cuh"
 
 namespace fdma::cuda {
 
@@ -33,7 +32,7 @@ struct FwdTile {
   // the S registers and measured 10-18% faster than 64 (docs/perf-notes.md).
   static constexpr int kBlockN = fwd_block_n(kHeadDim);
   static_assert(kBlockM == 16 * kMTiles * kWarps, "tile table and kernel agree");
-  static constexpr int kRowBytes = kHeadDim * 2 + 16;  // padded row
+  static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
   static constexpr int kQBytes = kBlockM * kRowBytes, kKVBytes = kBlockN * kRowBytes;
   static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q, K x2, V x2
   static constexpr int kTilesN = kBlockN / 8;                // n-tiles of S per m-tile
@@ -56,37 +55,6 @@ struct FwdTile {
     return kSmemBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p));
   }
 };
-
-// Copies rows [0, valid_rows) x bytes [0, valid_bytes) of a byte-strided window into a shared
-// tile of `rows` rows; everything else in the tile is zero-filled. Row starts are 16-byte
-// aligned (checked on the host before tiling is chosen).
-template <int kThreads>
-__device__ __forceinline__ void load_bytes_tile_async(uint32_t smem, int pitch, const char* src, int64_t row_stride,
-                                                      int rows, int row_bytes, int valid_rows, int valid_bytes,
-                                                      int tid) {
-  const int chunks = row_bytes / 16;
-  for (int c = tid; c < rows * chunks; c += kThreads) {
-    const int r = c / chunks, ch = c % chunks;
-    const int bytes = r < valid_rows ? min(16, max(0, valid_bytes - ch * 16)) : 0;
-    ptx::cp_async_16(smem + r * pitch + ch * 16, bytes > 0 ? src + r * row_stride + ch * 16 : src, bytes);
-  }
-}
-
-// Copies rows [row0, row0 + kRows) of a [rows, D] slab (row stride in elements) into a padded
-// shared tile. Rows past `nrows` and chunks past D are zero-filled.
-template <class T, int kHeadDim, int kRows>
-__device__ __forceinline__ void load_tile_async(uint32_t smem, const T* base, int64_t row_stride, int row0, int nrows,
-                                                int D, int tid) {
-  using Tile = FwdTile<kHeadDim>;
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-#pragma unroll
-  for (int c = tid; c < kRows * kChunks; c += Tile::kThreads) {
-    const int r = c / kChunks, ch = c % kChunks, row = row0 + r;
-    const bool ok = row < nrows && ch * 8 < D;
-    const T* src = ok ? base + row * row_stride + ch * 8 : base;
-    ptx::cp_async_16(smem + r * Tile::kRowBytes + ch * 16, src, ok ? 16 : 0);
-  }
-}
 
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
@@ -161,9 +129,9 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
 
   int nb = next_active(0);
   if (nb < n_blocks) {
-    load_tile_async<T, kHeadDim, Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
-    load_tile_async<T, kHeadDim, Tile::kBlockN>(s_k, k, p.k_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
-    load_tile_async<T, kHeadDim, Tile::kBlockN>(s_v, v, p.v_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
+    load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
+    load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_k, k, p.k_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
+    load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_v, v, p.v_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
     load_score_tiles(nb, 0);
     ptx::cp_async_commit();
   }
@@ -177,8 +145,8 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     const int nb_next = next_active(nb + 1);
     if (nb_next < n_blocks) {
       const int next = nb_next * Tile::kBlockN;
-      load_tile_async<T, kHeadDim, Tile::kBlockN>(s_k + (buf ^ 1) * Tile::kKVBytes, k, p.k_stride[1], next, p.Sk, p.D, tid);
-      load_tile_async<T, kHeadDim, Tile::kBlockN>(s_v + (buf ^ 1) * Tile::kKVBytes, v, p.v_stride[1], next, p.Sk, p.D, tid);
+      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_k + (buf ^ 1) * Tile::kKVBytes, k, p.k_stride[1], next, p.Sk, p.D, tid);
+      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_v + (buf ^ 1) * Tile::kKVBytes, v, p.v_stride[1], next, p.Sk, p.D, tid);
       load_score_tiles(nb_next, buf ^ 1);
     }
     ptx::cp_async_commit();

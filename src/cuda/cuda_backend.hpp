@@ -6,9 +6,11 @@
 
 namespace fdma::cuda {
 
-// Device workspace bytes: the mask tile summary when a mask is given, else 0.
+// Device workspace bytes. Forward: the mask tile summary when a mask is given, else 0.
+// Backward: that summary, delta and lse2 rows, and the dbias reduction slots.
 size_t attention_workspace(const detail::AttentionProblem& prob, Pass pass);
 void attention_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
+void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 
 // select and dynamic_mask_attention: non-causal on the GPU so far (dma_cuda.cu).
 size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob);

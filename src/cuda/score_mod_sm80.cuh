@@ -135,4 +135,33 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
     }
 }
 
+// The additive term of one score read straight from global memory, for kernels that visit
+// scores in other orders than the forward (the backward's transposed tiles): -inf where
+// (i, j) is out of range, hidden by causality or by the mask; else the bias (0 without one).
+template <class T>
+__device__ __forceinline__ float score_add_at(const AttentionFwdParams& p, int b, int h, int i, int j) {
+  if (i >= p.Sq || j >= p.Sk || (p.causal && j > i + p.Sk - p.Sq)) return -INFINITY;
+  if (p.mask && !p.mask[b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] +
+                        int64_t(i) * p.mask_stride[2] + int64_t(j) * p.mask_stride[3]])
+    return -INFINITY;
+  if (!p.bias) return 0.f;
+  const int64_t off = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
+                      int64_t(i) * p.bias_stride[2] + int64_t(j) * p.bias_stride[3];
+  return p.bias_f32 ? static_cast<const float*>(p.bias)[off] : to_float(static_cast<const T*>(p.bias)[off]);
+}
+
+// softcap(scale * qk), the part of a score before the bias.
+__device__ __forceinline__ float capped_score(const AttentionFwdParams& p, float qk) {
+  return p.softcap > 0.f ? p.softcap * tanhf(qk * p.scale / p.softcap) : qk * p.scale;
+}
+
+// d capped / d qk from the capped value: scale * (1 - tanh^2) under softcap, else scale.
+__device__ __forceinline__ float capped_slope(const AttentionFwdParams& p, float capped) {
+  if (p.softcap > 0.f) {
+    const float t = capped / p.softcap;
+    return p.scale * (1.f - t * t);
+  }
+  return p.scale;
+}
+
 }  // namespace fdma::cuda

@@ -1,5 +1,5 @@
-// attention forward on the GPU against the CPU backend and the float64 reference, on the
-// same inputs: every case of the CPU matrix that the GPU path supports (bf16/fp16, head
+// attention forward and backward on the GPU against the CPU backend and the float64
+// reference, on the same inputs: every case of the CPU matrix that the GPU path supports (bf16/fp16, head
 // dims that are multiples of 8). Tolerance from the precision (FlashAttention-3's rule):
 // GPU error <= 2 x the CPU backend's error + one rounding unit of the output dtype.
 // Skipped where no GPU is usable.
@@ -23,50 +23,113 @@ double max_err(const std::vector<double>& a, const std::vector<double>& r) {
 #define REQUIRE_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped"
 
-void run_gpu_forward(AttnRun& r, cudaStream_t stream = nullptr) {
+// The GPU's error against the float64 reference may be twice the CPU backend's on the same
+// stored inputs, plus one rounding unit of the largest reference value.
+::testing::AssertionResult within_precision(const std::vector<double>& gpu, const std::vector<double>& cpu,
+                                            const std::vector<double>& ref, double scale_of, DType dt,
+                                            const char* what) {
+  const double cpu_err = max_err(cpu, ref);
+  const double bound = 2 * cpu_err + unit(dt) * std::max(1e-3, scale_of);
+  auto res = all_close(gpu, ref, {bound, 0.0}, std::string(what) + " (GPU)");
+  if (!res) res << "\n  CPU backend error " << cpu_err;
+  return res;
+}
+
+struct GpuAttention {
+  AttnRun& r;
+  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv;
+  std::unique_ptr<DeviceTensor> mask, bias, dbias;
+  void* ws = nullptr;
+  explicit GpuAttention(AttnRun& run)
+      : r(run), q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse), dout(r.dout), dq(r.dq), dk(r.dk), dv(r.dv) {
+    if (r.c.mask.present) mask = std::make_unique<DeviceTensor>(r.mask);
+    if (r.c.bias.present) {
+      bias = std::make_unique<DeviceTensor>(r.bias);
+      dbias = std::make_unique<DeviceTensor>(r.dbias);
+    }
+  }
+  ~GpuAttention() {
+    if (ws) cudaFree(ws);
+  }
+  bool ok() const { return q.ok() && k.ok() && v.ok() && out.ok() && lse.ok() && dout.ok() && dq.ok() && dk.ok() && dv.ok(); }
+  AttentionParams params(cudaStream_t stream) const {
+    AttentionParams p = r.params();
+    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.out = out.view(), p.lse = lse.view();
+    p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view();
+    if (mask) p.mask = mask->view();
+    if (bias) p.bias = bias->view(), p.dbias = dbias->view();
+    p.stream = stream;
+    return p;
+  }
+  // Runs one pass into device outputs poisoned first; returns the workspace size it used.
+  size_t run(Pass pass, cudaStream_t stream) {
+    AttentionParams p = params(stream);
+    if (pass == Pass::forward) {
+      out.poison();
+      lse.poison();
+    } else {
+      for (DeviceTensor* t : {&dq, &dk, &dv, dbias.get()})
+        if (t) t->poison();
+    }
+    const size_t bytes = attention_workspace_size(p, pass);
+    if (ws) cudaFree(ws), ws = nullptr;
+    if (bytes && cudaMalloc(&ws, bytes) != cudaSuccess) ADD_FAILURE() << "cudaMalloc of the workspace failed";
+    p.workspace = ws, p.workspace_bytes = bytes;
+    pass == Pass::forward ? attention_forward(p) : attention_backward(p);
+    EXPECT_EQ(stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize(), cudaSuccess);
+    return bytes;
+  }
+};
+
+// Forward (and backward when asked) on the GPU against the CPU backend and the float64
+// reference. The backward reads the CPU forward's out and lse, so both backends see the
+// same stored inputs.
+void run_gpu(AttnRun& r, bool backward, cudaStream_t stream = nullptr) {
   const AttnCase& c = r.c;
   SCOPED_TRACE(c.str());
   r.forward();  // CPU backend
   const auto cpu_out = r.out.values();
+  const auto cpu_out_bytes = r.out.bytes(), cpu_lse_bytes = r.lse.bytes();
   const auto ref = ref::forward(r.rp);
 
-  DeviceTensor q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse);
-  std::unique_ptr<DeviceTensor> mask, bias;
-  ASSERT_TRUE(q.ok() && k.ok() && v.ok() && out.ok() && lse.ok());
-  AttentionParams p = r.params();
-  p.q = q.view(), p.k = k.view(), p.v = v.view(), p.out = out.view(), p.lse = lse.view();
-  if (c.mask.present) {
-    mask = std::make_unique<DeviceTensor>(r.mask);
-    p.mask = mask->view();
-  }
-  if (c.bias.present) {
-    bias = std::make_unique<DeviceTensor>(r.bias);
-    p.bias = bias->view();
-  }
-  p.stream = stream;
-  out.poison();
-  lse.poison();
-  const size_t ws_bytes = attention_workspace_size(p, Pass::forward);
+  GpuAttention gpu(r);
+  ASSERT_TRUE(gpu.ok());
+  const size_t ws_bytes = gpu.run(Pass::forward, stream);
   EXPECT_EQ(ws_bytes == 0, !c.mask.present);  // only the mask tile summary needs workspace
-  void* ws = nullptr;
-  if (ws_bytes) FDMA_CUDA_OK(cudaMalloc(&ws, ws_bytes));
-  p.workspace = ws, p.workspace_bytes = ws_bytes;
-  attention_forward(p);
-  FDMA_CUDA_OK(stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize());
-  if (ws) cudaFree(ws);
-  out.download();
-  lse.download();
-
-  const auto gpu_out = r.out.values();
-  const double cpu_err = max_err(cpu_out, ref.out);
-  const double bound = 2 * cpu_err + unit(c.dtype) * std::max(1e-3, max_abs(ref.out));
-  EXPECT_TRUE(all_close(gpu_out, ref.out, {bound, 0.0}, "out (GPU)")) << "CPU backend error " << cpu_err;
+  gpu.out.download();
+  gpu.lse.download();
+  EXPECT_TRUE(within_precision(r.out.values(), cpu_out, ref.out, max_abs(ref.out), c.dtype, "out"));
   EXPECT_TRUE(all_close(r.lse.values(), ref.lse, {2e-4, 2e-5}, "lse (GPU)"));
+  if (!backward) return;
+
+  // Back to the CPU's forward outputs, then the CPU backward, then the GPU backward.
+  r.out.bytes() = cpu_out_bytes;
+  r.lse.bytes() = cpu_lse_bytes;
+  gpu.out.upload();
+  gpu.lse.upload();
+  r.backward();
+  const auto g = ref::backward(r.rp, r.dout.values());
+  const auto cpu_dq = r.dq.values(), cpu_dk = r.dk.values(), cpu_dv = r.dv.values();
+  const auto cpu_db = c.bias.present ? r.dbias.values() : std::vector<double>{};
+  gpu.run(Pass::backward, stream);
+  for (DeviceTensor* t : {&gpu.dq, &gpu.dk, &gpu.dv, gpu.dbias.get()})
+    if (t) t->download();
+  EXPECT_TRUE(within_precision(r.dq.values(), cpu_dq, g.dq, max_abs(g.dq), c.dtype, "dq"));
+  EXPECT_TRUE(within_precision(r.dk.values(), cpu_dk, g.dk, max_abs(g.dk), c.dtype, "dk"));
+  EXPECT_TRUE(within_precision(r.dv.values(), cpu_dv, g.dv, max_abs(g.dv), c.dtype, "dv"));
+  if (c.bias.present) {
+    // A reduced dbias element sums dS of both signs: scale its tolerance by the summed magnitude.
+    std::vector<double> mag(g.dbias.size());
+    for (size_t i = 0; i < mag.size(); ++i) mag[i] = std::fabs(g.dbias[i]);
+    const auto db_ref = ref::reduce_broadcast(r.rp, g.dbias, r.bias_shape);
+    const double scale = max_abs(ref::reduce_broadcast(r.rp, mag, r.bias_shape));
+    EXPECT_TRUE(within_precision(r.dbias.values(), cpu_db, db_ref, scale, c.dtype, "dbias"));
+  }
 }
 
-void run_gpu_forward(const AttnCase& c, cudaStream_t stream = nullptr) {
+void run_gpu(const AttnCase& c, bool backward = true, cudaStream_t stream = nullptr) {
   AttnRun r(c);
-  run_gpu_forward(r, stream);
+  run_gpu(r, backward, stream);
 }
 
 AttnCase base(int64_t Sq, int64_t Sk, int64_t H, int64_t Hk, int64_t D, bool causal, DType dt, uint64_t seed) {
@@ -84,14 +147,14 @@ TEST(AttentionGpu, RaggedLengthsHeadsCausal) {
     for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {7, 7}, {63, 64}, {64, 64}, {65, 65}, {100, 127},
                           {129, 63}, {1, 300}, {257, 1000}})
       for (auto [H, Hk] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {3, 1}})
-        for (bool causal : {false, true}) run_gpu_forward(base(Sq, Sk, H, Hk, 64, causal, dt, seed++));
+        for (bool causal : {false, true}) run_gpu(base(Sq, Sk, H, Hk, 64, causal, dt, seed++));
 }
 
 TEST(AttentionGpu, HeadDims) {
   REQUIRE_GPU();
   uint64_t seed = 100;
   for (DType dt : {DType::bf16, DType::f16})
-    for (int64_t D : {8, 32, 40, 64, 96, 112, 128, 160, 192, 256}) run_gpu_forward(base(77, 150, 4, 2, D, true, dt, seed++));
+    for (int64_t D : {8, 32, 40, 64, 96, 112, 128, 160, 192, 256}) run_gpu(base(77, 150, 4, 2, D, true, dt, seed++));
 }
 
 TEST(AttentionGpu, EveryMaskAndBiasBroadcastShape) {
@@ -103,13 +166,13 @@ TEST(AttentionGpu, EveryMaskAndBiasBroadcastShape) {
       c.mask.present = true;
       c.mask.b = bits & 1, c.mask.q = bits & 2, c.mask.k = bits & 4, c.mask.heads = heads;
       c.mask.expanded = bits == 5;
-      run_gpu_forward(c);
+      run_gpu(c);
       AttnCase d = base(70, 90, 4, 2, 32, bits & 2, DType::f16, seed++);
       d.bias.present = true;
       d.bias.b = bits & 1, d.bias.q = bits & 2, d.bias.k = bits & 4, d.bias.heads = heads;
       d.bias.dtype = heads == 1 ? DType::f32 : DType::unset;
       d.bias.expanded = bits == 6;
-      run_gpu_forward(d);
+      run_gpu(d);
     }
 }
 
@@ -125,7 +188,7 @@ TEST(AttentionGpu, MaskBiasSoftcapLayoutsEmptyRows) {
       c.empty_rows = 5;
       c.bias.present = true;
       c.bias.q = false;
-      run_gpu_forward(c);
+      run_gpu(c);
     }
 }
 
@@ -135,7 +198,7 @@ TEST(AttentionGpu, LongSequenceOnAStream) {
   FDMA_CUDA_OK(cudaStreamCreate(&s));
   AttnCase c = base(1000, 2100, 8, 2, 128, true, DType::bf16, 400);
   c.B = 1;
-  run_gpu_forward(c, s);
+  run_gpu(c, false, s);
   cudaStreamDestroy(s);
 }
 
@@ -161,12 +224,43 @@ TEST(AttentionGpu, ClearErrorsForWhatTheGpuPathRejects) {
   AttentionParams cpu = p;
   cpu.backend = FDMA_BACKEND_CPU;
   EXPECT_THROW(attention_forward(cpu), Error);
-  // Not yet on the GPU: the backward says so.
+  // A host gradient among device tensors is named, not written through.
+  AttentionParams host_dq = p;
+  host_dq.dq = r.dq.view();
   try {
-    attention_workspace_size(p, Pass::backward);
-    ADD_FAILURE() << "GPU backward claimed";
+    attention_backward(host_dq);
+    ADD_FAILURE() << "host dq with device inputs accepted";
   } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::unsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dq is host memory"), std::string::npos) << e.what();
+  }
+  // The backward needs its workspace: too small is refused before any launch.
+  AttentionParams small = p;
+  small.workspace_bytes = attention_workspace_size(p, Pass::backward) - 1;
+  small.workspace = q.view().data;
+  EXPECT_THROW(attention_backward(small), Error);
+}
+
+TEST(AttentionGpu, BackwardIsBitwiseDeterministic) {
+  // dbias reduced over queries and heads, GQA and causal: every reduction the backward does.
+  REQUIRE_GPU();
+  AttnCase c = base(300, 333, 8, 2, 64, true, DType::bf16, 800);
+  c.bias.present = true;
+  c.bias.q = false, c.bias.heads = 0;
+  AttnRun r(c);
+  r.forward();
+  GpuAttention gpu(r);
+  ASSERT_TRUE(gpu.ok());
+  std::vector<std::vector<unsigned char>> first;
+  for (int run = 0; run < 3; ++run) {
+    gpu.run(Pass::backward, nullptr);
+    int n = 0;
+    for (DeviceTensor* t : {&gpu.dq, &gpu.dk, &gpu.dv, gpu.dbias.get()}) {
+      t->download();
+      HostTensor* h = t == &gpu.dq ? &r.dq : t == &gpu.dk ? &r.dk : t == &gpu.dv ? &r.dv : &r.dbias;
+      if (run == 0) first.push_back(h->bytes());
+      else EXPECT_TRUE(h->bytes() == first[n]) << "run " << run << " differs in gradient " << n;
+      ++n;
+    }
   }
 }
 
@@ -184,7 +278,7 @@ TEST(AttentionGpu, MaskAndBiasTilesThroughSharedMemory) {
         c.bias.present = true;
         c.bias.heads = 2 - heads, c.bias.q = !(bits & 1), c.bias.b = bits & 1;
         c.bias.dtype = bits & 2 ? DType::f32 : DType::unset;
-        run_gpu_forward(c);
+        run_gpu(c);
       }
 }
 
@@ -208,6 +302,6 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
         for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / 64) * nbk + j / 64] && elem_on(rng));
       auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
       r.rp.keep.assign(full.begin(), full.end());
-      run_gpu_forward(r);
+      run_gpu(r, true);
     }
 }

@@ -1,0 +1,45 @@
+// The plain struct the attention backward kernels read (attention_bwd_sm80.cuh). The
+// forward's params describe q, k, v, out, lse, mask, bias and the sizes; the rest are the
+// gradients and the fp32 arrays the backward keeps in the caller's workspace.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention_fwd_params.hpp"
+
+namespace fdma::cuda {
+
+// Backward tiles: 64 query rows x 64 keys for both kernels, so one mask tile summary (64 x 64)
+// serves both; the dq kernel walks keys 32 at a time above D = 128 to stay inside registers,
+// and the dk/dv kernel writes its output columns in chunks of at most 128.
+constexpr int kBwdBlockM = 64, kBwdBlockN = 64;
+constexpr int bwd_dq_block_n(int head_dim) { return head_dim > 128 ? 32 : 64; }
+constexpr int bwd_dkdv_block_m(int head_dim) { return head_dim > 64 ? 32 : 64; }
+constexpr int bwd_dkdv_chunk(int head_dim) { return head_dim <= 128 ? head_dim : head_dim / 2; }
+
+// Who reduces dbias (the CPU backend makes the same split, attention_cpu.cpp).
+enum class DbiasOwner : int { none = 0, rows = 1, columns = 2 };
+
+struct AttentionBwdParams {
+  AttentionFwdParams f;  // its tile_active is the 64 x 64 summary; mask/bias are read per score
+  const void* dout;
+  void *dq, *dk, *dv;
+  int64_t dout_stride[3], dq_stride[3], dk_stride[3], dv_stride[3];
+  // [B, H, Sq_pad] each: rowsum(dO * O), and lse * log2(e) with -inf (a row that sees
+  // nothing) replaced by +inf so that every probability of that row comes out 0.
+  const float *delta, *lse2;
+  int Sq_pad;
+  // dbias: owner, its tensor, and the fp32 reduction slots [slots][numel] (dense, in the
+  // bias's declared shape) when the owner cannot write it directly.
+  DbiasOwner dbias_owner;
+  void* dbias;
+  bool dbias_f32;
+  int64_t dbias_size[4], dbias_stride[4];  // stride 0 on size-1 dims
+  float* dbias_acc;
+  int dbias_slots;
+  // The dq kernel's block walks these many batches and heads in turn (> 1 when it owns a
+  // dbias that broadcasts over them, so one block sums each element in a fixed order).
+  int rows_batches_per_block, rows_heads_per_block;
+};
+
+}  // namespace fdma::cuda

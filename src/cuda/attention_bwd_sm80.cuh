@@ -1,0 +1,429 @@
+// attention backward, portable sm80+ path. Two kernels, neither with atomics, so the
+// gradients are bitwise reproducible on every run (the `deterministic` flag costs nothing):
+//   dq kernel   (rows):    one CTA per 64 query rows of a (batch, head); walks the key tiles,
+//                          recomputes P from lse, and owns dq (and dbias when the bias has a
+//                          query dim);
+//   dk/dv kernel (columns): one CTA per 64 keys of a (batch, KV head); walks the G query heads
+//                          of the group and their query tiles, so the GQA sum of dk/dv stays in
+//                          registers; owns dbias when the bias broadcasts over queries.
+// Both recompute S = QK^T and dP = dO V^T (seven matmuls against the five of a single-kernel
+// backward with dq atomics): the price of determinism without a B*H*Sq*D fp32 temporary.
+// attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/attention_bwd_params.hpp"
+#include "cuda/ptx.cuh"
+#include "cuda/score_mod_sm80.cuh"
+#include "cuda/softmax_sm80.cuh"
+#include "cuda/tile_io_sm80.cuh"
+
+namespace fdma::cuda {
+
+constexpr int kBwdThreads = 128;  // 4 warps, 16 rows (dq) or 16 keys (dk/dv) each
+
+// Lane offsets for ldmatrix (fragment layouts in ptx.cuh), in bytes within a padded tile:
+// an A operand from a row-major [m][k] tile, a B operand from an [n][k] tile, and a B operand
+// from a [k][n] tile through the transposing ldmatrix.
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t lane_a(int lane) {
+  return (lane % 16) * kRowBytes + (lane / 16) * 16;
+}
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t lane_b(int lane) {
+  return (lane % 8 + (lane / 16) * 8) * kRowBytes + ((lane / 8) % 2) * 16;
+}
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t lane_b_trans(int lane) {
+  return (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes + (lane / 16) * 16;
+}
+
+// acc[16 x 8*kTilesN] += A[16 x kHeadDim] * B[8*kTilesN x kHeadDim]^T, A and B in padded tiles.
+template <class T, int kHeadDim, int kTilesN>
+__device__ __forceinline__ void mma_a_bt(float (&acc)[kTilesN][4], uint32_t a_lane, uint32_t b_lane) {
+  constexpr int kRow = padded_row_bytes(kHeadDim);
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    uint32_t a[4];
+    ptx::ldmatrix_x4(a, a_lane + kk * 32);
+#pragma unroll
+    for (int np = 0; np < kTilesN / 2; ++np) {
+      uint32_t bk[4];
+      ptx::ldmatrix_x4(bk, b_lane + np * 16 * kRow + kk * 32);
+      ptx::mma_16816<T>(acc[2 * np], a, bk[0], bk[1]);
+      ptx::mma_16816<T>(acc[2 * np + 1], a, bk[2], bk[3]);
+    }
+  }
+}
+
+// acc[16 x 8*kTilesD] += P[16 x 8*kTilesK] * B[8*kTilesK rows of a tile, columns col0..], with P
+// from registers in accumulator layout (rounded to T) and B read by the transposing ldmatrix.
+template <class T, int kRowBytes, int kTilesK, int kTilesD>
+__device__ __forceinline__ void mma_regs_b(float (&acc)[kTilesD][4], const float (&pr)[kTilesK][4], uint32_t b_lane) {
+#pragma unroll
+  for (int kk = 0; kk < kTilesK / 2; ++kk) {
+    uint32_t a[4];
+    a[0] = ptx::pack2<T>(pr[2 * kk][0], pr[2 * kk][1]);
+    a[1] = ptx::pack2<T>(pr[2 * kk][2], pr[2 * kk][3]);
+    a[2] = ptx::pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]);
+    a[3] = ptx::pack2<T>(pr[2 * kk + 1][2], pr[2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < kTilesD / 2; ++dp) {
+      uint32_t bv[4];
+      ptx::ldmatrix_x4_trans(bv, b_lane + kk * 16 * kRowBytes + dp * 32);
+      ptx::mma_16816<T>(acc[2 * dp], a, bv[0], bv[1]);
+      ptx::mma_16816<T>(acc[2 * dp + 1], a, bv[2], bv[3]);
+    }
+  }
+}
+
+// Dense index of dbias element (b, bias head hb, i, j) in the fp32 reduction slots, and its
+// offset in the dbias tensor (whose strides are 0 on size-1 dims).
+__device__ __forceinline__ int64_t dbias_dense(const AttentionBwdParams& p, int b, int64_t hb, int i, int j) {
+  const int64_t* n = p.dbias_size;
+  const int64_t bb = n[0] == 1 ? 0 : b, ii = n[2] == 1 ? 0 : i, jj = n[3] == 1 ? 0 : j;
+  return ((bb * n[1] + hb) * n[2] + ii) * n[3] + jj;
+}
+__device__ __forceinline__ int64_t dbias_offset(const AttentionBwdParams& p, int b, int64_t hb, int i, int j) {
+  return b * p.dbias_stride[0] + hb * p.dbias_stride[1] + int64_t(i) * p.dbias_stride[2] + int64_t(j) * p.dbias_stride[3];
+}
+template <class T>
+__device__ __forceinline__ void store_dbias(const AttentionBwdParams& p, int64_t off, float value) {
+  if (p.dbias_f32)
+    static_cast<float*>(p.dbias)[off] = value;
+  else
+    static_cast<T*>(p.dbias)[off] = T(value);
+}
+
+// Mask tile summary row for (b, h) and query tile qt (64 x 64 tiles), or null without a mask.
+__device__ __forceinline__ const uint8_t* active_row(const AttentionFwdParams& f, int b, int h, int qt) {
+  if (!f.tile_active) return nullptr;
+  const int mb = f.active_batches == 1 ? 0 : b, mh = int(head_index(f.mask_head_mode, h, f.G));
+  const int q = f.active_q_tiles == 1 ? 0 : qt;
+  return f.tile_active + ((int64_t(mb) * f.active_heads + mh) * f.active_q_tiles + q) * f.active_k_tiles;
+}
+__device__ __forceinline__ bool tile_is_active(const AttentionFwdParams& f, const uint8_t* row, int kt) {
+  return !row || row[f.active_k_tiles == 1 ? 0 : kt];
+}
+
+template <class T, int kHeadDim>
+struct BwdDqTile {
+  static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);
+  static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
+  static constexpr int kSmemBytes = (2 * kBlockM + 4 * kBlockN) * kRowBytes;  // Q, dO, K x2, V x2
+};
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const AttentionBwdParams p) {
+  using Tile = BwdDqTile<T, kHeadDim>;
+  constexpr int kBN = Tile::kBlockN, kRow = Tile::kRowBytes, kN = kBN / 8, kDT = kHeadDim / 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const AttentionFwdParams& f = p.f;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int m_block = f.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int row0 = m_block * Tile::kBlockM, warp_row0 = row0 + 16 * warp;
+  const int rows[2] = {warp_row0 + g, warp_row0 + g + 8};
+  const int key_end = f.causal ? min(f.Sk, row0 + Tile::kBlockM + f.Sk - f.Sq) : f.Sk;
+  const int n_blocks = key_end > 0 ? (key_end + kBN - 1) / kBN : 0;
+
+  const uint32_t s_q = ptx::smem_addr(smem), s_do = s_q + Tile::kBlockM * kRow;
+  const uint32_t s_k = s_do + Tile::kBlockM * kRow, s_v = s_k + 2 * kBN * kRow;
+  const uint32_t q_lane = s_q + 16 * warp * kRow + lane_a<kRow>(lane);
+  const uint32_t do_lane = s_do + 16 * warp * kRow + lane_a<kRow>(lane);
+
+  const bool db_rows = p.dbias_owner == DbiasOwner::rows;
+  const bool db_direct = db_rows && !p.dbias_acc;
+  const bool db_key_sum = db_rows && p.dbias_size[3] == 1 && f.Sk > 1;  // one value per row
+  const bool db_scalar = db_key_sum && p.dbias_size[2] == 1 && f.Sq > 1;  // one value per block
+  __shared__ float warp_sums[4];
+
+  for (int bi = 0; bi < p.rows_batches_per_block; ++bi)
+    for (int hi = 0; hi < p.rows_heads_per_block; ++hi) {
+      const int b = blockIdx.z * p.rows_batches_per_block + bi, h = blockIdx.y * p.rows_heads_per_block + hi;
+      const int hk = h / f.G;
+      const int64_t hb = head_index(f.bias_head_mode, h, f.G);
+      const T* q = static_cast<const T*>(f.q) + b * f.q_stride[0] + h * f.q_stride[2];
+      const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + h * p.dout_stride[2];
+      const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
+      const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
+      const int64_t row_base = (int64_t(b) * f.H + h) * p.Sq_pad;
+      const float lse2[2] = {p.lse2[row_base + rows[0]], p.lse2[row_base + rows[1]]};
+      const float delta[2] = {p.delta[row_base + rows[0]], p.delta[row_base + rows[1]]};
+      const uint8_t* active = active_row(f, b, h, m_block);
+      auto next_active = [&](int nb) {
+        while (nb < n_blocks && !tile_is_active(f, active, nb * kBN / kBwdBlockN)) ++nb;
+        return nb;
+      };
+
+      float dq[kDT][4];
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+      float db_row[2] = {0.f, 0.f};
+
+      int nb = next_active(0);
+      if (nb < n_blocks) {
+        load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockM>(s_q, q, f.q_stride[1], row0, f.Sq, f.D, tid);
+        load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockM>(s_do, dout, p.dout_stride[1], row0, f.Sq, f.D, tid);
+        load_rows_async<kBwdThreads, kHeadDim, kBN>(s_k, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
+        load_rows_async<kBwdThreads, kHeadDim, kBN>(s_v, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
+        ptx::cp_async_commit();
+      }
+      for (int buf = 0; nb < n_blocks; buf ^= 1) {
+        const int nb_next = next_active(nb + 1);
+        if (nb_next < n_blocks) {
+          load_rows_async<kBwdThreads, kHeadDim, kBN>(s_k + (buf ^ 1) * kBN * kRow, k, f.k_stride[1], nb_next * kBN,
+                                                      f.Sk, f.D, tid);
+          load_rows_async<kBwdThreads, kHeadDim, kBN>(s_v + (buf ^ 1) * kBN * kRow, v, f.v_stride[1], nb_next * kBN,
+                                                      f.Sk, f.D, tid);
+        }
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<1>();
+        __syncthreads();
+
+        const uint32_t k_tile = s_k + buf * kBN * kRow, v_tile = s_v + buf * kBN * kRow;
+        float s[kN][4], dp[kN][4];
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+        mma_a_bt<T, kHeadDim, kN>(s, q_lane, k_tile + lane_b<kRow>(lane));
+        mma_a_bt<T, kHeadDim, kN>(dp, do_lane, v_tile + lane_b<kRow>(lane));
+
+        // dS = P * (dP - delta); s becomes dS * d(capped)/d(qk), the A operand of dq += dS K.
+        const int key0 = nb * kBN;
+        const bool plain = !f.mask && !f.bias && warp_row0 + 16 <= f.Sq && key0 + kBN <= f.Sk &&
+                           (!f.causal || key0 + kBN - 1 <= warp_row0 + f.Sk - f.Sq);
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, i = rows[r], j = key0 + nt * 8 + 2 * t + (e & 1);
+            const float c = capped_score(f, s[nt][e]);
+            const float add = plain ? 0.f : score_add_at<T>(f, b, h, i, j);
+            const float pr = ptx::exp2_approx(fmaf(c + add, kLog2e, -lse2[r]));
+            const float ds = pr * (dp[nt][e] - delta[r]);
+            if (db_key_sum) {
+              db_row[r] += ds;
+            } else if (db_direct) {
+              if (i < f.Sq && j < f.Sk) store_dbias<T>(p, dbias_offset(p, b, hb, i, j), ds);
+            } else if (db_rows) {
+              if (i < f.Sq && j < f.Sk) p.dbias_acc[dbias_dense(p, b, hb, i, j)] += ds;
+            }
+            s[nt][e] = ds * capped_slope(f, c);
+          }
+        mma_regs_b<T, kRow, kN, kDT>(dq, s, k_tile + lane_b_trans<kRow>(lane));
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+        nb = nb_next;
+      }
+
+      {  // dq rows
+        T* dq_base = static_cast<T*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (rows[r] >= f.Sq) continue;
+          T* dst = dq_base + rows[r] * p.dq_stride[1];
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            const int d = dt * 8 + 2 * t;
+            if (d < f.D) *reinterpret_cast<uint32_t*>(dst + d) = ptx::pack2<T>(dq[dt][2 * r], dq[dt][2 * r + 1]);
+          }
+        }
+      }
+      if (db_key_sum) {
+        const float r0 = quad_sum(db_row[0]), r1 = quad_sum(db_row[1]);
+        if (db_scalar) {
+          // Rows beyond Sq contributed exact zeros. Fixed order: lanes by xor tree, warps 0..3.
+          float sum = (t == 0 ? r0 + r1 : 0.f);
+#pragma unroll
+          for (int o = 16; o >= 1; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+          if (lane == 0) warp_sums[warp] = sum;
+          __syncthreads();
+          if (tid == 0)
+            p.dbias_acc[int64_t(m_block) * (p.dbias_size[0] * p.dbias_size[1]) + dbias_dense(p, b, hb, 0, 0)] +=
+                (warp_sums[0] + warp_sums[1]) + (warp_sums[2] + warp_sums[3]);
+          __syncthreads();
+        } else if (t == 0) {
+          if (rows[0] < f.Sq) p.dbias_acc[dbias_dense(p, b, hb, rows[0], 0)] += r0;
+          if (rows[1] < f.Sq) p.dbias_acc[dbias_dense(p, b, hb, rows[1], 0)] += r1;
+        }
+      }
+    }
+}
+
+template <class T, int kHeadDim>
+struct BwdDkdvTile {
+  static constexpr int kBlockN = kBwdBlockN, kBlockM = bwd_dkdv_block_m(kHeadDim);
+  static constexpr int kChunk = bwd_dkdv_chunk(kHeadDim), kChunks = kHeadDim / kChunk;
+  static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  // K, V; Q x2, dO x2; lse2 x2, delta x2
+  static constexpr int kSmemBytes = 2 * kBlockN * kRowBytes + 4 * kQBytes + 4 * kBlockM * 4;
+  static_assert(kChunk % 16 == 0, "output chunks are whole k16 steps");
+};
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
+  using Tile = BwdDkdvTile<T, kHeadDim>;
+  constexpr int kBM = Tile::kBlockM, kRow = Tile::kRowBytes, kNq = kBM / 8, kDC = Tile::kChunk / 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const AttentionFwdParams& f = p.f;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int key0 = blockIdx.x * Tile::kBlockN;
+  const int hk = blockIdx.y / Tile::kChunks, chunk = blockIdx.y % Tile::kChunks, b = blockIdx.z;
+  const int col0 = chunk * Tile::kChunk;  // this CTA's columns of dk and dv
+  const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
+
+  const uint32_t s_k = ptx::smem_addr(smem), s_v = s_k + Tile::kBlockN * kRow;
+  const uint32_t s_q = s_v + Tile::kBlockN * kRow, s_do = s_q + 2 * Tile::kQBytes;
+  float* s_lse2 = reinterpret_cast<float*>(smem + Tile::kSmemBytes - 4 * kBM * 4);
+  float* s_delta = s_lse2 + 2 * kBM;
+
+  const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
+  const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
+  load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);
+  load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], key0, f.Sk, f.D, tid);
+
+  // Queries that can see this key tile: causality starts them at key0 - (Sk - Sq).
+  const int q_begin = f.causal ? max(0, key0 - (f.Sk - f.Sq)) / kBM * kBM : 0;
+  const int n_q = q_begin < f.Sq ? (f.Sq - q_begin + kBM - 1) / kBM : 0;
+  const int n_steps = f.G * n_q;  // (head of the group, query tile), head-major
+  auto head_of = [&](int it) { return hk * f.G + it / n_q; };
+  auto q0_of = [&](int it) { return q_begin + (it % n_q) * kBM; };
+  auto next_active = [&](int it) {
+    while (it < n_steps && !tile_is_active(f, active_row(f, b, head_of(it), q0_of(it) / kBwdBlockM), key0 / kBwdBlockN))
+      ++it;
+    return it;
+  };
+  auto load_step = [&](int it, int buf) {
+    const int h = head_of(it), q0 = q0_of(it);
+    const T* q = static_cast<const T*>(f.q) + b * f.q_stride[0] + h * f.q_stride[2];
+    const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + h * p.dout_stride[2];
+    load_rows_async<kBwdThreads, kHeadDim, kBM>(s_q + buf * Tile::kQBytes, q, f.q_stride[1], q0, f.Sq, f.D, tid);
+    load_rows_async<kBwdThreads, kHeadDim, kBM>(s_do + buf * Tile::kQBytes, dout, p.dout_stride[1], q0, f.Sq, f.D, tid);
+    // lse2 and delta are padded to Sq_pad (a multiple of 64), so whole 16-byte chunks exist.
+    const int64_t row_base = (int64_t(b) * f.H + h) * p.Sq_pad + q0;
+    if (tid < kBM / 4)
+      ptx::cp_async_16(ptx::smem_addr(s_lse2 + buf * kBM + 4 * tid), p.lse2 + row_base + 4 * tid, 16);
+    else if (tid < kBM / 2)
+      ptx::cp_async_16(ptx::smem_addr(s_delta + buf * kBM + 4 * (tid - kBM / 4)), p.delta + row_base + 4 * (tid - kBM / 4), 16);
+  };
+
+  float dk[kDC][4], dv[kDC][4];
+#pragma unroll
+  for (int dt = 0; dt < kDC; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+  const bool db_cols = p.dbias_owner == DbiasOwner::columns && chunk == 0;
+  float db[2] = {0.f, 0.f};
+  const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
+                      (f.bias_head_mode == 0 ? hk : 0);
+
+  int it = next_active(0);
+  if (it < n_steps) load_step(it, 0);
+  ptx::cp_async_commit();  // K and V ride with the first step's group
+
+  const uint32_t k_lane = s_k + 16 * warp * kRow + lane_a<kRow>(lane);
+  const uint32_t v_lane = s_v + 16 * warp * kRow + lane_a<kRow>(lane);
+  for (int buf = 0; it < n_steps; buf ^= 1) {
+    const int it_next = next_active(it + 1);
+    if (it_next < n_steps) load_step(it_next, buf ^ 1);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();
+    __syncthreads();
+
+    const int h = head_of(it), q0 = q0_of(it);
+    const uint32_t q_tile = s_q + buf * Tile::kQBytes, do_tile = s_do + buf * Tile::kQBytes;
+    // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the kBM queries.
+    float st[kNq][4], dpt[kNq][4];
+#pragma unroll
+    for (int nt = 0; nt < kNq; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+    mma_a_bt<T, kHeadDim, kNq>(st, k_lane, q_tile + lane_b<kRow>(lane));
+    mma_a_bt<T, kHeadDim, kNq>(dpt, v_lane, do_tile + lane_b<kRow>(lane));
+
+    const float* lse2 = s_lse2 + buf * kBM;
+    const float* delta = s_delta + buf * kBM;
+    const bool plain = !f.mask && !f.bias && q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
+                       (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+    // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk).
+#pragma unroll
+    for (int nt = 0; nt < kNq; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1), i = q0 + il, j = keys[r];
+        const float c = capped_score(f, st[nt][e]);
+        const float add = plain ? 0.f : score_add_at<T>(f, b, h, i, j);
+        const float pr = ptx::exp2_approx(fmaf(c + add, kLog2e, -lse2[il]));
+        const float ds = pr * (dpt[nt][e] - delta[il]);
+        db[r] += ds;
+        st[nt][e] = pr;
+        dpt[nt][e] = ds * capped_slope(f, c);
+      }
+    const uint32_t col_bytes = col0 * 2;
+    mma_regs_b<T, kRow, kNq, kDC>(dv, st, do_tile + col_bytes + lane_b_trans<kRow>(lane));
+    mma_regs_b<T, kRow, kNq, kDC>(dk, dpt, q_tile + col_bytes + lane_b_trans<kRow>(lane));
+
+    // dbias[.., 0, j] (bias broadcast over queries): after each head, add its sum for the
+    // keys this thread's quad owns; heads sharing a bias head add in order.
+    if (db_cols && (it_next >= n_steps || head_of(it_next) != h)) {
+      const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+      const int64_t hb = head_index(f.bias_head_mode, h, f.G);
+      float* acc = p.dbias_acc + int64_t(db_slot) * (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
+      if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[0])] += r0;
+      if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
+    }
+    if (it_next >= n_steps || head_of(it_next) != h) db[0] = db[1] = 0.f;
+    __syncthreads();
+    it = it_next;
+  }
+  ptx::cp_async_wait<0>();  // nothing may still land in shared memory when the CTA exits
+
+  T* dk_base = static_cast<T*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
+  T* dv_base = static_cast<T*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (keys[r] >= f.Sk) continue;
+#pragma unroll
+    for (int dt = 0; dt < kDC; ++dt) {
+      const int d = col0 + dt * 8 + 2 * t;
+      if (d >= f.D) continue;
+      *reinterpret_cast<uint32_t*>(dk_base + keys[r] * p.dk_stride[1] + d) = ptx::pack2<T>(dk[dt][2 * r], dk[dt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_base + keys[r] * p.dv_stride[1] + d) = ptx::pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    }
+  }
+}
+
+// Raises a kernel's dynamic shared-memory limit when a launch needs more than the default.
+template <class Kernel>
+cudaError_t allow_smem(Kernel kernel, int bytes) {
+  return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)
+                           : cudaSuccess;
+}
+
+template <class T, int kHeadDim>
+cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
+  using Dq = BwdDqTile<T, kHeadDim>;
+  using Dkdv = BwdDkdvTile<T, kHeadDim>;
+  const AttentionFwdParams& f = p.f;
+  auto dq_kernel = attention_bwd_dq_kernel<T, kHeadDim>;
+  auto dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim>;
+  cudaError_t err = allow_smem(dq_kernel, Dq::kSmemBytes);
+  if (err == cudaSuccess) err = allow_smem(dkdv_kernel, Dkdv::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 dq_grid((f.Sq + Dq::kBlockM - 1) / Dq::kBlockM, f.H / p.rows_heads_per_block,
+                     f.B / p.rows_batches_per_block);
+  dq_kernel<<<dq_grid, kBwdThreads, Dq::kSmemBytes, stream>>>(p);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  const dim3 dkdv_grid((f.Sk + Dkdv::kBlockN - 1) / Dkdv::kBlockN, f.Hk * Dkdv::kChunks, f.B);
+  dkdv_kernel<<<dkdv_grid, kBwdThreads, Dkdv::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace fdma::cuda
+
+#define FDMA_INSTANTIATE_ATTENTION_BWD(T, HD) \
+  template cudaError_t fdma::cuda::launch_attention_bwd<T, HD>(const fdma::cuda::AttentionBwdParams&, cudaStream_t);

@@ -1,0 +1,46 @@
+// Global -> shared tile copies with cp.async, shared by the forward and backward kernels.
+// Shared rows of a [rows, D] tile are padded by 16 bytes so that ldmatrix's eight row reads
+// hit eight different bank groups.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/ptx.cuh"
+
+namespace fdma::cuda {
+
+// Bytes of one padded shared row of kHeadDim 16-bit elements.
+constexpr int padded_row_bytes(int head_dim) { return head_dim * 2 + 16; }
+
+// Copies rows [row0, row0 + kRows) of a [rows, D] slab (row stride in elements) into a padded
+// shared tile. Rows past `nrows` and chunks past D are zero-filled.
+template <int kThreads, int kHeadDim, int kRows, class T>
+__device__ __forceinline__ void load_rows_async(uint32_t smem, const T* base, int64_t row_stride, int row0, int nrows,
+                                                int D, int tid) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr int kRowBytes = padded_row_bytes(kHeadDim);
+#pragma unroll
+  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, ch = c % kChunks, row = row0 + r;
+    const bool ok = row < nrows && ch * 8 < D;
+    const T* src = ok ? base + row * row_stride + ch * 8 : base;
+    ptx::cp_async_16(smem + r * kRowBytes + ch * 16, src, ok ? 16 : 0);
+  }
+}
+
+// Copies rows [0, valid_rows) x bytes [0, valid_bytes) of a byte-strided window into a shared
+// tile of `rows` rows; everything else in the tile is zero-filled. Row starts are 16-byte
+// aligned (checked on the host before tiling is chosen).
+template <int kThreads>
+__device__ __forceinline__ void load_bytes_tile_async(uint32_t smem, int pitch, const char* src, int64_t row_stride,
+                                                      int rows, int row_bytes, int valid_rows, int valid_bytes,
+                                                      int tid) {
+  const int chunks = row_bytes / 16;
+  for (int c = tid; c < rows * chunks; c += kThreads) {
+    const int r = c / chunks, ch = c % chunks;
+    const int bytes = r < valid_rows ? min(16, max(0, valid_bytes - ch * 16)) : 0;
+    ptx::cp_async_16(smem + r * pitch + ch * 16, bytes > 0 ? src + r * row_stride + ch * 16 : src, bytes);
+  }
+}
+
+}  // namespace fdma::cuda
