@@ -1,0 +1,125 @@
+"""Attention forward+backward on the GPU: Flash-DMA against SDPA's backends in one run.
+
+Usage (on a GPU machine with torch): python3 bench/bench_attention_bwd.py [--lib build/libfdma.so]
+Times one forward plus one backward (dq, dk, dv and, with a bias, dbias). Medians of CUDA
+events after warm-up. TF/s = 3.5 * 4*B*H*Sq*Sk*D / t (bwd = 2.5x fwd), halved for causal.
+Prints a markdown table last.
+"""
+import argparse
+import ctypes
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import median_ms, view  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from flash_dma import _abi  # noqa: E402
+
+
+def call(lib, fn, p):
+    if fn(ctypes.byref(p)) != 0:
+        raise RuntimeError(lib.fdma_last_error().decode())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--seqlens", default="4096,8192,16384")
+    args = ap.parse_args()
+    lib = _abi.load_library(args.lib)
+    dev = torch.device("cuda")
+    B, H, Hk, D = 1, 16, 16, 128
+    rows = []
+    for S in [int(s) for s in args.seqlens.split(",")]:
+        for causal in (False, True):
+            for case in ("dense", "per-key bias [B,H,1,Sk]"):
+                torch.manual_seed(0)
+                q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
+                k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+                v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+                bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16) if case != "dense" else None
+                out, dout = torch.empty_like(q), torch.randn_like(q)
+                lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                dbias = torch.empty_like(bias) if bias is not None else None
+                p = _abi.AttentionParams()
+                p.q, p.k, p.v, p.out, p.lse = view(q), view(k), view(v), view(out), view(lse)
+                p.dout, p.dq, p.dk, p.dv = view(dout), view(dq), view(dk), view(dv)
+                p.bias, p.dbias = view(bias), view(dbias)
+                p.causal = int(causal)
+                p.stream = torch.cuda.current_stream().cuda_stream
+                sizes = []
+                for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
+                    n = ctypes.c_size_t(0)
+                    if lib.fdma_attention_workspace_size(ctypes.byref(p), ps, ctypes.byref(n)) != 0:
+                        raise RuntimeError(lib.fdma_last_error().decode())
+                    sizes.append(n.value)
+                ws = torch.empty(max(1, *sizes), device=dev, dtype=torch.uint8)
+                p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+
+                def ours_fwd():
+                    call(lib, lib.fdma_attention_fwd, p)
+
+                def ours():
+                    call(lib, lib.fdma_attention_fwd, p)
+                    call(lib, lib.fdma_attention_bwd, p)
+
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+                bt = None
+                if bias is not None:
+                    bt = bias.detach().clone()
+                    if causal:
+                        tri = torch.ones(S, S, device=dev, dtype=torch.bool).tril()
+                        bt = bt.masked_fill(~tri, float("-inf"))
+                    bt.requires_grad_()
+                dot = dout.transpose(1, 2)
+
+                def sdpa(backend):
+                    def run():
+                        with sdpa_kernel(backend):
+                            if bt is None:
+                                o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                            else:
+                                o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bt)
+                        o.backward(dot)
+                    return run
+
+                ours()
+                sdpa(SDPBackend.FLASH_ATTENTION if bt is None else SDPBackend.EFFICIENT_ATTENTION)()
+                errs = [(dq.transpose(1, 2).float() - qt.grad.float()).abs().max().item(),
+                        (dk.transpose(1, 2).float() - kt.grad.float()).abs().max().item(),
+                        (dv.transpose(1, 2).float() - vt.grad.float()).abs().max().item()]
+                if bt is not None:
+                    g = bt.grad.sum(2, keepdim=True) if bt.grad.shape[2] != 1 else bt.grad
+                    errs.append((dbias.float() - g.float()).abs().max().item())
+                mult = 3.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+                t = {"flash-dma fwd": median_ms(ours_fwd), "flash-dma": median_ms(ours)}
+                cands = ([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION] if bt is None
+                         else [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION])
+                for be in cands:
+                    try:
+                        t[be.name.lower()] = median_ms(sdpa(be))
+                    except RuntimeError as e:
+                        t[be.name.lower()] = None
+                        print(f"  {be.name} unavailable: {str(e).splitlines()[0][:100]}")
+                rows.append((S, causal, case, t, mult, max(errs)))
+                print(S, causal, case, {k_: (round(x, 3) if x else None) for k_, x in t.items()},
+                      f"max|grad diff| {max(errs):.3g}", flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{Hk} D{D}; fwd+bwd ms (TF/s)")
+    print("| S | causal | case | flash-dma fwd+bwd | (fwd alone) | SDPA flash / efficient | SDPA cuDNN | max abs grad diff |")
+    print("|---|---|---|---|---|---|---|---|")
+    for S, causal, case, t, mult, err in rows:
+        def cell(x):
+            return "-" if x is None else f"{x:.2f} ({mult / x / 1e9:.0f})"
+        other = t.get("flash_attention", t.get("efficient_attention"))
+        print(f"| {S} | {int(causal)} | {case} | {cell(t['flash-dma'])} | {t['flash-dma fwd']:.2f} | {cell(other)} | "
+              f"{cell(t.get('cudnn_attention'))} | {err:.3g} |")
+
+
+if __name__ == "__main__":
+    main()
