@@ -185,7 +185,15 @@ void dma_forward(const fdma_dma_params& p) {
 
 void dma_backward(const fdma_dma_params& p) {
   auto prob = detail::validate_dma(p, Pass::backward);
-  if (prob.backend == Backend::cuda) no_cuda_kernels("dynamic_mask_attention backward");
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
+                            cuda::dma_workspace(p, prob, Pass::backward));
+    return cuda::dma_backward(p, prob);
+#else
+    no_cuda_kernels("dynamic_mask_attention backward");
+#endif
+  }
   detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
                           cpu::dma_workspace(prob, Pass::backward));
   cpu::dma_backward(p, prob);

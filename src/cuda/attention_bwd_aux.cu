@@ -56,9 +56,9 @@ __global__ void dbias_finish_kernel(const AttentionBwdParams p) {
 }  // namespace
 
 template <class T>
-cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, float* delta, float* lse2, cudaStream_t stream) {
+cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream) {
   const int64_t threads = int64_t(p.f.B) * p.f.H * p.Sq_pad * 32;
-  bwd_prepare_kernel<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, delta, lse2);
+  bwd_prepare_kernel<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, p.delta, p.lse2);
   return cudaGetLastError();
 }
 
@@ -69,8 +69,8 @@ cudaError_t launch_dbias_finish(const AttentionBwdParams& p, cudaStream_t stream
   return cudaGetLastError();
 }
 
-template cudaError_t launch_bwd_prepare<__nv_bfloat16>(const AttentionBwdParams&, float*, float*, cudaStream_t);
-template cudaError_t launch_bwd_prepare<__half>(const AttentionBwdParams&, float*, float*, cudaStream_t);
+template cudaError_t launch_bwd_prepare<__nv_bfloat16>(const AttentionBwdParams&, cudaStream_t);
+template cudaError_t launch_bwd_prepare<__half>(const AttentionBwdParams&, cudaStream_t);
 template cudaError_t launch_dbias_finish<__nv_bfloat16>(const AttentionBwdParams&, cudaStream_t);
 template cudaError_t launch_dbias_finish<__half>(const AttentionBwdParams&, cudaStream_t);
 

@@ -9,7 +9,7 @@ namespace fdma::cuda {
 
 // delta and lse2, [B, H, Sq_pad] fp32 each, as AttentionBwdParams describes them.
 template <class T>
-cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, float* delta, float* lse2, cudaStream_t stream);
+cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream);
 
 // dbias from p.dbias_acc's slots (only when the backward reduced into them).
 template <class T>

@@ -13,6 +13,8 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
+
 #include "cuda/attention_bwd_params.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
@@ -22,6 +24,11 @@
 namespace fdma::cuda {
 
 constexpr int kBwdThreads = 128;  // 4 warps, 16 rows (dq) or 16 keys (dk/dv) each
+// Dynamic-mask mode, dk/dv kernel: the kept keys of a (batch, KV head), in index order, are cut
+// into windows of kBwdWindow; a window is ranked by the end of each key's query interval and
+// split into groups of 64 keys with similar intervals, one CTA each, so a CTA walks only the
+// queries its keys' intervals span.
+constexpr int kBwdWindow = 256;
 
 // Lane offsets for ldmatrix (fragment layouts in ptx.cuh), in bytes within a padded tile:
 // an A operand from a row-major [m][k] tile, a B operand from an [n][k] tile, and a B operand
@@ -111,7 +118,9 @@ template <class T, int kHeadDim>
 struct BwdDqTile {
   static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
-  static constexpr int kSmemBytes = (2 * kBlockM + 4 * kBlockN) * kRowBytes;  // Q, dO, K x2, V x2
+  // Q, dO, K x2, V x2, and two tiles of gathered KeyInfo records (dynamic-mask mode)
+  static constexpr int kInfoOffset = (2 * kBlockM + 4 * kBlockN) * kRowBytes;
+  static constexpr int kSmemBytes = kInfoOffset + 2 * kBlockN * 16;
 };
 
 template <class T, int kHeadDim>
@@ -125,8 +134,8 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
   const int m_block = f.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int row0 = m_block * Tile::kBlockM, warp_row0 = row0 + 16 * warp;
   const int rows[2] = {warp_row0 + g, warp_row0 + g + 8};
-  const int key_end = f.causal ? min(f.Sk, row0 + Tile::kBlockM + f.Sk - f.Sq) : f.Sk;
-  const int n_blocks = key_end > 0 ? (key_end + kBN - 1) / kBN : 0;
+  const bool gather = f.lists.keys != nullptr;  // dynamic-mask mode (KeyLists)
+  const KeyInfo* s_info = reinterpret_cast<const KeyInfo*>(smem + Tile::kInfoOffset);
 
   const uint32_t s_q = ptx::smem_addr(smem), s_do = s_q + Tile::kBlockM * kRow;
   const uint32_t s_k = s_do + Tile::kBlockM * kRow, s_v = s_k + 2 * kBN * kRow;
@@ -152,6 +161,30 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
       const float lse2[2] = {p.lse2[row_base + rows[0]], p.lse2[row_base + rows[1]]};
       const float delta[2] = {p.delta[row_base + rows[0]], p.delta[row_base + rows[1]]};
       const uint8_t* active = active_row(f, b, h, m_block);
+      const int32_t* list = nullptr;
+      const KeyInfo* info = nullptr;
+      int n_listed = 0;
+      if (gather) {
+        const int64_t bh = int64_t(b) * f.Hk + hk;
+        const int tile = f.lists.count_tiles == 1 ? 0 : m_block;
+        list = f.lists.keys + bh * f.lists.keys_bh_stride + tile * f.lists.keys_tile_stride;
+        n_listed = f.lists.counts[bh * f.lists.count_tiles + tile];
+        info = f.lists.info + bh * f.Sk;
+      }
+      const int key_end = gather ? n_listed : f.causal ? min(f.Sk, row0 + Tile::kBlockM + f.Sk - f.Sq) : f.Sk;
+      const int n_blocks = key_end > 0 ? (key_end + kBN - 1) / kBN : 0;
+      auto load_kv = [&](int nb, int buf) {
+        const uint32_t sk = s_k + buf * kBN * kRow, sv = s_v + buf * kBN * kRow;
+        if (gather) {
+          const int n = n_listed - nb * kBN;
+          load_rows_gather_async<kBwdThreads, kHeadDim, kBN>(sk, k, f.k_stride[1], list + nb * kBN, n, f.D, tid);
+          load_rows_gather_async<kBwdThreads, kHeadDim, kBN>(sv, v, f.v_stride[1], list + nb * kBN, n, f.D, tid);
+          load_key_records_async(ptx::smem_addr(s_info + buf * kBN), info, list + nb * kBN, n, kBN, tid);
+        } else {
+          load_rows_async<kBwdThreads, kHeadDim, kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
+          load_rows_async<kBwdThreads, kHeadDim, kBN>(sv, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
+        }
+      };
       auto next_active = [&](int nb) {
         while (nb < n_blocks && !tile_is_active(f, active, nb * kBN / kBwdBlockN)) ++nb;
         return nb;
@@ -166,18 +199,12 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
       if (nb < n_blocks) {
         load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockM>(s_q, q, f.q_stride[1], row0, f.Sq, f.D, tid);
         load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockM>(s_do, dout, p.dout_stride[1], row0, f.Sq, f.D, tid);
-        load_rows_async<kBwdThreads, kHeadDim, kBN>(s_k, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
-        load_rows_async<kBwdThreads, kHeadDim, kBN>(s_v, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
+        load_kv(nb, 0);
         ptx::cp_async_commit();
       }
       for (int buf = 0; nb < n_blocks; buf ^= 1) {
         const int nb_next = next_active(nb + 1);
-        if (nb_next < n_blocks) {
-          load_rows_async<kBwdThreads, kHeadDim, kBN>(s_k + (buf ^ 1) * kBN * kRow, k, f.k_stride[1], nb_next * kBN,
-                                                      f.Sk, f.D, tid);
-          load_rows_async<kBwdThreads, kHeadDim, kBN>(s_v + (buf ^ 1) * kBN * kRow, v, f.v_stride[1], nb_next * kBN,
-                                                      f.Sk, f.D, tid);
-        }
+        if (nb_next < n_blocks) load_kv(nb_next, buf ^ 1);
         ptx::cp_async_commit();
         ptx::cp_async_wait<1>();
         __syncthreads();
@@ -193,16 +220,19 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
 
         // dS = P * (dP - delta); s becomes dS * d(capped)/d(qk), the A operand of dq += dS K.
         const int key0 = nb * kBN;
-        const bool plain = !f.mask && !f.bias && warp_row0 + 16 <= f.Sq && key0 + kBN <= f.Sk &&
+        const bool plain = !gather && !f.mask && !f.bias && warp_row0 + 16 <= f.Sq && key0 + kBN <= f.Sk &&
                            (!f.causal || key0 + kBN - 1 <= warp_row0 + f.Sk - f.Sq);
+        const KeyInfo* tile_info = s_info + buf * kBN;
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = e >> 1, i = rows[r], j = key0 + nt * 8 + 2 * t + (e & 1);
             const float c = capped_score(f, s[nt][e]);
-            const float add = plain ? 0.f : score_add_at<T>(f, b, h, i, j);
-            const float pr = ptx::exp2_approx(fmaf(c + add, kLog2e, -lse2[r]));
+            const float add = gather  ? interval_add(tile_info[j - key0], i)
+                              : plain ? 0.f
+                                      : score_add_at<T>(f, b, h, i, j);
+            const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[r]));
             const float ds = pr * (dp[nt][e] - delta[r]);
             if (db_key_sum) {
               db_row[r] += ds;
@@ -252,14 +282,61 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
     }
 }
 
+// Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). Window x / 4 of the kept keys is
+// ranked by (interval end descending, index ascending), a total order, so each key lands in
+// exactly one group; group x % 4 takes ranks [64 (x % 4), +64). Fills keys (index or -1),
+// their KeyInfo records, the queries they span [q_lo, q_hi), and the group's size; returns
+// false (uniformly) for an empty group.
+__device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, int b, int hk, int x, int32_t* keys,
+                                                 KeyInfo* kinfo, int32_t* window, int& q_lo, int& q_hi,
+                                                 int& n_group) {
+  constexpr int kGroup = kBwdBlockN;
+  const int64_t bh = int64_t(b) * f.Hk + hk;
+  const int kept = f.lists.kept_count[bh];
+  const int w0 = x / (kBwdWindow / kGroup) * kBwdWindow, g0 = x % (kBwdWindow / kGroup) * kGroup;
+  const int n_window = min(kBwdWindow, kept - w0);
+  if (n_window <= g0) return false;
+  n_group = min(kGroup, n_window - g0);
+  const int32_t* kept_keys = f.lists.kept + bh * f.Sk + w0;
+  const KeyInfo* info = f.lists.info + bh * f.Sk;
+  int32_t* ends = window + kBwdWindow;  // window holds indices, ends their interval ends
+  for (int i = threadIdx.x; i < n_window; i += blockDim.x) {
+    window[i] = kept_keys[i];
+    ends[i] = info[window[i]].end;
+  }
+  __shared__ int range[2];
+  if (threadIdx.x == 0) range[0] = INT_MAX, range[1] = INT_MIN;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_window; i += blockDim.x) {
+    int rank = 0;
+    for (int o = 0; o < n_window; ++o) rank += ends[o] > ends[i] || (ends[o] == ends[i] && o < i);
+    if (rank >= g0 && rank < g0 + n_group) {
+      const KeyInfo ki = info[window[i]];
+      keys[rank - g0] = window[i];
+      kinfo[rank - g0] = ki;
+      atomicMin(&range[0], ki.begin);  // integer min/max: the same result in any order
+      atomicMax(&range[1], ki.end);
+    }
+  }
+  for (int i = n_group + threadIdx.x; i < kGroup; i += blockDim.x) {
+    keys[i] = -1;
+    kinfo[i] = KeyInfo{0, 0, 0.f, 0};
+  }
+  __syncthreads();
+  q_lo = range[0], q_hi = range[1];
+  return true;
+}
+
 template <class T, int kHeadDim>
 struct BwdDkdvTile {
   static constexpr int kBlockN = kBwdBlockN, kBlockM = bwd_dkdv_block_m(kHeadDim);
   static constexpr int kChunk = bwd_dkdv_chunk(kHeadDim), kChunks = kHeadDim / kChunk;
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
   static constexpr int kQBytes = kBlockM * kRowBytes;
-  // K, V; Q x2, dO x2; lse2 x2, delta x2
-  static constexpr int kSmemBytes = 2 * kBlockN * kRowBytes + 4 * kQBytes + 4 * kBlockM * 4;
+  // K, V; Q x2, dO x2; lse2 x2, delta x2; then, in dynamic-mask mode, the group's keys and
+  // KeyInfo records and the window being ranked.
+  static constexpr int kMainBytes = 2 * kBlockN * kRowBytes + 4 * kQBytes + 4 * kBlockM * 4;
+  static constexpr int kSmemBytes = kMainBytes + kBlockN * (4 + 16) + kBwdWindow * 8;
   static_assert(kChunk % 16 == 0, "output chunks are whole k16 steps");
 };
 
@@ -278,17 +355,30 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
 
   const uint32_t s_k = ptx::smem_addr(smem), s_v = s_k + Tile::kBlockN * kRow;
   const uint32_t s_q = s_v + Tile::kBlockN * kRow, s_do = s_q + 2 * Tile::kQBytes;
-  float* s_lse2 = reinterpret_cast<float*>(smem + Tile::kSmemBytes - 4 * kBM * 4);
+  float* s_lse2 = reinterpret_cast<float*>(smem + Tile::kMainBytes - 4 * kBM * 4);
   float* s_delta = s_lse2 + 2 * kBM;
+  int32_t* s_keys = reinterpret_cast<int32_t*>(smem + Tile::kMainBytes);  // group's key indices, -1 = none
+  KeyInfo* s_kinfo = reinterpret_cast<KeyInfo*>(s_keys + Tile::kBlockN);
 
   const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
   const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
-  load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);
-  load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], key0, f.Sk, f.D, tid);
+  const bool gather = f.lists.keys != nullptr;
+  int q_lo = 0, q_hi = f.Sq, n_group = 0;
+  if (gather) {
+    if (!gather_key_group(f, b, hk, blockIdx.x, s_keys, s_kinfo, reinterpret_cast<int32_t*>(s_kinfo + Tile::kBlockN),
+                          q_lo, q_hi, n_group))
+      return;  // past the (batch, KV head)'s kept keys
+    load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], s_keys, n_group, f.D, tid);
+    load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], s_keys, n_group, f.D, tid);
+  } else {
+    load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);
+    load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], key0, f.Sk, f.D, tid);
+  }
 
-  // Queries that can see this key tile: causality starts them at key0 - (Sk - Sq).
-  const int q_begin = f.causal ? max(0, key0 - (f.Sk - f.Sq)) / kBM * kBM : 0;
-  const int n_q = q_begin < f.Sq ? (f.Sq - q_begin + kBM - 1) / kBM : 0;
+  // Queries that can see these keys: causality starts them at key0 - (Sk - Sq); gathered
+  // keys span [q_lo, q_hi).
+  const int q_begin = gather ? q_lo / kBM * kBM : f.causal ? max(0, key0 - (f.Sk - f.Sq)) / kBM * kBM : 0;
+  const int n_q = q_begin < q_hi ? (q_hi - q_begin + kBM - 1) / kBM : 0;
   const int n_steps = f.G * n_q;  // (head of the group, query tile), head-major
   auto head_of = [&](int it) { return hk * f.G + it / n_q; };
   auto q0_of = [&](int it) { return q_begin + (it % n_q) * kBM; };
@@ -347,7 +437,7 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
 
     const float* lse2 = s_lse2 + buf * kBM;
     const float* delta = s_delta + buf * kBM;
-    const bool plain = !f.mask && !f.bias && q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
+    const bool plain = !gather && !f.mask && !f.bias && q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
     // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk).
 #pragma unroll
@@ -356,8 +446,10 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1), i = q0 + il, j = keys[r];
         const float c = capped_score(f, st[nt][e]);
-        const float add = plain ? 0.f : score_add_at<T>(f, b, h, i, j);
-        const float pr = ptx::exp2_approx(fmaf(c + add, kLog2e, -lse2[il]));
+        const float add = gather  ? interval_add(s_kinfo[j - key0], i)
+                          : plain ? 0.f
+                                  : score_add_at<T>(f, b, h, i, j);
+        const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[il]));
         const float ds = pr * (dpt[nt][e] - delta[il]);
         db[r] += ds;
         st[nt][e] = pr;
@@ -376,23 +468,39 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
       if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[0])] += r0;
       if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
     }
-    if (it_next >= n_steps || head_of(it_next) != h) db[0] = db[1] = 0.f;
+    if (!gather && (it_next >= n_steps || head_of(it_next) != h)) db[0] = db[1] = 0.f;
     __syncthreads();
     it = it_next;
   }
   ptx::cp_async_wait<0>();  // nothing may still land in shared memory when the CTA exits
 
+  if (gather && f.lists.dscores && chunk == 0) {
+    // dscores(j): dS summed over the group's heads and the queries that keep j, in order.
+    const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+    for (int r = 0; r < 2; ++r) {
+      const int local = keys[r] - key0;
+      if (t != 0 || local >= n_group) continue;
+      const int64_t off = b * f.lists.dscores_stride[0] + hk * f.lists.dscores_stride[1] +
+                          int64_t(s_keys[local]) * f.lists.dscores_stride[2];
+      const float value = r ? r1 : r0;
+      if (f.lists.dscores_f32)
+        static_cast<float*>(f.lists.dscores)[off] = value;
+      else
+        static_cast<T*>(f.lists.dscores)[off] = T(value);
+    }
+  }
   T* dk_base = static_cast<T*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
   T* dv_base = static_cast<T*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (keys[r] >= f.Sk) continue;
+    if (gather ? keys[r] - key0 >= n_group : keys[r] >= f.Sk) continue;
+    const int64_t row = gather ? s_keys[keys[r] - key0] : keys[r];
 #pragma unroll
     for (int dt = 0; dt < kDC; ++dt) {
       const int d = col0 + dt * 8 + 2 * t;
       if (d >= f.D) continue;
-      *reinterpret_cast<uint32_t*>(dk_base + keys[r] * p.dk_stride[1] + d) = ptx::pack2<T>(dk[dt][2 * r], dk[dt][2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dv_base + keys[r] * p.dv_stride[1] + d) = ptx::pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dk_base + row * p.dk_stride[1] + d) = ptx::pack2<T>(dk[dt][2 * r], dk[dt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_base + row * p.dv_stride[1] + d) = ptx::pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
     }
   }
 }
@@ -418,7 +526,10 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
                      f.B / p.rows_batches_per_block);
   dq_kernel<<<dq_grid, kBwdThreads, Dq::kSmemBytes, stream>>>(p);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  const dim3 dkdv_grid((f.Sk + Dkdv::kBlockN - 1) / Dkdv::kBlockN, f.Hk * Dkdv::kChunks, f.B);
+  // Dynamic-mask mode: kBwdWindow / 64 groups per window of kept keys (at most Sk of them).
+  const int dkdv_x = f.lists.keys ? (f.Sk + kBwdWindow - 1) / kBwdWindow * (kBwdWindow / Dkdv::kBlockN)
+                                  : (f.Sk + Dkdv::kBlockN - 1) / Dkdv::kBlockN;
+  const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B);
   dkdv_kernel<<<dkdv_grid, kBwdThreads, Dkdv::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

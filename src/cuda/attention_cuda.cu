@@ -185,18 +185,7 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
     check_cuda(launch_mask_tile_summary(k.mask, prob.mask, fwd_block_m(bucket), fwd_block_n(bucket), grid,
                                         static_cast<uint8_t*>(p.workspace), stream),
                "mask tile summary");
-  const bool bf16 = prob.dtype == DType::bf16;
-  cudaError_t err = cudaErrorInvalidValue;
-  bool launched = false;
-#define FDMA_KERNEL(T, IS_BF16, HD)                             \
-  if (!launched && bf16 == IS_BF16 && bucket == HD) {           \
-    err = launch_attention_fwd<T, HD>(k, stream);               \
-    launched = true;                                            \
-  }
-#include "kernel_list.inc"
-#undef FDMA_KERNEL
-  if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(d.D));
-  check_cuda(err, "kernel launch");
+  run_forward_kernel(k, prob.dtype, p.stream);
 }
 
 void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
@@ -244,17 +233,38 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
 
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  const bool bf16 = prob.dtype == DType::bf16;
   if (prob.mask.present)
     check_cuda(launch_mask_tile_summary(k.f.mask, prob.mask, kBwdBlockM, kBwdBlockN, plan.grid, ws, stream),
                "mask tile summary");
   if (k.dbias_acc)
     check_cuda(cudaMemsetAsync(k.dbias_acc, 0, size_t(plan.slots) * size_t(plan.numel) * sizeof(float), stream),
                "dbias reduction slots");
-  check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, delta, lse2, stream)
-                  : launch_bwd_prepare<__half>(k, delta, lse2, stream),
+  run_backward_kernels(k, prob.dtype, p.stream);
+}
+
+void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const int bucket = head_dim_bucket(k.D);
+  const bool bf16 = dtype == DType::bf16;
+  cudaError_t err = cudaErrorInvalidValue;
+  bool launched = false;
+#define FDMA_KERNEL(T, IS_BF16, HD)                             \
+  if (!launched && bf16 == IS_BF16 && bucket == HD) {           \
+    err = launch_attention_fwd<T, HD>(k, stream);               \
+    launched = true;                                            \
+  }
+#include "kernel_list.inc"
+#undef FDMA_KERNEL
+  if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(k.D));
+  check_cuda(err, "kernel launch");
+}
+
+void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const bool bf16 = dtype == DType::bf16;
+  check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
              "backward prepare");
-  const int bucket = head_dim_bucket(int(d.D));
+  const int bucket = head_dim_bucket(k.f.D);
   cudaError_t err = cudaErrorInvalidValue;
   bool launched = false;
 #define FDMA_KERNEL(T, IS_BF16, HD)                             \
@@ -264,7 +274,7 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
   }
 #include "kernel_list.inc"
 #undef FDMA_KERNEL
-  if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(d.D));
+  if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(k.f.D));
   check_cuda(err, "backward kernel launch");
   if (k.dbias_acc)
     check_cuda(bf16 ? launch_dbias_finish<__nv_bfloat16>(k, stream) : launch_dbias_finish<__half>(k, stream),

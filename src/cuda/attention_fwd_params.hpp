@@ -6,6 +6,28 @@
 
 namespace fdma::cuda {
 
+// Dynamic-mask mode (dma_cuda.cu): instead of keys 0..Sk-1, each query tile walks a list of
+// the keys its queries keep, gathering their K/V rows, and key j is visible to query i iff
+// info[j].begin <= i < info[j].end (the selection's interval, causality included), with
+// info[j].bias (the key's score, or 0) added. Null `keys`: ordinary attention.
+struct KeyInfo {
+  int32_t begin, end;
+  float bias;
+  int32_t pad;  // 16 bytes: one cp.async per key
+};
+struct KeyLists {
+  const int32_t* keys;  // per (b * Hk + hk, query tile): key indices, increasing
+  int64_t keys_bh_stride, keys_tile_stride;  // elements; tile stride 0: one list for all tiles
+  const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
+  int count_tiles;                           // 1 when every tile shares the list
+  const KeyInfo* info;                       // [B * Hk, Sk]
+  // dk/dv: the kept keys of each (b, hk) in index order, grouped in windows (bwd kernel).
+  const int32_t *kept, *kept_count;  // [B * Hk, Sk], [B * Hk]
+  void* dscores;  // optional [B, Hk, Sk] gradient of the scores (float32 or q's dtype)
+  bool dscores_f32;
+  int64_t dscores_stride[3];
+};
+
 struct AttentionFwdParams {
   const void *q, *k, *v;
   void* out;
@@ -28,7 +50,8 @@ struct AttentionFwdParams {
   int active_q_tiles, active_k_tiles;  // 1 when the mask broadcasts over that dim
   int B, Sq, Sk, H, Hk, G, D;
   float scale, softcap;
-  bool causal;
+  bool causal;  // false in dynamic-mask mode: the intervals carry causality
+  KeyLists lists;
 };
 
 }  // namespace fdma::cuda

@@ -51,8 +51,10 @@ struct FwdTile {
   __host__ __device__ static int bias_tile_bytes(const AttentionFwdParams& p) {
     return p.bias_tiled ? bias_rows(p) * bias_pitch(p) : 0;
   }
+  // Dynamic-mask mode: the gathered keys' KeyInfo records, two buffers.
+  __host__ __device__ static int info_tile_bytes(const AttentionFwdParams& p) { return p.lists.keys ? kBlockN * 16 : 0; }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& p) {
-    return kSmemBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p));
+    return kSmemBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p));
   }
 };
 
@@ -73,8 +75,19 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[2];
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + hk * p.v_stride[2];
 
+  // Dynamic-mask mode: this tile's list of kept keys replaces 0..Sk-1.
+  const bool gather = p.lists.keys != nullptr;
+  const int32_t* list = nullptr;
+  int n_listed = 0;
+  if (gather) {
+    const int64_t bh = int64_t(b) * p.Hk + hk;
+    const int tile = p.lists.count_tiles == 1 ? 0 : m_block;
+    list = p.lists.keys + bh * p.lists.keys_bh_stride + tile * p.lists.keys_tile_stride;
+    n_listed = p.lists.counts[bh * p.lists.count_tiles + tile];
+  }
+  const KeyInfo* info = gather ? p.lists.info + (int64_t(b) * p.Hk + hk) * p.Sk : nullptr;
   // Keys this block may see: causality bounds the last one by its last row.
-  const int key_end = p.causal ? min(p.Sk, row0 + Tile::kBlockM + p.Sk - p.Sq) : p.Sk;
+  const int key_end = gather ? n_listed : p.causal ? min(p.Sk, row0 + Tile::kBlockM + p.Sk - p.Sq) : p.Sk;
   const int n_blocks = key_end > 0 ? (key_end + Tile::kBlockN - 1) / Tile::kBlockN : 0;
 
   const uint32_t s_q = ptx::smem_addr(smem);
@@ -82,6 +95,8 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   const int mask_bytes = Tile::mask_tile_bytes(p), bias_bytes = Tile::bias_tile_bytes(p);
   unsigned char* mask_tiles = smem + Tile::kSmemBytes;
   unsigned char* bias_tiles = mask_tiles + 2 * mask_bytes;
+  const int info_bytes = Tile::info_tile_bytes(p);
+  unsigned char* info_tiles = bias_tiles + 2 * bias_bytes;
   const int bias_esize = p.bias_f32 ? 4 : 2;
   const bool mask_bcast = p.mask_stride[2] == 0, bias_bcast = p.bias_stride[2] == 0;
   const char* mask_src = p.mask_tiled ? reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] +
@@ -127,12 +142,26 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     return nb;
   };
 
+  // K, V and the tile's mask/bias (or gathered key records) for key tile nb, one cp.async group.
+  auto load_kv = [&](int nb, int buf) {
+    const int key0 = nb * Tile::kBlockN;
+    const uint32_t sk = s_k + buf * Tile::kKVBytes, sv = s_v + buf * Tile::kKVBytes;
+    if (gather) {
+      const int n = n_listed - key0;
+      load_rows_gather_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sk, k, p.k_stride[1], list + key0, n, p.D, tid);
+      load_rows_gather_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sv, v, p.v_stride[1], list + key0, n, p.D, tid);
+      load_key_records_async(ptx::smem_addr(info_tiles + buf * info_bytes), info, list + key0, n, Tile::kBlockN, tid);
+    } else {
+      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sk, k, p.k_stride[1], key0, p.Sk, p.D, tid);
+      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sv, v, p.v_stride[1], key0, p.Sk, p.D, tid);
+      load_score_tiles(nb, buf);
+    }
+  };
+
   int nb = next_active(0);
   if (nb < n_blocks) {
     load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
-    load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_k, k, p.k_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
-    load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_v, v, p.v_stride[1], nb * Tile::kBlockN, p.Sk, p.D, tid);
-    load_score_tiles(nb, 0);
+    load_kv(nb, 0);
     ptx::cp_async_commit();
   }
 
@@ -144,10 +173,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   for (int buf = 0; nb < n_blocks; buf ^= 1) {
     const int nb_next = next_active(nb + 1);
     if (nb_next < n_blocks) {
-      const int next = nb_next * Tile::kBlockN;
-      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_k + (buf ^ 1) * Tile::kKVBytes, k, p.k_stride[1], next, p.Sk, p.D, tid);
-      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(s_v + (buf ^ 1) * Tile::kKVBytes, v, p.v_stride[1], next, p.Sk, p.D, tid);
-      load_score_tiles(nb_next, buf ^ 1);
+      load_kv(nb_next, buf ^ 1);
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // this tile (and Q) landed; the next may still be in flight
@@ -184,9 +210,13 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
                            row0,
                            mask_bcast,
                            bias_bcast};
+    const KeyInfo* key_info = reinterpret_cast<const KeyInfo*>(info_tiles + buf * info_bytes);
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
-      apply_score_mod<T, kN>(s[mt], p, b, h, warp_row0 + mt * 16, nb * Tile::kBlockN, lane, tiles);
+      if (gather)
+        apply_interval_mod<kN>(s[mt], p, warp_row0 + mt * 16, key_info, lane);
+      else
+        apply_score_mod<T, kN>(s[mt], p, b, h, warp_row0 + mt * 16, nb * Tile::kBlockN, lane, tiles);
       softmax[mt].update(s[mt], o[mt]);
     }
 

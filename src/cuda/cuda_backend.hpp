@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/problem.hpp"
+#include "cuda/attention_bwd_params.hpp"
 
 namespace fdma::cuda {
 
@@ -12,10 +13,16 @@ size_t attention_workspace(const detail::AttentionProblem& prob, Pass pass);
 void attention_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 
+// The kernels behind both operations, from prepared params (attention_cuda.cu). The
+// backward runs its prepare kernel (k.delta, k.lse2), dq and dk/dv, and the dbias finish.
+void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream);
+void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream);
+
 // select and dynamic_mask_attention: non-causal on the GPU so far (dma_cuda.cu).
 size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob);
 void select(const fdma_select_params& p, const detail::SelectProblem& prob);
 size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass);
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob);
+void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 
 }  // namespace fdma::cuda

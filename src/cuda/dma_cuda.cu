@@ -1,6 +1,7 @@
-// dynamic_mask_attention and select on the GPU. Non-causal so far: every query of a
-// (batch, kv head) keeps the same top-w keys, so the forward is selection, a gather of those
-// keys' K/V rows and scores, and the attention forward over them (the "floor" shape).
+// dynamic_mask_attention and select on the GPU: the top-w selection (select_topw.cu) gives
+// each key the interval of queries that keep it; dma_lists.cu turns those into per-tile lists
+// of kept keys; the attention kernels run in dynamic-mask mode over them (KeyLists), so only
+// kept keys are loaded and computed. Causal and non-causal, forward and backward.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -8,6 +9,8 @@
 #include "core/device.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/device_guard.hpp"
+#include "cuda/dma_lists.hpp"
+#include "cuda/kernel_table.hpp"
 #include "cuda/select_topw.cuh"
 
 namespace fdma::cuda {
@@ -51,31 +54,104 @@ TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
   return in;
 }
 
-void require_non_causal(const char* op, bool causal) {
-  if (causal)
-    unsupported(op, "causal selection has no CUDA kernels yet (non-causal runs on the GPU; the CPU backend does both)");
-}
-
 void require_device_workspace(const char* op, const void* ws) {
   if (!detail::locate_pointer(ws).device)
     detail::fail(Status::workspace, std::string(op) + " (CUDA): the workspace must be CUDA device memory");
 }
 
-// Gathered K, V and bias follow the sort scratch in the workspace.
+void check_rows_aligned(const char* op, const fdma_tensor& t, const char* name) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int i = 0; i < 3; ++i) ok &= t.shape[i] == 1 || t.stride[i] % 8 == 0;
+  if (!ok) unsupported(op, std::string(name) + " must be 16-byte aligned with strides that are multiples of 8 elements");
+}
+
+// The GPU-only requirements of dynamic_mask_attention, forward and backward.
+void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {
+  const detail::Dims& d = prob.dims;
+  if (prob.dtype != DType::bf16 && prob.dtype != DType::f16)
+    unsupported(op, std::string("q has dtype ") + dtype_name(prob.dtype) + "; the GPU takes float16 or bfloat16");
+  if (d.D % 8 != 0) unsupported(op, "head dim D = " + std::to_string(d.D) + " must be a multiple of 8 on the GPU");
+  if (d.D > 256) unsupported(op, "head dims above 256 have no kernel");
+  if (d.B > 65535 || d.H > 65535) unsupported(op, "B and H must be <= 65535");
+  check_selection_inputs(op, p.key_scores);
+  for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.out, "out"}}) check_rows_aligned(op, *t, name);
+  if (pass == Pass::backward) {
+    for (auto [t, name] : {std::pair{&p.dout, "dout"}, {&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}})
+      check_rows_aligned(op, *t, name);
+  }
+  if (p.lse.data && p.lse.dtype != FDMA_FLOAT32) unsupported(op, "lse must be float32");
+}
+
+// Workspace: the selection's scratch, the intervals, the key lists and (backward) the
+// delta/lse2 rows, each 256-byte aligned.
 struct DmaLayout {
-  size_t topw, kv, bias;
-  int W;
-  size_t total() const { return topw + 2 * kv + bias; }
+  size_t select, intervals, lists, rows;
+  DmaListShape shape;
+  size_t total() const { return select + 2 * intervals + lists + 2 * rows; }
 };
 
-DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in) {
+DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass pass) {
   const detail::Dims& d = prob.dims;
   DmaLayout l;
-  l.W = int(std::min<int64_t>(prob.window, d.Sk));
-  l.topw = align_up(topw_workspace(in, nullptr));
-  l.kv = align_up(size_t(d.B) * l.W * d.Hk * d.D * dtype_size(prob.dtype));
-  l.bias = align_up(size_t(d.B) * d.Hk * l.W * 4);
+  l.select = align_up(topw_workspace(in, nullptr)) + (prob.causal ? align_up(wavelet_workspace(in, nullptr)) : 0);
+  l.intervals = align_up(size_t(d.B * d.Hk * d.Sk) * 4);
+  const int block_m = pass == Pass::forward ? fwd_block_m(head_dim_bucket(int(d.D))) : kBwdBlockM;
+  l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal, block_m};
+  l.lists = align_up(dma_lists_workspace(l.shape));
+  const int64_t sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
+  l.rows = pass == Pass::backward ? align_up(size_t(d.B * d.H * sq_pad) * 4) : 0;
   return l;
+}
+
+// Selection and key lists into the workspace; returns the lists for the kernels.
+KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, const TopwInputs& in,
+                         const DmaLayout& l, cudaStream_t stream) {
+  char* base = static_cast<char*>(p.workspace);
+  const TopwScratch s = carve_topw(base, in);
+  auto* begin = reinterpret_cast<int32_t*>(base + l.select);
+  auto* end = reinterpret_cast<int32_t*>(base + l.select + l.intervals);
+  const int64_t Sk = prob.dims.Sk, Hk = prob.dims.Hk;
+  const int64_t stride[3] = {Hk * Sk, Sk, 1};
+  check_cuda(topw_sort(in, s, stream), op, "sort");
+  if (prob.causal) {
+    const WaveletScratch wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
+    check_cuda(causal_intervals(in, s, wv, prob.window, int(prob.dims.Sq), begin, stride, end, stride, stream), op,
+               "causal intervals");
+  } else {
+    check_cuda(topw_intervals(in, s, prob.window, int(prob.dims.Sq), begin, stride, end, stride, stream), op,
+               "intervals");
+  }
+  DmaListInputs li{};
+  li.begin = begin, li.end = end;
+  li.scores = p.key_scores.data;
+  li.score_dtype = p.key_scores.dtype;
+  for (int d = 0; d < 3; ++d) li.score_stride[d] = p.key_scores.stride[d];
+  li.add_scores = prob.add_scores;
+  KeyLists lists{};
+  const DmaListScratch ls = carve_dma_lists(base + l.select + 2 * l.intervals, l.shape);
+  check_cuda(build_dma_lists(l.shape, li, ls, lists, stream), op, "key lists");
+  return lists;
+}
+
+// The attention kernels' view of q, k, v, out, lse in dynamic-mask mode.
+AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProblem& prob, const KeyLists& lists) {
+  const detail::Dims& d = prob.dims;
+  AttentionFwdParams k{};
+  k.q = p.q.data, k.k = p.k.data, k.v = p.v.data, k.out = p.out.data;
+  k.lse = static_cast<float*>(p.lse.data);
+  for (int i = 0; i < 3; ++i) {
+    k.q_stride[i] = p.q.stride[i];
+    k.k_stride[i] = p.k.stride[i];
+    k.v_stride[i] = p.v.stride[i];
+    k.out_stride[i] = p.out.stride[i];
+    k.lse_stride[i] = p.lse.data ? p.lse.stride[i] : 0;
+  }
+  k.B = int(d.B), k.Sq = int(d.Sq), k.Sk = int(d.Sk), k.H = int(d.H), k.Hk = int(d.Hk), k.G = int(d.G()), k.D = int(d.D);
+  k.scale = float(prob.scale);
+  k.softcap = float(prob.softcap);
+  k.causal = false;  // the intervals carry causality
+  k.lists = lists;
+  return k;
 }
 
 }  // namespace
@@ -109,58 +185,68 @@ void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
 }
 
 size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {
-  if (pass != Pass::forward) unsupported("dynamic_mask_attention", "the backward has no CUDA kernels yet");
-  require_non_causal("dynamic_mask_attention", prob.causal);
-  check_selection_inputs("dynamic_mask_attention", p.key_scores);
-  return dma_layout(prob, topw_inputs(p.key_scores, p.key_padding)).total();
+  check_dma_inputs(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward", p, prob,
+                   pass);
+  return dma_layout(prob, topw_inputs(p.key_scores, p.key_padding), pass).total();
 }
 
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const char* op = "dynamic_mask_attention forward";
-  require_non_causal(op, prob.causal);
-  if (prob.dtype != DType::bf16 && prob.dtype != DType::f16)
-    unsupported(op, std::string("q has dtype ") + dtype_name(prob.dtype) + "; the GPU takes float16 or bfloat16");
-  const detail::Dims& d = prob.dims;
-  if (d.D % 8 != 0) unsupported(op, "head dim D must be a multiple of 8 on the GPU");
-  for (const fdma_tensor* t : {&p.k, &p.v}) {
-    bool ok = reinterpret_cast<uintptr_t>(t->data) % 16 == 0;
-    for (int i = 0; i < 3; ++i) ok &= t->shape[i] == 1 || t->stride[i] % 8 == 0;
-    if (!ok) unsupported(op, "k and v must be 16-byte aligned with strides that are multiples of 8 elements");
-  }
-  check_selection_inputs(op, p.key_scores);
+  check_dma_inputs(op, p, prob, Pass::forward);
   require_device_workspace(op, p.workspace);
   DeviceGuard guard(p.q.data);
-  const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
-  const DmaLayout l = dma_layout(prob, in);
-  char* base = static_cast<char*>(p.workspace);
-  const TopwScratch s = carve_topw(base, in);
-  void* k_g = base + l.topw;
-  void* v_g = base + l.topw + l.kv;
-  float* bias_g = reinterpret_cast<float*>(base + l.topw + 2 * l.kv);
   auto stream = static_cast<cudaStream_t>(p.stream);
+  const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
+  const DmaLayout l = dma_layout(prob, in, Pass::forward);
+  const KeyLists lists = select_and_list(op, p, prob, in, l, stream);
+  run_forward_kernel(kernel_params(p, prob, lists), prob.dtype, p.stream);
+}
 
-  check_cuda(topw_sort(in, s, stream), op, "sort");
-  GatherArgs g{};
-  g.k = p.k.data, g.v = p.v.data;
-  for (int i = 0; i < 3; ++i) g.k_stride[i] = p.k.stride[i], g.v_stride[i] = p.v.stride[i];
-  g.k_out = k_g, g.v_out = v_g, g.bias_out = bias_g;
-  g.D = int(d.D), g.W = l.W, g.elem_bytes = int(dtype_size(prob.dtype));
-  g.add_scores = prob.add_scores;
-  check_cuda(topw_gather(in, s, g, stream), op, "gather");
+void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
+  const char* op = "dynamic_mask_attention backward";
+  check_dma_inputs(op, p, prob, Pass::backward);
+  require_device_workspace(op, p.workspace);
+  DeviceGuard guard(p.q.data);
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  const detail::Dims& d = prob.dims;
+  const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
+  const DmaLayout l = dma_layout(prob, in, Pass::backward);
+  KeyLists lists = select_and_list(op, p, prob, in, l, stream);
+  // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
+  // kernel writes float32 or T. Scores not added to the scores have a zero gradient.
+  if (p.dkey_scores.data && prob.add_scores) {
+    lists.dscores = p.dkey_scores.data;
+    lists.dscores_f32 = p.dkey_scores.dtype == FDMA_FLOAT32;
+    for (int i = 0; i < 3; ++i) lists.dscores_stride[i] = p.dkey_scores.stride[i];
+  }
+  AttentionBwdParams k{};
+  k.f = kernel_params(p, prob, lists);
+  k.dout = p.dout.data, k.dq = p.dq.data, k.dk = p.dk.data, k.dv = p.dv.data;
+  for (int i = 0; i < 3; ++i) {
+    k.dout_stride[i] = p.dout.stride[i];
+    k.dq_stride[i] = p.dq.stride[i];
+    k.dk_stride[i] = p.dk.stride[i];
+    k.dv_stride[i] = p.dv.stride[i];
+  }
+  char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
+  k.delta = reinterpret_cast<float*>(rows);
+  k.lse2 = reinterpret_cast<float*>(rows + l.rows);
+  k.Sq_pad = int((d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM);
+  k.rows_batches_per_block = k.rows_heads_per_block = 1;
 
-  // Attention of every query over its (b, kv head)'s kept keys; empty slots carry -inf.
-  AttentionParams a;
-  a.q = p.q;
-  a.k = Tensor(k_g, prob.dtype, {d.B, l.W, d.Hk, d.D});
-  a.v = Tensor(v_g, prob.dtype, {d.B, l.W, d.Hk, d.D});
-  a.bias = Tensor(bias_g, DType::f32, {d.B, d.Hk, 1, l.W});
-  a.scale = prob.scale;
-  a.softcap = prob.softcap;
-  a.out = p.out;
-  a.lse = p.lse;
-  a.backend = FDMA_BACKEND_CUDA;
-  a.stream = p.stream;
-  fdma::attention_forward(a);
+  UnkeptZeroArgs z{};
+  z.dk = p.dk.data, z.dv = p.dv.data;
+  for (int i = 0; i < 3; ++i) z.dk_stride[i] = p.dk.stride[i], z.dv_stride[i] = p.dv.stride[i];
+  z.D = int(d.D);
+  z.elem_bytes = int(dtype_size(prob.dtype));
+  if (p.dkey_scores.data) {
+    z.dscores = p.dkey_scores.data;
+    for (int i = 0; i < 3; ++i) z.dscores_stride[i] = p.dkey_scores.stride[i];
+    z.dscores_bytes = int(dtype_size(static_cast<DType>(p.dkey_scores.dtype)));
+    z.dscores_all = !prob.add_scores;
+  }
+  check_cuda(zero_unkept_grads(l.shape, lists.info, z, stream), op, "zero unkept keys");
+  run_backward_kernels(k, prob.dtype, p.stream);
 }
 
 }  // namespace fdma::cuda

@@ -135,6 +135,29 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
     }
 }
 
+// Dynamic-mask mode: key column c of the tile (its KeyInfo record in shared memory) is
+// visible to query i iff begin <= i < end; visible scores get the key's bias.
+__device__ __forceinline__ float interval_add(const KeyInfo& key, int i) {
+  return i >= key.begin && i < key.end ? key.bias : -INFINITY;
+}
+
+// capped + additive term, where a hidden score is -inf whatever q.k was (a NaN in a key
+// row must not reach queries that do not see it).
+__device__ __forceinline__ float add_visible(float capped, float add) { return add == -INFINITY ? add : capped + add; }
+
+template <int kTilesN>
+__device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int row0,
+                                                   const KeyInfo* keys, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float c = p.softcap > 0.f ? p.softcap * tanhf(s[nt][e] * p.scale / p.softcap) : s[nt][e] * p.scale;
+      s[nt][e] = add_visible(c, interval_add(keys[nt * 8 + 2 * t + (e & 1)], row0 + g + 8 * (e >> 1)));
+    }
+}
+
 // The additive term of one score read straight from global memory, for kernels that visit
 // scores in other orders than the forward (the backward's transposed tiles): -inf where
 // (i, j) is out of range, hidden by causality or by the mask; else the bias (0 without one).

@@ -56,34 +56,6 @@ __global__ void intervals_kernel(TopwInputs in, const uint64_t* keys, const int3
   }
 }
 
-// One warp per gathered slot: copies the K and V rows 16 bytes per lane.
-__global__ void gather_kernel(TopwInputs in, const uint64_t* keys, const int32_t* idx, GatherArgs g) {
-  const int lane = threadIdx.x % 32;
-  const int64_t slot = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;  // (b, hk, t)
-  const int64_t slots = int64_t(in.B) * in.Hk * g.W;
-  if (slot >= slots) return;
-  const int t = int(slot % g.W), row = int(slot / g.W), hk = row % in.Hk, b = row / in.Hk;
-  const int64_t src = int64_t(row) * in.Sk + t;
-  const bool kept = rank_key_exists(keys[src], in.index_bits);
-  const int j = kept ? idx[src] : 0;
-  const int64_t row_bytes = int64_t(g.D) * g.elem_bytes;
-  const int64_t dst = ((int64_t(b) * g.W + t) * in.Hk + hk) * row_bytes;
-  const char* ks = static_cast<const char*>(g.k) + (b * g.k_stride[0] + j * g.k_stride[1] + hk * g.k_stride[2]) * g.elem_bytes;
-  const char* vs = static_cast<const char*>(g.v) + (b * g.v_stride[0] + j * g.v_stride[1] + hk * g.v_stride[2]) * g.elem_bytes;
-  for (int64_t c = lane * 16; c < row_bytes; c += 32 * 16) {
-    *reinterpret_cast<uint4*>(static_cast<char*>(g.k_out) + dst + c) = *reinterpret_cast<const uint4*>(ks + c);
-    *reinterpret_cast<uint4*>(static_cast<char*>(g.v_out) + dst + c) = *reinterpret_cast<const uint4*>(vs + c);
-  }
-  if (lane == 0) {
-    float bias = -INFINITY;
-    if (kept)
-      bias = g.add_scores ? load_score(in.scores, in.score_dtype,
-                                       b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2])
-                          : 0.f;
-    g.bias_out[(int64_t(b) * in.Hk + hk) * g.W + t] = bias;
-  }
-}
-
 // Level `level` of the wavelet matrix: flag the values whose bit is 0 (scanned next).
 __global__ void wavelet_flags_kernel(const int32_t* a, int64_t n, int bit, int32_t* flags) {
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t <= n; t += int64_t(gridDim.x) * blockDim.x)
@@ -247,12 +219,6 @@ cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
   intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, w, Sq, begin, bs[0], bs[1], bs[2],
                                                          end, es[0], es[1], es[2]);
-  return cudaGetLastError();
-}
-
-cudaError_t topw_gather(const TopwInputs& in, const TopwScratch& s, const GatherArgs& g, cudaStream_t stream) {
-  const int64_t threads = int64_t(in.B) * in.Hk * g.W * 32;
-  gather_kernel<<<int((threads + 255) / 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, g);
   return cudaGetLastError();
 }
 

@@ -46,19 +46,6 @@ cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w
                            const int64_t (&begin_stride)[3], int32_t* end, const int64_t (&end_stride)[3],
                            cudaStream_t stream);
 
-// Gathers the kept keys' K and V rows into [B, W, Hk, D] (W = min(w, Sk)) and writes the
-// additive bias [B, Hk, 1, W] in float32: the score (or 0) for a kept key, -inf for an empty
-// slot (fewer than w existing keys).
-struct GatherArgs {
-  const void *k, *v;
-  int64_t k_stride[3], v_stride[3];
-  void *k_out, *v_out;  // [B, W, Hk, D] contiguous
-  float* bias_out;      // [B, Hk, 1, W]
-  int D, W, elem_bytes;
-  bool add_scores;
-};
-cudaError_t topw_gather(const TopwInputs& in, const TopwScratch& s, const GatherArgs& g, cudaStream_t stream);
-
 // Causal selection. After topw_sort, key j at rank position r is kept by queries
 // [max(0, j - off), x - off) (off = Sk - Sq), where x is the w-th smallest index among the r
 // keys ranked above it (none if r < w: kept to the end). A wavelet matrix over the ranked

@@ -28,6 +28,33 @@ __device__ __forceinline__ void load_rows_async(uint32_t smem, const T* base, in
   }
 }
 
+// The same for gathered rows: row r of the tile is row idx[r] of the slab for r < nvalid
+// (idx may point to global or shared memory); the rest is zero-filled.
+template <int kThreads, int kHeadDim, int kRows, class T>
+__device__ __forceinline__ void load_rows_gather_async(uint32_t smem, const T* base, int64_t row_stride,
+                                                       const int32_t* idx, int nvalid, int D, int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowBytes = padded_row_bytes(kHeadDim);
+#pragma unroll
+  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const bool ok = r < nvalid && ch * 8 < D;
+    const T* src = ok ? base + int64_t(idx[r]) * row_stride + ch * 8 : base;
+    ptx::cp_async_16(smem + r * kRowBytes + ch * 16, src, ok ? 16 : 0);
+  }
+}
+
+// Per-key 16-byte records of gathered keys into shared memory (zeros past nvalid).
+template <class Rec>
+__device__ __forceinline__ void load_key_records_async(uint32_t smem, const Rec* table, const int32_t* idx, int nvalid,
+                                                       int rows, int tid) {
+  static_assert(sizeof(Rec) == 16, "one cp.async per record");
+  if (tid < rows) {
+    const bool ok = tid < nvalid;
+    ptx::cp_async_16(smem + tid * 16, ok ? table + idx[tid] : table, ok ? 16 : 0);
+  }
+}
+
 // Copies rows [0, valid_rows) x bytes [0, valid_bytes) of a byte-strided window into a shared
 // tile of `rows` rows; everything else in the tile is zero-filled. Row starts are 16-byte
 // aligned (checked on the host before tiling is chosen).

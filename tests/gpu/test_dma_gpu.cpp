@@ -1,6 +1,6 @@
-// dynamic_mask_attention and select on the GPU against the CPU backend and the float64
-// reference (non-causal: the GPU path so far). The selection is compared exactly; outputs
-// with the precision rule of test_attention_gpu.cpp. Skipped where no GPU is usable.
+// dynamic_mask_attention (forward and backward, causal and not) and select on the GPU
+// against the CPU backend and the float64 reference. The selection is compared exactly;
+// outputs and gradients with the precision rule of test_attention_gpu.cpp. Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include "device_tensor.hpp"
@@ -31,32 +31,101 @@ struct DeviceWorkspace {
   }
 };
 
-void run_gpu_dma(DmaRun& r) {
+::testing::AssertionResult within_precision(const std::vector<double>& gpu, const std::vector<double>& cpu,
+                                            const std::vector<double>& ref, double scale_of, DType dt,
+                                            const char* what, double floor = 0) {
+  const double cpu_err = max_err(cpu, ref);
+  const double bound = 2 * cpu_err + unit(dt) * std::max(1e-3, scale_of) + floor;
+  auto res = all_close(gpu, ref, {bound, 0.0}, std::string(what) + " (GPU)");
+  if (!res) res << "\n  CPU backend error " << cpu_err;
+  return res;
+}
+
+// dkey_scores from the reference's full dS: summed over the group's heads and all queries
+// (and the same sum of |dS|, the scale of its rounding error).
+std::vector<double> reference_dscores(const DmaCase& c, const std::vector<double>& dbias, bool magnitude) {
+  std::vector<double> ds(c.B * c.Hk * c.Sk, 0.0);
+  const int64_t G = c.H / c.Hk;
+  if (c.add_scores)
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t i = 0; i < c.Sq; ++i)
+          for (int64_t j = 0; j < c.Sk; ++j) {
+            const double x = dbias[((b * c.H + h) * c.Sq + i) * c.Sk + j];
+            ds[(b * c.Hk + h / G) * c.Sk + j] += magnitude ? std::fabs(x) : x;
+          }
+  return ds;
+}
+
+struct GpuDma {
+  DmaRun& r;
+  DeviceTensor q, k, v, scores, pad, out, lse, dout, dq, dk, dv, dscores;
+  std::unique_ptr<DeviceWorkspace> ws;
+  explicit GpuDma(DmaRun& run)
+      : r(run), q(r.q), k(r.k), v(r.v), scores(r.scores), pad(r.pad), out(r.out), lse(r.lse), dout(r.dout), dq(r.dq),
+        dk(r.dk), dv(r.dv), dscores(r.dscores) {}
+  DmaParams params() const {
+    DmaParams p = r.params();
+    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.key_scores = scores.view(), p.out = out.view(), p.lse = lse.view();
+    if (r.c.padding) p.key_padding = pad.view();
+    p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view(), p.dkey_scores = dscores.view();
+    return p;
+  }
+  void run(Pass pass) {
+    DmaParams p = params();
+    const size_t bytes = dma_workspace_size(p, pass);
+    ws = std::make_unique<DeviceWorkspace>(bytes);
+    p.workspace = ws->ptr, p.workspace_bytes = bytes;
+    if (pass == Pass::forward) {
+      out.poison();
+      lse.poison();
+      dma_forward(p);
+    } else {
+      for (DeviceTensor* t : {&dq, &dk, &dv, &dscores}) t->poison();
+      dma_backward(p);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+};
+
+// Forward and backward on the GPU against the CPU backend and the float64 reference; the
+// backward reads the CPU forward's out and lse so both backends see the same stored inputs.
+void run_gpu_dma(DmaRun& r, bool backward = true) {
   const DmaCase& c = r.c;
   SCOPED_TRACE(c.str());
   r.forward();  // CPU backend
-  const auto cpu_out = r.out.values(), cpu_lse = r.lse.values();
+  const auto cpu_out = r.out.values();
+  const auto out_bytes = r.out.bytes(), lse_bytes = r.lse.bytes();
   const auto ref = ref::forward(r.rp);
 
-  DeviceTensor q(r.q), k(r.k), v(r.v), scores(r.scores), pad(r.pad), out(r.out), lse(r.lse);
-  DmaParams p = r.params();
-  p.q = q.view(), p.k = k.view(), p.v = v.view(), p.key_scores = scores.view(), p.out = out.view(), p.lse = lse.view();
-  if (c.padding) p.key_padding = pad.view();
-  p.dout = Tensor(), p.dq = Tensor(), p.dk = Tensor(), p.dv = Tensor(), p.dkey_scores = Tensor();
-  const size_t bytes = dma_workspace_size(p, Pass::forward);
-  DeviceWorkspace ws(bytes);
-  p.workspace = ws.ptr, p.workspace_bytes = bytes;
-  out.poison();
-  lse.poison();
-  dma_forward(p);
-  FDMA_CUDA_OK(cudaDeviceSynchronize());
-  out.download();
-  lse.download();
-
-  const double cpu_err = max_err(cpu_out, ref.out);
-  const double bound = 2 * cpu_err + unit(c.dtype) * std::max(1e-3, max_abs(ref.out));
-  EXPECT_TRUE(all_close(r.out.values(), ref.out, {bound, 0.0}, "out (GPU)")) << "CPU backend error " << cpu_err;
+  GpuDma gpu(r);
+  gpu.run(Pass::forward);
+  gpu.out.download();
+  gpu.lse.download();
+  EXPECT_TRUE(within_precision(r.out.values(), cpu_out, ref.out, max_abs(ref.out), c.dtype, "out"));
   EXPECT_TRUE(all_close(r.lse.values(), ref.lse, {2e-4, 2e-5}, "lse (GPU)"));
+  if (!backward) return;
+
+  r.out.bytes() = out_bytes;
+  r.lse.bytes() = lse_bytes;
+  gpu.out.upload();
+  gpu.lse.upload();
+  r.backward();
+  const auto cpu_dq = r.dq.values(), cpu_dk = r.dk.values(), cpu_dv = r.dv.values(), cpu_ds = r.dscores.values();
+  const auto g = ref::backward(r.rp, r.dout.values());
+  gpu.run(Pass::backward);
+  for (DeviceTensor* t : {&gpu.dq, &gpu.dk, &gpu.dv, &gpu.dscores}) t->download();
+  // dS = P (dP - delta) cancels exactly when a query keeps one key (w = 1: out = v_j), where
+  // the GPU's mma sum for dP and its delta sum round differently: allow fp32 noise on each
+  // of the G * Sq terms a key's gradient sums (|dP| <= D, |q| <= 1.5 here).
+  const double cancel_floor = double(c.H / c.Hk) * c.Sq * c.D * 1.2e-7 * 1.5;
+  EXPECT_TRUE(within_precision(r.dq.values(), cpu_dq, g.dq, max_abs(g.dq), c.dtype, "dq", cancel_floor));
+  EXPECT_TRUE(within_precision(r.dk.values(), cpu_dk, g.dk, max_abs(g.dk), c.dtype, "dk", cancel_floor));
+  EXPECT_TRUE(within_precision(r.dv.values(), cpu_dv, g.dv, max_abs(g.dv), c.dtype, "dv"));
+  const auto ds_ref = reference_dscores(c, g.dbias, false);
+  const double ds_scale = max_abs(reference_dscores(c, g.dbias, true));
+  EXPECT_TRUE(within_precision(r.dscores.values(), cpu_ds, ds_ref, ds_scale,
+                               c.score_dtype == DType::f32 ? c.dtype : c.score_dtype, "dkey_scores", cancel_floor));
 }
 
 // GPU select against the CPU select on the same scores: intervals compared exactly.
@@ -189,20 +258,70 @@ TEST(DmaGpu, AllKeysPaddedGivesZeros) {
   run_gpu_dma(r);
 }
 
-TEST(DmaGpu, CausalAndBackwardSayNotYet) {
+TEST(DmaGpu, CausalShapesWindowsTiesPadding) {
+  // Every case of the CPU matrix for this operation: ragged lengths, Sq != Sk both ways,
+  // w = 1 and w >= Sk, ties, key padding, MHA/GQA/MQA, softcap, scores added or not.
+  REQUIRE_GPU();
+  uint64_t seed = 900;
+  for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {7, 7}, {64, 64}, {65, 65}, {100, 127}, {129, 63},
+                        {1, 300}, {300, 1000}, {1000, 300}})
+    for (int64_t w : {int64_t(1), int64_t(17), Sk, Sk + 4})
+      for (int variant = 0; variant < 3; ++variant) {
+        DmaCase c;
+        c.B = 2, c.Sq = Sq, c.Sk = Sk, c.w = w, c.causal = true, c.seed = seed++;
+        c.H = 4, c.Hk = variant == 0 ? 4 : variant == 1 ? 2 : 1;
+        c.D = variant == 2 ? 128 : 64;
+        c.dtype = variant == 1 ? DType::f16 : DType::bf16;
+        c.ties = variant == 1, c.padding = variant != 0, c.add_scores = variant != 2 || w != 17;
+        c.score_dtype = variant == 2 ? c.dtype : DType::f32;
+        c.softcap = variant == 1 ? 3.0 : 0.0;
+        c.layout = variant == 2 ? 1 : 0;
+        DmaRun r(c);
+        run_gpu_dma(r);
+      }
+}
+
+TEST(DmaGpu, HeadDims) {
+  REQUIRE_GPU();
+  uint64_t seed = 950;
+  for (bool causal : {true, false})
+    for (int64_t D : {32, 40, 96, 192, 256}) {
+      DmaCase c;
+      c.B = 1, c.Sq = 150, c.Sk = 170, c.H = 4, c.Hk = 2, c.D = D, c.w = 33, c.causal = causal, c.seed = seed++;
+      c.dtype = DType::bf16;
+      DmaRun r(c);
+      run_gpu_dma(r);
+    }
+}
+
+TEST(DmaGpu, LongCausalRowsAcrossManyWindows) {
+  // Sk far above the 256-key windows of the dk/dv kernel and w far below Sk: many groups,
+  // long and short intervals mixed.
   REQUIRE_GPU();
   DmaCase c;
-  c.B = 1, c.Sq = 16, c.Sk = 16, c.H = 2, c.Hk = 1, c.D = 64, c.w = 4, c.dtype = DType::bf16;
+  c.B = 1, c.Sq = 1500, c.Sk = 2000, c.H = 2, c.Hk = 1, c.D = 64, c.w = 100, c.causal = true, c.seed = 990;
+  c.dtype = DType::bf16, c.padding = true;
   DmaRun r(c);
-  DeviceTensor q(r.q), k(r.k), v(r.v), scores(r.scores), out(r.out), lse(r.lse);
-  DmaParams p = r.params();
-  p.q = q.view(), p.k = k.view(), p.v = v.view(), p.key_scores = scores.view(), p.out = out.view(), p.lse = lse.view();
-  p.causal = 1;
-  try {
-    dma_workspace_size(p, Pass::forward);
-    ADD_FAILURE() << "causal accepted on the GPU";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::unsupported);
-    EXPECT_NE(std::string(e.what()).find("causal selection has no CUDA kernels yet"), std::string::npos) << e.what();
+  run_gpu_dma(r);
+}
+
+TEST(DmaGpu, BackwardIsBitwiseDeterministic) {
+  REQUIRE_GPU();
+  DmaCase c;
+  c.B = 2, c.Sq = 300, c.Sk = 400, c.H = 4, c.Hk = 1, c.D = 64, c.w = 50, c.causal = true, c.seed = 995;
+  c.dtype = DType::bf16;
+  DmaRun r(c);
+  r.forward();
+  GpuDma gpu(r);
+  std::vector<std::vector<unsigned char>> first;
+  for (int run = 0; run < 3; ++run) {
+    gpu.run(Pass::backward);
+    int n = 0;
+    for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {&gpu.dscores, &r.dscores}}) {
+      dev->download();
+      if (run == 0) first.push_back(host->bytes());
+      else EXPECT_TRUE(host->bytes() == first[n]) << "run " << run << " differs in gradient " << n;
+      ++n;
+    }
   }
 }

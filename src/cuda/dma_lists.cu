@@ -1,0 +1,197 @@
+// Kernels behind dma_lists.hpp.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cub/device/device_scan.cuh>
+
+#include "cuda/dma_lists.hpp"
+#include "fdma/fdma.h"
+
+namespace fdma::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+size_t scan_temp_bytes(int64_t n) {
+  size_t bytes = 0;
+  cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                int(n + 1));
+  return bytes;
+}
+
+__device__ float load_score(const DmaListInputs& in, int64_t off) {
+  switch (in.score_dtype) {
+    case FDMA_FLOAT16: return __half2float(static_cast<const __half*>(in.scores)[off]);
+    case FDMA_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(in.scores)[off]);
+    default: return static_cast<const float*>(in.scores)[off];
+  }
+}
+
+__global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags) {
+  const int64_t n = s.keys();
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e > n) return;
+  if (e == n) {  // the scan's extra element: positions[n] = total kept
+    flags[n] = 0;
+    return;
+  }
+  const int j = int(e % s.Sk), hk = int(e / s.Sk % s.Hk), b = int(e / s.Sk / s.Hk);
+  const int32_t begin = in.begin[e], end = in.end[e];
+  float bias = 0.f;
+  if (in.add_scores && end > begin)
+    bias = load_score(in, b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
+  info[e] = KeyInfo{begin, end, bias, 0};
+  flags[e] = end > begin;
+}
+
+__global__ void kept_list_kernel(DmaListShape s, const int32_t* flags, const int32_t* positions, int32_t* kept,
+                                 int32_t* kept_count) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= s.keys()) return;
+  const int64_t bh = e / s.Sk, row0 = bh * s.Sk;
+  if (flags[e]) kept[row0 + (positions[e] - positions[row0])] = int32_t(e - row0);
+  if (e == row0) kept_count[bh] = positions[row0 + s.Sk] - positions[row0];
+}
+
+// One CTA per (query tile, batch * KV head): the kept keys whose interval meets the tile's
+// rows. Kept keys start their interval at their own causal position, so the candidates are a
+// prefix of the kept list; an order-preserving compaction keeps those still alive at the
+// tile's first row.
+constexpr int kTileThreads = 256;
+__global__ void __launch_bounds__(kTileThreads)
+    tile_lists_kernel(DmaListShape s, const KeyInfo* info, const int32_t* kept, const int32_t* kept_count,
+                      int32_t* tile_keys, int32_t* tile_count) {
+  const int t = blockIdx.x;
+  const int64_t bh = blockIdx.y;
+  const int row_lo = t * s.block_m, row_hi = min(s.Sq, row_lo + s.block_m);
+  const int64_t last_key = int64_t(row_hi) - 1 + (s.Sk - s.Sq);  // causal limit of the tile's last row
+  const int32_t* keys = kept + bh * s.Sk;
+  const KeyInfo* rec = info + bh * s.Sk;
+  const int n = kept_count[bh];
+  const int64_t cap = s.cap();
+  int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
+  __shared__ int warp_totals[kTileThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int written = 0;
+  for (int base = 0; base < n; base += kTileThreads) {
+    if (keys[base] > last_key) break;  // uniform: every later key is past the tile too
+    const int i = base + threadIdx.x;
+    int j = -1;
+    bool take = false;
+    if (i < n) {
+      j = keys[i];
+      const KeyInfo r = rec[j];
+      take = j <= last_key && r.begin < row_hi && r.end > row_lo;
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, take);
+    if (lane == 0) warp_totals[warp] = __popc(ballot);
+    __syncthreads();
+    int before = written;
+    for (int w = 0; w < warp; ++w) before += warp_totals[w];
+    int total = 0;
+    for (int w = 0; w < kTileThreads / 32; ++w) total += warp_totals[w];
+    const int pos = before + __popc(ballot & ((1u << lane) - 1));
+    if (take && pos < cap) out[pos] = j;
+    written += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) tile_count[bh * s.q_tiles() + t] = int32_t(written < cap ? written : cap);
+}
+
+__global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
+  // One warp per key; D * elem_bytes is a multiple of 16 (D % 8 == 0, 16-bit elements).
+  const int64_t key = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (key >= s.keys()) return;
+  const KeyInfo r = info[key];
+  const bool kept = r.end > r.begin;
+  if (kept && !z.dscores_all) return;
+  const int j = int(key % s.Sk), hk = int(key / s.Sk % s.Hk), b = int(key / s.Sk / s.Hk);
+  const int chunks = kept ? 0 : z.D * z.elem_bytes / 16;
+  char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
+  char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;
+  for (int c = lane; c < chunks; c += 32) {
+    reinterpret_cast<int4*>(dk)[c] = make_int4(0, 0, 0, 0);
+    reinterpret_cast<int4*>(dv)[c] = make_int4(0, 0, 0, 0);
+  }
+  if (z.dscores && lane == 0) {
+    char* ds = static_cast<char*>(z.dscores) +
+               (b * z.dscores_stride[0] + hk * z.dscores_stride[1] + j * z.dscores_stride[2]) * z.dscores_bytes;
+    for (int i = 0; i < z.dscores_bytes; ++i) ds[i] = 0;
+  }
+}
+
+}  // namespace
+
+size_t dma_lists_workspace(const DmaListShape& s) {
+  const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
+  size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
+  if (s.causal) bytes += align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
+  return bytes + align_up(scan_temp_bytes(n));
+}
+
+DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
+  const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
+  char* p = static_cast<char*>(base);
+  auto take = [&](size_t bytes) {
+    char* r = p;
+    p += align_up(bytes);
+    return r;
+  };
+  DmaListScratch c{};
+  c.info = reinterpret_cast<KeyInfo*>(take(n * sizeof(KeyInfo)));
+  c.flags = reinterpret_cast<int32_t*>(take((n + 1) * 4));
+  c.positions = reinterpret_cast<int32_t*>(take((n + 1) * 4));
+  c.kept = reinterpret_cast<int32_t*>(take(n * 4));
+  c.kept_count = reinterpret_cast<int32_t*>(take(bh * 4));
+  if (s.causal) {
+    c.tile_keys = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * s.cap() * 4));
+    c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
+  }
+  c.scan_bytes = scan_temp_bytes(n);
+  c.scan_temp = take(c.scan_bytes);
+  return c;
+}
+
+cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
+                            cudaStream_t stream) {
+  const int64_t n = s.keys();
+  key_records_kernel<<<blocks_for(n + 1, 256), 256, 0, stream>>>(s, in, c.info, c.flags);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  size_t scan_bytes = c.scan_bytes;
+  err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
+  if (err != cudaSuccess) return err;
+  kept_list_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.flags, c.positions, c.kept, c.kept_count);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  lists.info = c.info;
+  lists.kept = c.kept;
+  lists.kept_count = c.kept_count;
+  if (s.causal) {
+    const dim3 grid(s.q_tiles(), s.B * s.Hk);
+    tile_lists_kernel<<<grid, kTileThreads, 0, stream>>>(s, c.info, c.kept, c.kept_count, c.tile_keys, c.tile_count);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    lists.keys = c.tile_keys;
+    lists.keys_bh_stride = int64_t(s.q_tiles()) * s.cap();
+    lists.keys_tile_stride = s.cap();
+    lists.counts = c.tile_count;
+    lists.count_tiles = s.q_tiles();
+  } else {
+    lists.keys = c.kept;
+    lists.keys_bh_stride = s.Sk;
+    lists.keys_tile_stride = 0;
+    lists.counts = c.kept_count;
+    lists.count_tiles = 1;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream) {
+  zero_unkept_kernel<<<blocks_for(s.keys() * 32, 256), 256, 0, stream>>>(s, info, z);
+  return cudaGetLastError();
+}
+
+}  // namespace fdma::cuda

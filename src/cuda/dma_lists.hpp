@@ -1,0 +1,68 @@
+// From the selection's intervals to what the dynamic-mask kernels walk (KeyLists):
+//   key records: per key {begin, end, bias};
+//   kept list:   per (batch, KV head) the keys with a non-empty interval, in index order;
+//   tile lists:  causal only, per query tile of block_m rows the kept keys some row of the tile
+//                keeps (at most min(w, Sk) + block_m of them; design.md 2.2), in index order.
+//                Non-causal selections keep the same keys for every query, so every tile
+//                reads the kept list itself.
+// Everything lives in the caller's workspace; no host synchronization.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/attention_fwd_params.hpp"
+
+namespace fdma::cuda {
+
+struct DmaListShape {
+  int B, Hk, Sk, Sq;
+  int64_t window;
+  bool causal;
+  int block_m;  // query rows per tile of the kernel that reads the lists
+  __host__ __device__ int q_tiles() const { return (Sq + block_m - 1) / block_m; }
+  __host__ __device__ int64_t cap() const { return (window < Sk ? window : Sk) + block_m; }
+  __host__ __device__ int64_t keys() const { return int64_t(B) * Hk * Sk; }
+};
+
+struct DmaListScratch {
+  KeyInfo* info;                 // [B * Hk * Sk]
+  int32_t *flags, *positions;    // [B * Hk * Sk + 1] each
+  int32_t *kept, *kept_count;    // [B * Hk * Sk], [B * Hk]
+  int32_t *tile_keys, *tile_count;  // causal: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
+  void* scan_temp;
+  size_t scan_bytes;
+};
+
+// Workspace bytes for the pieces above (256-byte aligned, in that order).
+size_t dma_lists_workspace(const DmaListShape& s);
+DmaListScratch carve_dma_lists(void* base, const DmaListShape& s);
+
+struct DmaListInputs {
+  const int32_t *begin, *end;  // [B * Hk * Sk] contiguous intervals from the selection
+  const void* scores;          // key_scores [B, Hk, Sk]
+  int score_dtype;             // fdma_dtype
+  int64_t score_stride[3];
+  bool add_scores;
+};
+
+// Builds records, kept list and (causal) tile lists; fills `lists` to point at them.
+cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& scratch,
+                            KeyLists& lists, cudaStream_t stream);
+
+// Zeroes the dk, dv rows and dscores entries of keys no query keeps (the dk/dv kernel only
+// visits kept keys), and every dscores entry when dscores_all. dscores may be null.
+struct UnkeptZeroArgs {
+  void *dk, *dv;
+  int64_t dk_stride[3], dv_stride[3];  // (batch, seq, head), elements
+  int D, elem_bytes;
+  void* dscores;
+  int64_t dscores_stride[3];
+  int dscores_bytes;
+  bool dscores_all;
+};
+cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream);
+
+}  // namespace fdma::cuda
