@@ -1,0 +1,46 @@
+"""One causal dynamic_mask_attention forward + backward (B1 H16 Hk4 D128 w2048, bf16), for a
+profiler: `ncu --print-summary per-kernel python3 bench/profile_dma.py --seqlen 16384`."""
+import argparse
+import ctypes
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from bench_attention import view  # noqa: E402
+from flash_dma import _abi  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--seqlen", type=int, default=16384)
+    ap.add_argument("--causal", type=int, default=1)
+    args = ap.parse_args()
+    lib = _abi.load_library(args.lib)
+    dev, S, B, H, Hk, D, w = torch.device("cuda"), args.seqlen, 1, 16, 4, 128, 2048
+    q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+    scores = torch.randn(B, Hk, S, device=dev)
+    out, dout = torch.empty_like(q), torch.randn_like(q)
+    lse = torch.empty(B, H, S, device=dev)
+    dq, dk, dv, ds = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(scores)
+    p = _abi.DmaParams()
+    p.q, p.k, p.v, p.key_scores, p.out, p.lse = view(q), view(k), view(v), view(scores), view(out), view(lse)
+    p.dout, p.dq, p.dk, p.dv, p.dkey_scores = view(dout), view(dq), view(dk), view(dv), view(ds)
+    p.window, p.causal, p.add_scores = w, args.causal, 1
+    p.stream = torch.cuda.current_stream().cuda_stream
+    n = ctypes.c_size_t(0)
+    assert lib.fdma_dma_workspace_size(ctypes.byref(p), 1, ctypes.byref(n)) == 0
+    ws = torch.empty(n.value, device=dev, dtype=torch.uint8)
+    p.workspace, p.workspace_bytes = ws.data_ptr(), n.value
+    assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
+    assert lib.fdma_dma_bwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
