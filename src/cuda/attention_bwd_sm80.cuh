@@ -114,6 +114,52 @@ __device__ __forceinline__ bool tile_is_active(const AttentionFwdParams& f, cons
   return !row || row[f.active_k_tiles == 1 ? 0 : kt];
 }
 
+// Scores (raw q.k in s, dP in dp, one warp's 16 rows) to gradients, for one way of finding
+// each score's additive term add(i, j). Each caller passes one lambda per uniform case, so the
+// unrolled loop a tile executes holds only its own case (one loop with every case inlined
+// per score overflowed the instruction cache: ncu "no instruction" stalls, docs/perf-notes.md).
+// Rows are queries: dp becomes dS, s becomes dS * d(capped)/d(qk).
+template <int kTilesN, class Row, class Col, class Add>
+__device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float (&s)[kTilesN][4],
+                                             float (&dp)[kTilesN][4], const float (&lse2)[2], const float (&delta)[2],
+                                             Row&& row, Col&& col, Add&& add_at) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const float c = capped_score(f, s[nt][e]);
+      const float add = add_at(row(nt, e), col(nt, e));
+      const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[r]));
+      const float ds = pr * (dp[nt][e] - delta[r]);
+      dp[nt][e] = ds;
+      s[nt][e] = ds * capped_slope(f, c);
+    }
+}
+
+// The transposed case of the dk/dv kernel: rows are keys, columns queries q0 + il with lse2 and
+// delta in shared memory. st becomes P^T, dpt becomes dS^T * d(capped)/d(qk), db[r] += dS^T.
+template <int kTilesN, class Row, class Col, class Add>
+__device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
+                                                 float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
+                                                 const float* delta, int q0, Row&& row, Col&& col, Add&& add_at) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = col(nt, e), il = i - q0;
+      const float c = capped_score(f, st[nt][e]);
+      const float add = add_at(row(nt, e), i);
+      const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[il]));
+      const float ds = pr * (dpt[nt][e] - delta[il]);
+      db[e >> 1] += ds;
+      st[nt][e] = pr;
+      dpt[nt][e] = ds * capped_slope(f, c);
+    }
+}
+
 template <class T, int kHeadDim>
 struct BwdDqTile {
   static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);
@@ -127,7 +173,6 @@ template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const AttentionBwdParams p) {
   using Tile = BwdDqTile<T, kHeadDim>;
   constexpr int kBN = Tile::kBlockN, kRow = Tile::kRowBytes, kN = kBN / 8, kDT = kHeadDim / 8;
-  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(128) unsigned char smem[];
   const AttentionFwdParams& f = p.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -218,31 +263,36 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
         mma_a_bt<T, kHeadDim, kN>(s, q_lane, k_tile + lane_b<kRow>(lane));
         mma_a_bt<T, kHeadDim, kN>(dp, do_lane, v_tile + lane_b<kRow>(lane));
 
-        // dS = P * (dP - delta); s becomes dS * d(capped)/d(qk), the A operand of dq += dS K.
+        // dS = P * (dP - delta): dp becomes dS, s becomes dS * d(capped)/d(qk), the A operand
+        // of dq += dS K.
         const int key0 = nb * kBN;
         const bool plain = !gather && !f.mask && !f.bias && warp_row0 + 16 <= f.Sq && key0 + kBN <= f.Sk &&
                            (!f.causal || key0 + kBN - 1 <= warp_row0 + f.Sk - f.Sq);
         const KeyInfo* tile_info = s_info + buf * kBN;
+        auto col = [&](int nt, int e) { return key0 + nt * 8 + 2 * t + (e & 1); };
+        auto row = [&](int, int e) { return rows[e >> 1]; };
+        if (gather)
+          scores_to_ds(f, s, dp, lse2, delta, row, col, [&](int i, int j) { return interval_add(tile_info[j - key0], i); });
+        else if (plain)
+          scores_to_ds(f, s, dp, lse2, delta, row, col, [](int, int) { return 0.f; });
+        else
+          scores_to_ds(f, s, dp, lse2, delta, row, col, [&](int i, int j) { return score_add_at<T>(f, b, h, i, j); });
+        if (db_rows) {
 #pragma unroll
-        for (int nt = 0; nt < kN; ++nt)
+          for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1, i = rows[r], j = key0 + nt * 8 + 2 * t + (e & 1);
-            const float c = capped_score(f, s[nt][e]);
-            const float add = gather  ? interval_add(tile_info[j - key0], i)
-                              : plain ? 0.f
-                                      : score_add_at<T>(f, b, h, i, j);
-            const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[r]));
-            const float ds = pr * (dp[nt][e] - delta[r]);
-            if (db_key_sum) {
-              db_row[r] += ds;
-            } else if (db_direct) {
-              if (i < f.Sq && j < f.Sk) store_dbias<T>(p, dbias_offset(p, b, hb, i, j), ds);
-            } else if (db_rows) {
-              if (i < f.Sq && j < f.Sk) p.dbias_acc[dbias_dense(p, b, hb, i, j)] += ds;
+            for (int e = 0; e < 4; ++e) {
+              const int r = e >> 1, i = rows[r], j = col(nt, e);
+              if (db_key_sum) {
+                db_row[r] += dp[nt][e];
+              } else if (i < f.Sq && j < f.Sk) {
+                if (db_direct)
+                  store_dbias<T>(p, dbias_offset(p, b, hb, i, j), dp[nt][e]);
+                else
+                  p.dbias_acc[dbias_dense(p, b, hb, i, j)] += dp[nt][e];
+              }
             }
-            s[nt][e] = ds * capped_slope(f, c);
-          }
+        }
         mma_regs_b<T, kRow, kN, kDT>(dq, s, k_tile + lane_b_trans<kRow>(lane));
         __syncthreads();  // everyone is done with this buffer before it is refilled
         nb = nb_next;
@@ -344,7 +394,6 @@ template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
   using Tile = BwdDkdvTile<T, kHeadDim>;
   constexpr int kBM = Tile::kBlockM, kRow = Tile::kRowBytes, kNq = kBM / 8, kDC = Tile::kChunk / 8;
-  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(128) unsigned char smem[];
   const AttentionFwdParams& f = p.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -439,22 +488,17 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
     const float* delta = s_delta + buf * kBM;
     const bool plain = !gather && !f.mask && !f.bias && q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-    // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk).
-#pragma unroll
-    for (int nt = 0; nt < kNq; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1), i = q0 + il, j = keys[r];
-        const float c = capped_score(f, st[nt][e]);
-        const float add = gather  ? interval_add(s_kinfo[j - key0], i)
-                          : plain ? 0.f
-                                  : score_add_at<T>(f, b, h, i, j);
-        const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[il]));
-        const float ds = pr * (dpt[nt][e] - delta[il]);
-        db[r] += ds;
-        st[nt][e] = pr;
-        dpt[nt][e] = ds * capped_slope(f, c);
-      }
+    // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk); db sums dS^T rows.
+    auto row = [&](int, int e) { return keys[e >> 1]; };
+    auto col = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
+    if (gather)
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col,
+                       [&](int j, int i) { return interval_add(s_kinfo[j - key0], i); });
+    else if (plain)
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col, [](int, int) { return 0.f; });
+    else
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col,
+                       [&](int j, int i) { return score_add_at<T>(f, b, h, i, j); });
     const uint32_t col_bytes = col0 * 2;
     mma_regs_b<T, kRow, kNq, kDC>(dv, st, do_tile + col_bytes + lane_b_trans<kRow>(lane));
     mma_regs_b<T, kRow, kNq, kDC>(dk, dpt, q_tile + col_bytes + lane_b_trans<kRow>(lane));
