@@ -4,7 +4,10 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all build run test bench clean
+VENV ?= .venv
+LIB := $(abspath $(BUILD))/libfdma.so
+
+.PHONY: all build run test pytest bench clean
 
 all: build
 
@@ -18,8 +21,20 @@ build: $(BUILD)/.configured
 run: build
 	$(BUILD)/fdma run
 
-test: build
+test: build $(VENV)/.ready
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	FDMA_LIBRARY=$(LIB) $(VENV)/bin/python -m pytest tests/python -q
+
+# The Python tests only (CPU backend; add PYTEST_ARGS="--device cuda" on a GPU machine).
+pytest: build $(VENV)/.ready
+	FDMA_LIBRARY=$(LIB) $(VENV)/bin/python -m pytest tests/python -q $(PYTEST_ARGS)
+
+# A virtual environment with torch and pytest for the Python tests (about 2-3 minutes and
+# 5 GB the first time: torch from PyPI brings its CUDA libraries).
+$(VENV)/.ready: python/requirements-test.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
+	@touch $@
 
 bench: build
 	$(BUILD)/fdma bench

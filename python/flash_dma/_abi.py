@@ -76,4 +76,7 @@ def load_library(path=None):
         ws.argtypes = [ctypes.POINTER(ptype), ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]
         ws.restype = ctypes.c_int32
     lib.fdma_select.argtypes, lib.fdma_select.restype = [ctypes.POINTER(SelectParams)], ctypes.c_int32
+    lib.fdma_select_workspace_size.argtypes = [ctypes.POINTER(SelectParams), ctypes.POINTER(ctypes.c_size_t)]
+    lib.fdma_select_workspace_size.restype = ctypes.c_int32
+    lib.fdma_cuda_available.restype = ctypes.c_int32
     return lib

@@ -1,0 +1,94 @@
+"""The public functions: FlashAttention layout [batch, seqlen, heads, head_dim]; the tensors'
+device picks the backend (CUDA tensors run the CUDA kernels, CPU tensors the CPU backend)."""
+from collections import namedtuple
+
+import torch
+
+from . import _ops  # noqa: F401  (registers the torch.ops.flash_dma ops)
+from ._library import library
+from ._tensors import check_qkv, check_same_device
+
+
+def _as_4d(t, name, what):
+    """A mask or bias broadcastable to [B, H, Sq, Sk]: lower-dim tensors gain leading 1s."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dim() > 4:
+        raise ValueError(f"{what}: {name} must have at most 4 dims [B, H, Sq, Sk], got shape {tuple(t.shape)}")
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    return t
+
+
+def attention(q, k, v, attn_mask=None, attn_bias=None, is_causal=False, softmax_scale=None, softcap=0.0,
+              deterministic=False, return_lse=False):
+    """Attention with an optional boolean mask (True keeps) and additive bias, each broadcastable
+    to [B, H, Sq, Sk] (heads 1, Hk or H). q [B, Sq, H, D]; k, v [B, Sk, Hk, D] with H % Hk == 0.
+    score = softcap * tanh(scale * q.k / softcap) (or scale * q.k) + bias; causal is
+    bottom-right aligned. Rows that see no key give 0. Returns out [B, Sq, H, D], and lse
+    [B, H, Sq] (natural log, float32) when return_lse. Differentiable in q, k, v, attn_bias.
+    """
+    what = "flash_dma.attention"
+    check_qkv(what, q, k, v)
+    attn_mask, attn_bias = _as_4d(attn_mask, "attn_mask", what), _as_4d(attn_bias, "attn_bias", what)
+    check_same_device(what, q, attn_mask=attn_mask, attn_bias=attn_bias)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise TypeError(f"{what}: attn_mask must be torch.bool (True keeps a score), got {attn_mask.dtype}")
+    out, lse = torch.ops.flash_dma.attention_fwd(q, k, v, attn_mask, attn_bias, bool(is_causal),
+                                                 float(softmax_scale or 0.0), float(softcap or 0.0),
+                                                 bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, softmax_scale=None, softcap=0.0,
+                           key_padding_mask=None, add_scores=True, deterministic=False, return_lse=False):
+    """Each query keeps the top-`window_size` keys of its (batch, KV head) by key_scores
+    [B, Hk, Sk] (among the keys it may see when causal; ties to the lower index; padding keys,
+    False in key_padding_mask [B, Sk], are never kept) and attends to those alone, with the
+    scores added to the kept scores when add_scores. Differentiable in q, k, v and key_scores
+    (the selection itself is not). Returns out, and lse when return_lse.
+    """
+    what = "flash_dma.dynamic_mask_attention"
+    check_qkv(what, q, k, v)
+    check_same_device(what, q, key_scores=key_scores, key_padding_mask=key_padding_mask)
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"{what}: window_size must be an integer >= 1, got {window_size!r}")
+    if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+        raise TypeError(f"{what}: key_padding_mask must be torch.bool (True = the key exists), "
+                        f"got {key_padding_mask.dtype}")
+    out, lse = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size, bool(is_causal),
+                                           bool(add_scores), float(softmax_scale or 0.0), float(softcap or 0.0),
+                                           bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+class Selection(namedtuple("Selection", ["begin", "end"])):
+    """Which queries keep which keys: query i keeps key j of (b, hk) iff
+    begin[b, hk, j] <= i < end[b, hk, j] (int32 [B, Hk, Sk]; an empty interval = never kept).
+    For a causal top-w selection these intervals are exact: once a key falls out of a query's
+    top-w it never returns."""
+
+    def kept(self, num_queries):
+        """The selection as a dense bool [B, Hk, num_queries, Sk] (for inspection; O(Sq * Sk))."""
+        i = torch.arange(num_queries, device=self.begin.device).view(1, 1, -1, 1)
+        return (self.begin.unsqueeze(2) <= i) & (i < self.end.unsqueeze(2))
+
+
+def select_keys(key_scores, window_size, num_queries=None, is_causal=True, key_padding_mask=None):
+    """The selection dynamic_mask_attention makes, as a Selection of per-key query intervals."""
+    what = "flash_dma.select_keys"
+    if not isinstance(key_scores, torch.Tensor) or key_scores.dim() != 3:
+        raise ValueError(f"{what}: key_scores must be a [B, Hk, Sk] tensor")
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"{what}: window_size must be an integer >= 1, got {window_size!r}")
+    check_same_device(what, key_scores, key_padding_mask=key_padding_mask)
+    sq = key_scores.shape[2] if num_queries is None else int(num_queries)
+    begin, end = torch.ops.flash_dma.select(key_scores, key_padding_mask, sq, window_size, bool(is_causal))
+    return Selection(begin, end)
+
+
+def get_available_backends():
+    """Backends this build can run now: "cpu" always, "cuda" with a usable GPU."""
+    return ["cpu"] + (["cuda"] if library().fdma_cuda_available() else [])

@@ -1,0 +1,69 @@
+"""torch tensors as fdma_tensor views (no copies), and the checks every op shares."""
+import torch
+
+from . import _abi
+
+_DTYPES = {torch.float32: _abi.FLOAT32, torch.float16: _abi.FLOAT16, torch.bfloat16: _abi.BFLOAT16,
+           torch.float64: _abi.FLOAT64, torch.bool: _abi.BOOL, torch.int32: _abi.INT32}
+GPU_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def view(t):
+    """An fdma_tensor over t's memory (an empty one for None)."""
+    v = _abi.Tensor()
+    if t is None:
+        return v
+    if t.dim() > _abi.MAX_DIMS:
+        raise ValueError(f"tensors have at most {_abi.MAX_DIMS} dims, got shape {tuple(t.shape)}")
+    v.data = t.data_ptr()
+    v.dtype = _DTYPES[t.dtype]
+    v.ndim = t.dim()
+    for d in range(t.dim()):
+        v.shape[d] = t.shape[d]
+        v.stride[d] = t.stride(d)
+    return v
+
+
+def stream_of(t):
+    """The current CUDA stream of t's device as a pointer, or None for CPU tensors."""
+    if t.device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def workspace(nbytes, device):
+    """Caller-owned workspace, allocated by torch (so it is graph-capturable)."""
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+def check_qkv(name, q, k, v):
+    """Layout [B, S, H, D], one dtype and device, contiguous head dim."""
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {n} must be [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{name}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    allowed = GPU_DTYPES if q.device.type == "cuda" else CPU_DTYPES
+    if q.dtype not in allowed:
+        raise TypeError(f"{name}: {q.device.type} tensors of dtype {q.dtype} are not supported; use one of "
+                        f"{', '.join(str(d) for d in allowed)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{name}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: {n} must have a contiguous head dim (stride 1), got strides {t.stride()}")
+    if q.shape[-1] > 256:
+        raise ValueError(f"{name}: head dims up to 256 are supported, got {q.shape[-1]}")
+
+
+def check_same_device(name, ref, **tensors):
+    for n, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {n} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.device != ref.device:
+            raise ValueError(f"{name}: {n} is on {t.device} but q is on {ref.device}")

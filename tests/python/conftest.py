@@ -1,0 +1,24 @@
+"""pytest setup: the package from the checkout's python/ and the library from the build
+directory unless FDMA_LIBRARY says otherwise; --device picks cpu (default) or cuda."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("FDMA_LIBRARY", os.path.join(ROOT, "build", "libfdma.so"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", choices=["cpu", "cuda"], help="where the tensors live")
+
+
+@pytest.fixture
+def device(request):
+    import torch
+
+    dev = request.config.getoption("--device")
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device(dev)
