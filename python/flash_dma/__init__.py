@@ -9,3 +9,20 @@ from . import nn  # noqa: E402
 __all__ = ["attention", "dynamic_mask_attention", "select_keys", "Selection", "get_available_backends",
            "flash_dmattn_func", "FlashDmaError", "nn"]
 __version__ = "0.1.0"
+
+
+def _register_integrations():
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is not None:
+        from .integrations import transformers as _hf
+
+        try:
+            _hf.register()
+        except Exception as e:  # noqa: BLE001  (a transformers version we do not know must not break import)
+            import warnings
+
+            warnings.warn(f"flash_dma: could not register with transformers: {e}")
+
+
+_register_integrations()
