@@ -1,4 +1,6 @@
 """torch tensors as fdma_tensor views (no copies), and the checks every op shares."""
+import ctypes
+
 import torch
 
 from . import _abi
@@ -9,26 +11,33 @@ GPU_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+_Dims = ctypes.c_int64 * _abi.MAX_DIMS
+_EMPTY = _abi.Tensor()
+
+
 def view(t):
-    """An fdma_tensor over t's memory (an empty one for None)."""
-    v = _abi.Tensor()
+    """An fdma_tensor over t's memory (an empty one for None). One constructor call: this runs
+    for every tensor of every op, so it stays off per-field attribute writes."""
     if t is None:
-        return v
-    if t.dim() > _abi.MAX_DIMS:
-        raise ValueError(f"tensors have at most {_abi.MAX_DIMS} dims, got shape {tuple(t.shape)}")
-    v.data = t.data_ptr()
-    v.dtype = _DTYPES[t.dtype]
-    v.ndim = t.dim()
-    for d in range(t.dim()):
-        v.shape[d] = t.shape[d]
-        v.stride[d] = t.stride(d)
-    return v
+        return _EMPTY
+    shape = t.shape
+    if len(shape) > _abi.MAX_DIMS:
+        raise ValueError(f"tensors have at most {_abi.MAX_DIMS} dims, got shape {tuple(shape)}")
+    return _abi.Tensor(t.data_ptr(), _DTYPES[t.dtype], len(shape), _Dims(*shape), _Dims(*t.stride()))
+
+
+try:  # the raw current-stream lookup torch's own generated code uses (no Stream object)
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - older or CPU-only torch builds
+    _raw_stream = None
 
 
 def stream_of(t):
     """The current CUDA stream of t's device as a pointer, or None for CPU tensors."""
     if t.device.type != "cuda":
         return None
+    if _raw_stream is not None:
+        return _raw_stream(t.device.index)
     return torch.cuda.current_stream(t.device).cuda_stream
 
 

@@ -34,6 +34,9 @@ def test_llama_matches_sdpa(device, switch_after_init):
         model = tiny_llama("fdma", device, dtype)
     loss, grad = loss_and_grad(model, device)
     ref_loss, ref_grad = loss_and_grad(tiny_llama("sdpa", device, dtype), device)
+    # bf16 through a whole model: elementwise weight gradients differ at the noise level of
+    # two bf16 attention kernels, so compare the gradient as a whole (relative norm).
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert torch.allclose(loss, ref_loss, rtol=tol)
-    assert torch.allclose(grad, ref_grad, rtol=10 * tol, atol=10 * tol * ref_grad.abs().max().item())
+    rel = ((grad - ref_grad).norm() / ref_grad.norm()).item()
+    assert rel <= (1e-3 if dtype == torch.float32 else 0.1), f"relative gradient error {rel:.3g}"
