@@ -49,6 +49,39 @@ def median_ms(fn, warmup=3, iters=15):
     return times[len(times) // 2]
 
 
+_flex = None
+
+
+def flex_time(qt, kt, vt, causal, bias, bool_mask, S):
+    """FlexAttention (compiled) for the same case: bias through score_mod, the mask through a
+    block mask built from mask_mod (build time not counted). None where it fails."""
+    global _flex
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        if _flex is None:
+            _flex = torch.compile(flex_attention)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = bool_mask[b, 0, q_idx, kv_idx] if bool_mask is not None else (q_idx >= 0)
+            return keep & (kv_idx <= q_idx) if causal else keep
+
+        block_mask = None
+        if causal or bool_mask is not None:
+            block_mask = create_block_mask(mask_mod, 1, 1, S, S, device=qt.device, _compile=True)
+        score_mod = None
+        if bias is not None:
+            if bias.shape[2] == 1:
+                def score_mod(score, b, h, q_idx, kv_idx):
+                    return score + bias[b, h, 0, kv_idx]
+            else:
+                def score_mod(score, b, h, q_idx, kv_idx):
+                    return score + bias[b, h, q_idx, kv_idx]
+        return median_ms(lambda: _flex(qt, kt, vt, score_mod=score_mod, block_mask=block_mask))
+    except Exception as e:  # noqa: BLE001
+        print("  FlexAttention failed:", str(e).splitlines()[0][:120], flush=True)
+        return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfdma.so")
@@ -134,18 +167,19 @@ def main():
                     except RuntimeError as e:
                         t[be.name.lower()] = None
                         print(f"  {be.name} unavailable: {str(e).splitlines()[0][:100]}")
+                t["flex"] = flex_time(qt, kt, vt, causal, bias, bool_mask, S)
                 rows.append((S, causal, case, t, flops, err))
                 print(S, causal, case, {k: (round(x, 3) if x else None) for k, x in t.items()}, f"max|diff| {err:.3g}",
                       flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{Hk} D{D}; ms (TF/s)")
-    print("| S | causal | case | flash-dma | SDPA flash / efficient | SDPA cuDNN | max abs diff vs SDPA |")
-    print("|---|---|---|---|---|---|---|")
+    print("| S | causal | case | flash-dma | SDPA flash / efficient | SDPA cuDNN | FlexAttention | max abs diff vs SDPA |")
+    print("|---|---|---|---|---|---|---|---|")
     for S, causal, case, t, flops, err in rows:
         def cell(x):
             return "-" if x is None else f"{x:.3f} ({flops / x / 1e9:.0f})"
         other = t.get("flash_attention", t.get("efficient_attention"))
         print(f"| {S} | {int(causal)} | {case} | {cell(t['flash-dma'])} | {cell(other)} | "
-              f"{cell(t.get('cudnn_attention'))} | {err:.3g} |")
+              f"{cell(t.get('cudnn_attention'))} | {cell(t.get('flex'))} | {err:.3g} |")
 
 
 if __name__ == "__main__":
