@@ -137,7 +137,8 @@ int run_main_job(const std::vector<std::string>& argv) {
   else
     std::printf("  backend    cuda\n");
   std::printf("  shape      %s\n", s.str().c_str());
-  std::printf("  forward    %.3f s\n  backward   %.3f s\n  total      %.3f s\n", t_fwd, t_bwd, t_fwd + t_bwd);
+  std::printf("  forward    %.3f ms\n  backward   %.3f ms\n  total      %.3f ms\n", 1e3 * t_fwd, 1e3 * t_bwd,
+              1e3 * (t_fwd + t_bwd));
   std::printf("  workspace  %.1f MB\n", ws_bytes / 1e6);
   if (a.integer("check") == 0) return 0;
 
