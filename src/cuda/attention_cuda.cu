@@ -12,6 +12,7 @@
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/device_guard.hpp"
+#include "cuda/kernel_params.hpp"
 #include "cuda/kernel_table.hpp"
 #include "cuda/mask_tile_summary.hpp"
 
@@ -71,17 +72,8 @@ void check_gpu_inputs(const fdma_attention_params& p, const detail::AttentionPro
 // Everything the forward kernel reads, minus the mask summary (whose tile shape differs
 // between forward and backward).
 AttentionFwdParams forward_params(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
-  const detail::Dims& d = prob.dims;
   AttentionFwdParams k{};
-  k.q = p.q.data, k.k = p.k.data, k.v = p.v.data, k.out = p.out.data;
-  k.lse = static_cast<float*>(p.lse.data);
-  for (int i = 0; i < 3; ++i) {
-    k.q_stride[i] = p.q.stride[i];
-    k.k_stride[i] = p.k.stride[i];
-    k.v_stride[i] = p.v.stride[i];
-    k.out_stride[i] = p.out.stride[i];
-    k.lse_stride[i] = p.lse.data ? p.lse.stride[i] : 0;
-  }
+  set_inputs_outputs(k, p.q, p.k, p.v, p.out, p.lse, prob.dims, prob.scale, prob.softcap, prob.causal);
   if (prob.mask.present) {
     k.mask = static_cast<const uint8_t*>(p.mask.data);
     fill_broadcast(prob.mask, k.mask_stride, k.mask_head_mode);
@@ -93,10 +85,6 @@ AttentionFwdParams forward_params(const fdma_attention_params& p, const detail::
     k.bias_f32 = p.bias.dtype == FDMA_FLOAT32;
     fill_broadcast(prob.bias, k.bias_stride, k.bias_head_mode);
   }
-  k.B = int(d.B), k.Sq = int(d.Sq), k.Sk = int(d.Sk), k.H = int(d.H), k.Hk = int(d.Hk), k.G = int(d.G()), k.D = int(d.D);
-  k.scale = float(prob.scale);
-  k.softcap = float(prob.softcap);
-  k.causal = prob.causal;
   return k;
 }
 
@@ -206,13 +194,7 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
     k.f.active_q_tiles = plan.grid.q_tiles;
     k.f.active_k_tiles = plan.grid.k_tiles;
   }
-  k.dout = p.dout.data, k.dq = p.dq.data, k.dk = p.dk.data, k.dv = p.dv.data;
-  for (int i = 0; i < 3; ++i) {
-    k.dout_stride[i] = p.dout.stride[i];
-    k.dq_stride[i] = p.dq.stride[i];
-    k.dk_stride[i] = p.dk.stride[i];
-    k.dv_stride[i] = p.dv.stride[i];
-  }
+  set_gradients(k, p.dout, p.dq, p.dk, p.dv);
   float* delta = reinterpret_cast<float*>(ws + plan.delta_off);
   float* lse2 = reinterpret_cast<float*>(ws + plan.lse2_off);
   k.delta = delta, k.lse2 = lse2;

@@ -10,6 +10,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda/device_guard.hpp"
 #include "cuda/dma_lists.hpp"
+#include "cuda/kernel_params.hpp"
 #include "cuda/kernel_table.hpp"
 #include "cuda/select_topw.cuh"
 
@@ -135,21 +136,9 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
 
 // The attention kernels' view of q, k, v, out, lse in dynamic-mask mode.
 AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProblem& prob, const KeyLists& lists) {
-  const detail::Dims& d = prob.dims;
   AttentionFwdParams k{};
-  k.q = p.q.data, k.k = p.k.data, k.v = p.v.data, k.out = p.out.data;
-  k.lse = static_cast<float*>(p.lse.data);
-  for (int i = 0; i < 3; ++i) {
-    k.q_stride[i] = p.q.stride[i];
-    k.k_stride[i] = p.k.stride[i];
-    k.v_stride[i] = p.v.stride[i];
-    k.out_stride[i] = p.out.stride[i];
-    k.lse_stride[i] = p.lse.data ? p.lse.stride[i] : 0;
-  }
-  k.B = int(d.B), k.Sq = int(d.Sq), k.Sk = int(d.Sk), k.H = int(d.H), k.Hk = int(d.Hk), k.G = int(d.G()), k.D = int(d.D);
-  k.scale = float(prob.scale);
-  k.softcap = float(prob.softcap);
-  k.causal = false;  // the intervals carry causality
+  // causal = false: the intervals carry causality
+  set_inputs_outputs(k, p.q, p.k, p.v, p.out, p.lse, prob.dims, prob.scale, prob.softcap, false);
   k.lists = lists;
   return k;
 }
@@ -221,13 +210,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   }
   AttentionBwdParams k{};
   k.f = kernel_params(p, prob, lists);
-  k.dout = p.dout.data, k.dq = p.dq.data, k.dk = p.dk.data, k.dv = p.dv.data;
-  for (int i = 0; i < 3; ++i) {
-    k.dout_stride[i] = p.dout.stride[i];
-    k.dq_stride[i] = p.dq.stride[i];
-    k.dk_stride[i] = p.dk.stride[i];
-    k.dv_stride[i] = p.dv.stride[i];
-  }
+  set_gradients(k, p.dout, p.dq, p.dk, p.dv);
   char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
   k.delta = reinterpret_cast<float*>(rows);
   k.lse2 = reinterpret_cast<float*>(rows + l.rows);
