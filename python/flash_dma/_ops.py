@@ -12,13 +12,37 @@ from torch import Tensor
 
 from . import _abi
 from ._library import check, library
-from ._tensors import stream_of, view, workspace
+from ._tensors import pack, stream_of, workspace
+
+# Workspace sizes by (operation, device, packed params without pointers): a size
+# depends on shapes and flags alone, and asking the library for it costs as much as the launch.
+_workspace_sizes = {}
 
 
-def _workspace_size(fn, params, pass_, what):
-    n = ctypes.c_size_t(0)
-    check(fn(ctypes.byref(params), pass_, ctypes.byref(n)), what)
-    return n.value
+def _run(fn, size_fn, params, key, pass_, device, what):
+    """Sets the stream, gives params a torch-allocated workspace and calls fn."""
+    params.stream = stream_of(device)
+    cache_key = (what, device, key)
+    nbytes = _workspace_sizes.get(cache_key)
+    if nbytes is None:
+        n = ctypes.c_size_t(0)
+        if pass_ is None:
+            check(size_fn(ctypes.byref(params), ctypes.byref(n)), what)
+        else:
+            check(size_fn(ctypes.byref(params), pass_, ctypes.byref(n)), what)
+        nbytes = n.value
+        if len(_workspace_sizes) > 1024:
+            _workspace_sizes.clear()
+        _workspace_sizes[cache_key] = nbytes
+    ws = workspace(nbytes, device)
+    params.workspace, params.workspace_bytes = ws.data_ptr(), nbytes
+    check(fn(ctypes.byref(params)), what)
+
+
+def _out_and_lse(q):
+    B, Sq, H, _ = q.shape
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty((B, H, Sq), dtype=lse_dtype, device=q.device)
 
 
 def _grad_like(t):
@@ -28,26 +52,23 @@ def _grad_like(t):
 
 # --- attention ---------------------------------------------------------------------------
 
-def _attention_params(q, k, v, mask, bias, causal, scale, softcap, deterministic):
-    p = _abi.AttentionParams()
-    p.q, p.k, p.v, p.mask, p.bias = view(q), view(k), view(v), view(mask), view(bias)
-    p.causal, p.scale, p.softcap, p.deterministic = int(causal), float(scale), float(softcap), int(deterministic)
-    p.stream = stream_of(q)
-    return p
+def _attention(pass_, q, k, v, mask, bias, causal, scale, softcap, deterministic, out, lse,
+               dout=None, dq=None, dk=None, dv=None, dbias=None):
+    lib = library()
+    params, key = pack(_abi.AttentionParams,
+                       (("q", q), ("k", k), ("v", v), ("mask", mask), ("bias", bias), ("out", out), ("lse", lse),
+                        ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv), ("dbias", dbias)),
+                       causal=causal, scale=scale, softcap=softcap, deterministic=deterministic)
+    forward = pass_ == _abi.PASS_FORWARD
+    _run(lib.fdma_attention_fwd if forward else lib.fdma_attention_bwd, lib.fdma_attention_workspace_size,
+         params, key, pass_, q.device, "attention" if forward else "attention backward")
 
 
 @torch.library.custom_op("flash_dma::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor], causal: bool,
                   scale: float, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    lib = library()
-    B, Sq, H, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
-    p = _attention_params(q, k, v, mask, bias, causal, scale, softcap, deterministic)
-    p.out, p.lse = view(out), view(lse)
-    ws = workspace(_workspace_size(lib.fdma_attention_workspace_size, p, _abi.PASS_FORWARD, "attention"), q.device)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-    check(lib.fdma_attention_fwd(ctypes.byref(p)), "attention")
+    out, lse = _out_and_lse(q)
+    _attention(_abi.PASS_FORWARD, q, k, v, mask, bias, causal, scale, softcap, deterministic, out, lse)
     return out, lse
 
 
@@ -61,19 +82,11 @@ def _(q, k, v, mask, bias, causal, scale, softcap, deterministic):
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
                   out: Tensor, lse: Tensor, causal: bool, scale: float, softcap: float, deterministic: bool,
                   want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    lib = library()
     dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
-    dbias = _grad_like(bias) if (want_dbias and bias is not None) else q.new_empty(0)
-    p = _attention_params(q, k, v, mask, bias, causal, scale, softcap, deterministic)
-    p.out, p.lse, p.dout = view(out), view(lse), view(dout)
-    p.dq, p.dk, p.dv = view(dq), view(dk), view(dv)
-    if dbias.numel():
-        p.dbias = view(dbias)
-    ws = workspace(_workspace_size(lib.fdma_attention_workspace_size, p, _abi.PASS_BACKWARD, "attention backward"),
-                   q.device)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-    check(lib.fdma_attention_bwd(ctypes.byref(p)), "attention backward")
-    return dq, dk, dv, dbias
+    dbias = _grad_like(bias) if (want_dbias and bias is not None) else None
+    _attention(_abi.PASS_BACKWARD, q, k, v, mask, bias, causal, scale, softcap, deterministic, out, lse,
+               dout, dq, dk, dv, dbias)
+    return dq, dk, dv, (dbias if dbias is not None else q.new_empty(0))
 
 
 @attention_bwd.register_fake
@@ -106,28 +119,26 @@ torch.library.register_autograd("flash_dma::attention_fwd", _attention_backward,
 
 # --- dynamic_mask_attention ----------------------------------------------------------------
 
-def _dma_params(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic):
-    p = _abi.DmaParams()
-    p.q, p.k, p.v, p.key_scores, p.key_padding = view(q), view(k), view(v), view(key_scores), view(key_padding)
-    p.window, p.causal, p.add_scores = int(window), int(causal), int(add_scores)
-    p.scale, p.softcap, p.deterministic = float(scale), float(softcap), int(deterministic)
-    p.stream = stream_of(q)
-    return p
+def _dma(pass_, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic, out, lse,
+         dout=None, dq=None, dk=None, dv=None, dkey_scores=None):
+    lib = library()
+    params, key = pack(_abi.DmaParams,
+                       (("q", q), ("k", k), ("v", v), ("key_scores", key_scores), ("key_padding", key_padding),
+                        ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv),
+                        ("dkey_scores", dkey_scores)),
+                       window=window, causal=causal, add_scores=add_scores, scale=scale, softcap=softcap,
+                       deterministic=deterministic)
+    forward = pass_ == _abi.PASS_FORWARD
+    _run(lib.fdma_dma_fwd if forward else lib.fdma_dma_bwd, lib.fdma_dma_workspace_size, params, key, pass_,
+         q.device, "dynamic_mask_attention" if forward else "dynamic_mask_attention backward")
 
 
 @torch.library.custom_op("flash_dma::dma_fwd", mutates_args=())
 def dma_fwd(q: Tensor, k: Tensor, v: Tensor, key_scores: Tensor, key_padding: Optional[Tensor], window: int,
             causal: bool, add_scores: bool, scale: float, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    lib = library()
-    B, Sq, H, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
-    p = _dma_params(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic)
-    p.out, p.lse = view(out), view(lse)
-    ws = workspace(_workspace_size(lib.fdma_dma_workspace_size, p, _abi.PASS_FORWARD, "dynamic_mask_attention"),
-                   q.device)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-    check(lib.fdma_dma_fwd(ctypes.byref(p)), "dynamic_mask_attention")
+    out, lse = _out_and_lse(q)
+    _dma(_abi.PASS_FORWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
+         deterministic, out, lse)
     return out, lse
 
 
@@ -141,15 +152,9 @@ def _(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softc
 def dma_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, key_scores: Tensor, key_padding: Optional[Tensor],
             out: Tensor, lse: Tensor, window: int, causal: bool, add_scores: bool, scale: float, softcap: float,
             deterministic: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    lib = library()
     dq, dk, dv, dscores = _grad_like(q), _grad_like(k), _grad_like(v), _grad_like(key_scores)
-    p = _dma_params(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic)
-    p.out, p.lse, p.dout = view(out), view(lse), view(dout)
-    p.dq, p.dk, p.dv, p.dkey_scores = view(dq), view(dk), view(dv), view(dscores)
-    what = "dynamic_mask_attention backward"
-    ws = workspace(_workspace_size(lib.fdma_dma_workspace_size, p, _abi.PASS_BACKWARD, what), q.device)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-    check(lib.fdma_dma_bwd(ctypes.byref(p)), what)
+    _dma(_abi.PASS_BACKWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
+         deterministic, out, lse, dout, dq, dk, dv, dscores)
     return dq, dk, dv, dscores
 
 
@@ -187,16 +192,10 @@ def select(key_scores: Tensor, key_padding: Optional[Tensor], num_queries: int, 
     lib = library()
     begin = torch.empty(key_scores.shape, dtype=torch.int32, device=key_scores.device)
     end = torch.empty_like(begin)
-    p = _abi.SelectParams()
-    p.key_scores, p.key_padding = view(key_scores), view(key_padding)
-    p.num_queries, p.window, p.causal = int(num_queries), int(window), int(causal)
-    p.keep_begin, p.keep_end = view(begin), view(end)
-    p.stream = stream_of(key_scores)
-    n = ctypes.c_size_t(0)
-    check(lib.fdma_select_workspace_size(ctypes.byref(p), ctypes.byref(n)), "select_keys")
-    ws = workspace(n.value, key_scores.device)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-    check(lib.fdma_select(ctypes.byref(p)), "select_keys")
+    params, key = pack(_abi.SelectParams, (("key_scores", key_scores), ("key_padding", key_padding),
+                                           ("keep_begin", begin), ("keep_end", end)),
+                       num_queries=num_queries, window=window, causal=causal)
+    _run(lib.fdma_select, lib.fdma_select_workspace_size, params, key, None, key_scores.device, "select_keys")
     return begin, end
 
 

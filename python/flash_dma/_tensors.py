@@ -1,5 +1,6 @@
 """torch tensors as fdma_tensor views (no copies), and the checks every op shares."""
 import ctypes
+import struct
 
 import torch
 
@@ -11,19 +12,39 @@ GPU_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-_Dims = ctypes.c_int64 * _abi.MAX_DIMS
-_EMPTY = _abi.Tensor()
+# A tensor's fields after its data pointer (dtype, ndim, shape, stride), by ndim; unused dims stay 0.
+_TENSOR_FIELDS = [struct.Struct(f"<ii{n}q{8 * (_abi.MAX_DIMS - n)}x{n}q{8 * (_abi.MAX_DIMS - n)}x")
+                  for n in range(_abi.MAX_DIMS + 1)]
+_POINTER = struct.Struct("<Q")
+_OFFSETS = {}  # params ctype -> {field: byte offset}
 
 
-def view(t):
-    """An fdma_tensor over t's memory (an empty one for None). One constructor call: this runs
-    for every tensor of every op, so it stays off per-field attribute writes."""
-    if t is None:
-        return _EMPTY
-    shape = t.shape
-    if len(shape) > _abi.MAX_DIMS:
-        raise ValueError(f"tensors have at most {_abi.MAX_DIMS} dims, got shape {tuple(shape)}")
-    return _abi.Tensor(t.data_ptr(), _DTYPES[t.dtype], len(shape), _Dims(*shape), _Dims(*t.stride()))
+def pack(ctype, tensors, **scalars):
+    """One params struct for one call, written with struct.pack_into (ctypes attribute writes
+    cost microseconds each, and this runs on every call). tensors: (field, tensor or None)
+    pairs; None leaves the field an empty tensor. Returns (params, key): key is the packed bytes
+    before the data pointers go in, i.e. everything the workspace size may depend on."""
+    offsets = _OFFSETS.get(ctype)
+    if offsets is None:
+        offsets = _OFFSETS[ctype] = {name: getattr(ctype, name).offset for name, _ in ctype._fields_}
+    buf = bytearray(ctypes.sizeof(ctype))
+    present = []
+    for field, t in tensors:
+        if t is None:
+            continue
+        shape = t.shape
+        if len(shape) > _abi.MAX_DIMS:
+            raise ValueError(f"tensors have at most {_abi.MAX_DIMS} dims, got shape {tuple(shape)}")
+        off = offsets[field]
+        _TENSOR_FIELDS[len(shape)].pack_into(buf, off + 8, _DTYPES[t.dtype], len(shape), *shape, *t.stride())
+        present.append((off, t))
+    params = ctype.from_buffer(buf)
+    for field, value in scalars.items():
+        setattr(params, field, value)
+    key = bytes(buf)
+    for off, t in present:
+        _POINTER.pack_into(buf, off, t.data_ptr())
+    return params, key
 
 
 try:  # the raw current-stream lookup torch's own generated code uses (no Stream object)
@@ -32,13 +53,13 @@ except AttributeError:  # pragma: no cover - older or CPU-only torch builds
     _raw_stream = None
 
 
-def stream_of(t):
-    """The current CUDA stream of t's device as a pointer, or None for CPU tensors."""
-    if t.device.type != "cuda":
+def stream_of(device):
+    """The current CUDA stream of a device as a pointer, or None for the CPU."""
+    if device.type != "cuda":
         return None
     if _raw_stream is not None:
-        return _raw_stream(t.device.index)
-    return torch.cuda.current_stream(t.device).cuda_stream
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def workspace(nbytes, device):
