@@ -4,8 +4,9 @@
 //                          recomputes P from lse, and owns dq (and dbias when the bias has a
 //                          query dim);
 //   dk/dv kernel (columns): one CTA per 64 keys of a (batch, KV head); walks the G query heads
-//                          of the group and their query tiles, so the GQA sum of dk/dv stays in
-//                          registers; owns dbias when the bias broadcasts over queries.
+//                          of the group and their query tiles (two warp groups taking turns),
+//                          so the GQA sum of dk/dv stays on chip; owns dbias when the bias
+//                          broadcasts over queries.
 // Both recompute S = QK^T and dP = dO V^T (seven matmuls against the five of a single-kernel
 // backward with dq atomics): the price of determinism without a B*H*Sq*D fp32 temporary.
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish).
@@ -383,31 +384,47 @@ struct BwdDkdvTile {
   static constexpr int kChunk = bwd_dkdv_chunk(kHeadDim), kChunks = kHeadDim / kChunk;
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
   static constexpr int kQBytes = kBlockM * kRowBytes;
-  // K, V; Q x2, dO x2; lse2 x2, delta x2; then, in dynamic-mask mode, the group's keys and
-  // KeyInfo records and the window being ranked.
-  static constexpr int kMainBytes = 2 * kBlockN * kRowBytes + 4 * kQBytes + 4 * kBlockM * 4;
-  static constexpr int kSmemBytes = kMainBytes + kBlockN * (4 + 16) + kBwdWindow * 8;
+  // Shared memory: K, V; then per warp group Q x2, dO x2, lse2 x2, delta x2; then, in
+  // dynamic-mask mode, the group's keys and KeyInfo records and the window being ranked.
+  static constexpr int kKVBytes = 2 * kBlockN * kRowBytes;
+  static constexpr int kGroupBytes = 4 * kQBytes + 4 * kBlockM * 4;
+  static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 8;
+  __host__ __device__ static constexpr int smem_bytes(int groups) {
+    return kKVBytes + groups * kGroupBytes + kListBytes;
+  }
+  // At the end, warp group 1 hands its fp32 dk, dv and key sums to group 0 through the
+  // space the groups' Q/dO tiles used.
+  static constexpr int kHandoffBytes = kBwdThreads * (2 * (kChunk / 8) * 4 + 2) * 4;
+  static_assert(kHandoffBytes <= 2 * kGroupBytes, "the handoff fits in the two groups' tiles");
   static_assert(kChunk % 16 == 0, "output chunks are whole k16 steps");
 };
 
+// One CTA = 64 keys of a (batch, KV head) and one chunk of their dk/dv columns. blockDim is
+// 128 or 256: with 256, two warp groups of 4 warps share the K/V tile and take alternate
+// (head, query tile) steps, each with its own double buffer and barrier, and add their
+// partial sums in a fixed order at the end (so the result stays reproducible). Halving the
+// walk of a long key group matters in dynamic-mask mode, where a few groups of keys kept to
+// the end of the sequence span every query (docs/perf-notes.md).
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
+__global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
   using Tile = BwdDkdvTile<T, kHeadDim>;
   constexpr int kBM = Tile::kBlockM, kRow = Tile::kRowBytes, kNq = kBM / 8, kDC = Tile::kChunk / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   const AttentionFwdParams& f = p.f;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int n_groups = blockDim.x / kBwdThreads, wg = threadIdx.x / kBwdThreads;
+  const int tid = threadIdx.x % kBwdThreads, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = blockIdx.x * Tile::kBlockN;
   const int hk = blockIdx.y / Tile::kChunks, chunk = blockIdx.y % Tile::kChunks, b = blockIdx.z;
   const int col0 = chunk * Tile::kChunk;  // this CTA's columns of dk and dv
   const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
 
   const uint32_t s_k = ptx::smem_addr(smem), s_v = s_k + Tile::kBlockN * kRow;
-  const uint32_t s_q = s_v + Tile::kBlockN * kRow, s_do = s_q + 2 * Tile::kQBytes;
-  float* s_lse2 = reinterpret_cast<float*>(smem + Tile::kMainBytes - 4 * kBM * 4);
+  unsigned char* group_smem = smem + Tile::kKVBytes + wg * Tile::kGroupBytes;
+  const uint32_t s_q = ptx::smem_addr(group_smem), s_do = s_q + 2 * Tile::kQBytes;
+  float* s_lse2 = reinterpret_cast<float*>(group_smem + 4 * Tile::kQBytes);
   float* s_delta = s_lse2 + 2 * kBM;
-  int32_t* s_keys = reinterpret_cast<int32_t*>(smem + Tile::kMainBytes);  // group's key indices, -1 = none
-  KeyInfo* s_kinfo = reinterpret_cast<KeyInfo*>(s_keys + Tile::kBlockN);
+  int32_t* s_keys = reinterpret_cast<int32_t*>(smem + Tile::kKVBytes + n_groups * Tile::kGroupBytes);
+  KeyInfo* s_kinfo = reinterpret_cast<KeyInfo*>(s_keys + Tile::kBlockN);  // group's key indices, -1 = none
 
   const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
   const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
@@ -417,9 +434,11 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
     if (!gather_key_group(f, b, hk, blockIdx.x, s_keys, s_kinfo, reinterpret_cast<int32_t*>(s_kinfo + Tile::kBlockN),
                           q_lo, q_hi, n_group))
       return;  // past the (batch, KV head)'s kept keys
-    load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], s_keys, n_group, f.D, tid);
-    load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], s_keys, n_group, f.D, tid);
-  } else {
+    if (wg == 0) {
+      load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], s_keys, n_group, f.D, tid);
+      load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], s_keys, n_group, f.D, tid);
+    }
+  } else if (wg == 0) {
     load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);
     load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], key0, f.Sk, f.D, tid);
   }
@@ -431,10 +450,17 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
   const int n_steps = f.G * n_q;  // (head of the group, query tile), head-major
   auto head_of = [&](int it) { return hk * f.G + it / n_q; };
   auto q0_of = [&](int it) { return q_begin + (it % n_q) * kBM; };
+  // This warp group's steps are wg, wg + n_groups, ...; mask tiles ruled out are skipped.
   auto next_active = [&](int it) {
     while (it < n_steps && !tile_is_active(f, active_row(f, b, head_of(it), q0_of(it) / kBwdBlockM), key0 / kBwdBlockN))
-      ++it;
+      it += n_groups;
     return it;
+  };
+  auto sync_group = [&] {
+    if (wg == 0)
+      ptx::named_barrier_sync<1, kBwdThreads>();
+    else
+      ptx::named_barrier_sync<2, kBwdThreads>();
   };
   auto load_step = [&](int it, int buf) {
     const int h = head_of(it), q0 = q0_of(it);
@@ -460,18 +486,22 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
   const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
                       (f.bias_head_mode == 0 ? hk : 0);
 
-  int it = next_active(0);
+  int it = next_active(wg);
   if (it < n_steps) load_step(it, 0);
-  ptx::cp_async_commit();  // K and V ride with the first step's group
+  ptx::cp_async_commit();
+  if (n_groups > 1) {  // K and V, loaded by group 0, must land for both groups
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+  }
 
   const uint32_t k_lane = s_k + 16 * warp * kRow + lane_a<kRow>(lane);
   const uint32_t v_lane = s_v + 16 * warp * kRow + lane_a<kRow>(lane);
   for (int buf = 0; it < n_steps; buf ^= 1) {
-    const int it_next = next_active(it + 1);
+    const int it_next = next_active(it + n_groups);
     if (it_next < n_steps) load_step(it_next, buf ^ 1);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();
-    __syncthreads();
+    sync_group();
 
     const int h = head_of(it), q0 = q0_of(it);
     const uint32_t q_tile = s_q + buf * Tile::kQBytes, do_tile = s_do + buf * Tile::kQBytes;
@@ -504,7 +534,8 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
     mma_regs_b<T, kRow, kNq, kDC>(dk, dpt, q_tile + col_bytes + lane_b_trans<kRow>(lane));
 
     // dbias[.., 0, j] (bias broadcast over queries): after each head, add its sum for the
-    // keys this thread's quad owns; heads sharing a bias head add in order.
+    // keys this thread's quad owns; heads sharing a bias head add in order. (The host runs
+    // one warp group when the CTA owns dbias, so this order is the only one.)
     if (db_cols && (it_next >= n_steps || head_of(it_next) != h)) {
       const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
       const int64_t hb = head_index(f.bias_head_mode, h, f.G);
@@ -513,10 +544,37 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_kernel(const A
       if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
     }
     if (!gather && (it_next >= n_steps || head_of(it_next) != h)) db[0] = db[1] = 0.f;
-    __syncthreads();
+    sync_group();
     it = it_next;
   }
   ptx::cp_async_wait<0>();  // nothing may still land in shared memory when the CTA exits
+
+  if (n_groups > 1) {  // group 0 adds group 1's partial sums: a fixed order, so reproducible
+    float* handoff = reinterpret_cast<float*>(smem + Tile::kKVBytes) + tid;  // [slot][thread]
+    __syncthreads();  // both groups are done with their tiles
+    if (wg == 1) {
+#pragma unroll
+      for (int dt = 0; dt < kDC; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          handoff[(8 * dt + e) * kBwdThreads] = dk[dt][e];
+          handoff[(8 * dt + 4 + e) * kBwdThreads] = dv[dt][e];
+        }
+      handoff[8 * kDC * kBwdThreads] = db[0];
+      handoff[(8 * kDC + 1) * kBwdThreads] = db[1];
+    }
+    __syncthreads();
+    if (wg == 1) return;
+#pragma unroll
+    for (int dt = 0; dt < kDC; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dk[dt][e] += handoff[(8 * dt + e) * kBwdThreads];
+        dv[dt][e] += handoff[(8 * dt + 4 + e) * kBwdThreads];
+      }
+    db[0] += handoff[8 * kDC * kBwdThreads];
+    db[1] += handoff[(8 * kDC + 1) * kBwdThreads];
+  }
 
   if (gather && f.lists.dscores && chunk == 0) {
     // dscores(j): dS summed over the group's heads and the queries that keep j, in order.
@@ -563,8 +621,11 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   const AttentionFwdParams& f = p.f;
   auto dq_kernel = attention_bwd_dq_kernel<T, kHeadDim>;
   auto dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim>;
+  // Two warp groups per dk/dv CTA, unless the CTA owns dbias sums that must add per head in order.
+  const int dkdv_groups = p.dbias_owner == DbiasOwner::columns ? 1 : 2;
+  const int dkdv_smem = Dkdv::smem_bytes(dkdv_groups);
   cudaError_t err = allow_smem(dq_kernel, Dq::kSmemBytes);
-  if (err == cudaSuccess) err = allow_smem(dkdv_kernel, Dkdv::kSmemBytes);
+  if (err == cudaSuccess) err = allow_smem(dkdv_kernel, dkdv_smem);
   if (err != cudaSuccess) return err;
   const dim3 dq_grid((f.Sq + Dq::kBlockM - 1) / Dq::kBlockM, f.H / p.rows_heads_per_block,
                      f.B / p.rows_batches_per_block);
@@ -574,7 +635,7 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   const int dkdv_x = f.lists.keys ? (f.Sk + kBwdWindow - 1) / kBwdWindow * (kBwdWindow / Dkdv::kBlockN)
                                   : (f.Sk + Dkdv::kBlockN - 1) / Dkdv::kBlockN;
   const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B);
-  dkdv_kernel<<<dkdv_grid, kBwdThreads, Dkdv::kSmemBytes, stream>>>(p);
+  dkdv_kernel<<<dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream>>>(p);
   return cudaGetLastError();
 }
 

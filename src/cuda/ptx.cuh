@@ -27,6 +27,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Barrier over kThreads threads (a multiple of 32) under kId (1..15; 0 is __syncthreads),
+// so warp groups of one CTA can each pipeline on their own. A constant id keeps ptxas from
+// reserving all 16 barriers.
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
 // ldmatrix: four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m. Each
 // thread receives, per matrix, the pair (row lane/4, cols 2*(lane%4) .. +1).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {

@@ -86,6 +86,24 @@ def test_every_mask_and_bias_broadcast(device, heads, bits):
         assert_close(a, r, dtype, n)
 
 
+def test_left_padded_causal_mask_with_empty_rows(device):
+    # What a padded batch in a model brings: a 4-D causal + padding mask in which the padded
+    # queries see no key at all, GQA and a small head dim.
+    B, S, H, Hk, D, pad = 2, 40, 4, 2, 16, 7
+    dtype = dtypes(device)[0]
+    q, k, v = qkv(B, S, S, H, Hk, D, dtype, device, seed=21)
+    keep_key = torch.ones(B, S, dtype=torch.bool)
+    keep_key[1, :pad] = False
+    mask = (torch.ones(S, S, dtype=torch.bool).tril() & keep_key[:, None, None, :]).to(device)  # [B, 1, S, S]
+    dout = rand((B, S, H, D), dtype, device, 22)
+    out, grads = grads_of(lambda: flash_dma.attention(q, k, v, attn_mask=mask), [q, k, v], dout)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, rgrads = grads_of(lambda: attention_ref(*ref_in, mask=mask), ref_in, dout.double())
+    assert_close(out, ref, dtype, "out")
+    for a, r, n in zip(grads, rgrads, ["dq", "dk", "dv"]):
+        assert_close(a, r, dtype, n)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", [(1, 40, 40, 4, 2, 32, 8), (2, 37, 70, 2, 1, 64, 1), (1, 70, 37, 4, 4, 16, 100),
                                   (2, 64, 64, 4, 1, 32, 17)])

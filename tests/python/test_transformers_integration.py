@@ -1,5 +1,5 @@
 """The transformers integration: a small Llama from a config (no download) with left padding,
-forward and backward, against transformers' own sdpa implementation."""
+forward and backward, against transformers' own sdpa implementation run in float32 on the CPU."""
 import pytest
 import torch
 
@@ -33,10 +33,10 @@ def test_llama_matches_sdpa(device, switch_after_init):
     else:
         model = tiny_llama("fdma", device, dtype)
     loss, grad = loss_and_grad(model, device)
-    ref_loss, ref_grad = loss_and_grad(tiny_llama("sdpa", device, dtype), device)
-    # bf16 through a whole model: elementwise weight gradients differ at the noise level of
-    # two bf16 attention kernels, so compare the gradient as a whole (relative norm).
+    # The reference is float32 on the CPU: a bf16 sdpa (or eager) model is itself ~24% off in
+    # this gradient (measured on the H100, where this model is within 1%).
+    ref_loss, ref_grad = loss_and_grad(tiny_llama("sdpa", torch.device("cpu"), torch.float32), torch.device("cpu"))
     tol = 1e-4 if dtype == torch.float32 else 2e-2
-    assert torch.allclose(loss, ref_loss, rtol=tol)
-    rel = ((grad - ref_grad).norm() / ref_grad.norm()).item()
-    assert rel <= (1e-3 if dtype == torch.float32 else 0.1), f"relative gradient error {rel:.3g}"
+    assert torch.allclose(loss.cpu(), ref_loss, rtol=tol)
+    rel = ((grad.cpu() - ref_grad).norm() / ref_grad.norm()).item()
+    assert rel <= (1e-3 if dtype == torch.float32 else 0.05), f"relative gradient error {rel:.3g}"
