@@ -20,6 +20,7 @@ struct KeyLists {
   int64_t keys_bh_stride, keys_tile_stride;  // elements; tile stride 0: one list for all tiles
   const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
   int count_tiles;                           // 1 when every tile shares the list
+  int max_listed;                            // the most keys one list can hold
   const KeyInfo* info;                       // [B * Hk, Sk]
   // dk/dv: the kept keys of each (b, hk) in index order, grouped in windows (bwd kernel).
   const int32_t *kept, *kept_count;  // [B * Hk, Sk], [B * Hk]
@@ -27,6 +28,14 @@ struct KeyLists {
   bool dscores_f32;
   int64_t dscores_stride[3];
 };
+
+// The forward copies a tile's list of key indices into shared memory before walking it when
+// every list fits in this many keys: a gathered row's index is then a shared-memory read
+// rather than a global load in front of each cp.async.
+constexpr int kMaxStagedKeys = 8192;
+constexpr int staged_list_bytes(const KeyLists& l) {  // constexpr: callable from device code too
+  return l.keys && l.max_listed <= kMaxStagedKeys ? (l.max_listed * 4 + 15) / 16 * 16 : 0;
+}
 
 struct AttentionFwdParams {
   const void *q, *k, *v;

@@ -54,7 +54,7 @@ struct FwdTile {
   // Dynamic-mask mode: the gathered keys' KeyInfo records, two buffers.
   __host__ __device__ static int info_tile_bytes(const AttentionFwdParams& p) { return p.lists.keys ? kBlockN * 16 : 0; }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& p) {
-    return kSmemBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p));
+    return kSmemBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p)) + staged_list_bytes(p.lists);
   }
 };
 
@@ -161,6 +161,12 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   int nb = next_active(0);
   if (nb < n_blocks) {
     load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
+    if (gather && n_listed * 4 <= staged_list_bytes(p.lists)) {  // stage the list (see kMaxStagedKeys)
+      int32_t* s_list = reinterpret_cast<int32_t*>(info_tiles + 2 * info_bytes);
+      for (int i = tid; i < n_listed; i += Tile::kThreads) s_list[i] = list[i];
+      __syncthreads();
+      list = s_list;
+    }
     load_kv(nb, 0);
     ptx::cp_async_commit();
   }
