@@ -476,6 +476,9 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
       ptx::cp_async_16(ptx::smem_addr(s_delta + buf * kBM + 4 * (tid - kBM / 4)), p.delta + row_base + 4 * (tid - kBM / 4), 16);
   };
 
+  KeyInfo row_keys[2] = {};  // dynamic-mask mode: the records of this thread's two keys
+  if (gather) row_keys[0] = s_kinfo[keys[0] - key0], row_keys[1] = s_kinfo[keys[1] - key0];
+
   float dk[kDC][4], dv[kDC][4];
 #pragma unroll
   for (int dt = 0; dt < kDC; ++dt)
@@ -521,9 +524,9 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
     // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk); db sums dS^T rows.
     auto row = [&](int, int e) { return keys[e >> 1]; };
     auto col = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
-    if (gather)
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col,
-                       [&](int j, int i) { return interval_add(s_kinfo[j - key0], i); });
+    if (gather)  // rows by slot: each thread's two keys keep their records in registers
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
+                       [&](int r, int i) { return interval_add(row_keys[r], i); });
     else if (plain)
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col, [](int, int) { return 0.f; });
     else
