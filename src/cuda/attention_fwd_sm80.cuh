@@ -58,7 +58,10 @@ struct FwdTile {
   }
 };
 
-template <class T, int kHeadDim>
+// kGather: dynamic-mask mode (p.lists), an instantiation of its own so that each kernel's
+// unrolled loop holds only its own path (one kernel with both stalled on the instruction
+// cache; docs/perf-notes.md).
+template <class T, int kHeadDim, bool kGather>
 __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     attention_fwd_kernel(const AttentionFwdParams p) {
   using Tile = FwdTile<kHeadDim>;
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + hk * p.v_stride[2];
 
   // Dynamic-mask mode: this tile's list of kept keys replaces 0..Sk-1.
-  const bool gather = p.lists.keys != nullptr;
+  constexpr bool gather = kGather;
   const int32_t* list = nullptr;
   int n_listed = 0;
   if (gather) {
@@ -278,10 +281,10 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   }
 }
 
-template <class T, int kHeadDim>
-cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
+template <class T, int kHeadDim, bool kGather>
+cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& p, cudaStream_t stream) {
   using Tile = FwdTile<kHeadDim>;
-  auto kernel = attention_fwd_kernel<T, kHeadDim>;
+  auto kernel = attention_fwd_kernel<T, kHeadDim, kGather>;
   const int smem = Tile::smem_bytes(p);
   // Raise the kernel's shared-memory limit once per device and size, not per call (the
   // attribute is per device; the caller's device guard has made the tensors' device current).
@@ -303,6 +306,12 @@ cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t strea
   dim3 grid((p.Sq + Tile::kBlockM - 1) / Tile::kBlockM, p.H, p.B);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <class T, int kHeadDim>
+cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
+  return p.lists.keys ? launch_attention_fwd_kernel<T, kHeadDim, true>(p, stream)
+                      : launch_attention_fwd_kernel<T, kHeadDim, false>(p, stream);
 }
 
 }  // namespace fdma::cuda
