@@ -87,9 +87,15 @@ void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::Dm
 // delta/lse2 rows, each 256-byte aligned.
 struct DmaLayout {
   size_t select, intervals, lists, rows;
+  size_t kv_gathered, bias_gathered;  // non-causal forward: the kept keys' K, V and biases
   DmaListShape shape;
-  size_t total() const { return select + 2 * intervals + lists + 2 * rows; }
+  size_t total() const { return select + 2 * intervals + lists + 2 * rows + 2 * kv_gathered + bias_gathered; }
 };
+
+// Slots per (batch, KV head) in the non-causal forward's gathered buffers.
+int64_t gathered_slots(const detail::DmaProblem& prob) {
+  return prob.window < prob.dims.Sk ? prob.window : prob.dims.Sk;
+}
 
 DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass pass) {
   const detail::Dims& d = prob.dims;
@@ -101,6 +107,10 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
   l.lists = align_up(dma_lists_workspace(l.shape));
   const int64_t sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
   l.rows = pass == Pass::backward ? align_up(size_t(d.B * d.H * sq_pad) * 4) : 0;
+  const bool gathered = pass == Pass::forward && !prob.causal;
+  const size_t slots = gathered ? size_t(d.B * d.Hk * gathered_slots(prob)) : 0;
+  l.kv_gathered = align_up(slots * size_t(d.D) * dtype_size(prob.dtype));
+  l.bias_gathered = align_up(slots * 4);
   return l;
 }
 
@@ -188,7 +198,38 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::forward);
   const KeyLists lists = select_and_list(op, p, prob, in, l, stream);
-  run_forward_kernel(kernel_params(p, prob, lists), prob.dtype, p.stream);
+  if (prob.causal) {
+    run_forward_kernel(kernel_params(p, prob, lists), prob.dtype, p.stream);
+    return;
+  }
+  // Non-causal: every query keeps the same keys, so gather them once and run the dense
+  // kernel over W slots with the scores as a per-KV-head, per-key bias (-inf on empty slots).
+  const detail::Dims& d = prob.dims;
+  const int64_t W = gathered_slots(prob);
+  char* gathered = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
+  KeptGatherArgs g{};
+  g.k = p.k.data, g.v = p.v.data;
+  for (int i = 0; i < 3; ++i) g.k_stride[i] = p.k.stride[i], g.v_stride[i] = p.v.stride[i];
+  g.D = int(d.D), g.elem_bytes = int(dtype_size(prob.dtype)), g.W = int(W);
+  g.k_out = gathered, g.v_out = gathered + l.kv_gathered;
+  g.bias_out = reinterpret_cast<float*>(gathered + 2 * l.kv_gathered);
+  check_cuda(gather_kept_keys(l.shape, lists, g, stream), op, "gather kept keys");
+  fdma_tensor kg = p.k, vg = p.v;  // [B, W, Hk, D] views of the [B, Hk, W, D] buffers
+  kg.data = g.k_out, vg.data = g.v_out;
+  for (fdma_tensor* t : {&kg, &vg}) {
+    t->shape[1] = W;
+    t->stride[0] = d.Hk * W * d.D, t->stride[1] = d.D, t->stride[2] = W * d.D, t->stride[3] = 1;
+  }
+  detail::Dims dense = d;
+  dense.Sk = W;
+  AttentionFwdParams k{};
+  set_inputs_outputs(k, p.q, kg, vg, p.out, p.lse, dense, prob.scale, prob.softcap, false);
+  k.bias = g.bias_out;
+  k.bias_f32 = true;
+  k.bias_stride[0] = d.Hk * W, k.bias_stride[1] = W, k.bias_stride[2] = 0, k.bias_stride[3] = 1;
+  k.bias_head_mode = 1;          // per KV head
+  k.bias_tiled = W % 4 == 0;     // 16-byte bias rows stream through shared memory
+  run_forward_kernel(k, prob.dtype, p.stream);
 }
 
 void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {

@@ -191,6 +191,37 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   return cudaSuccess;
 }
 
+// One thread per 16-byte chunk of a gathered K/V row; the row's first chunk also writes its bias.
+__global__ void gather_kept_kernel(DmaListShape s, KeyLists lists, KeptGatherArgs g) {
+  const int chunks = g.D * g.elem_bytes / 16;
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t rows = int64_t(s.B) * s.Hk * g.W;
+  if (e >= rows * chunks) return;
+  const int64_t row = e / chunks;
+  const int c = int(e % chunks), slot = int(row % g.W);
+  const int64_t bh = row / g.W;
+  const int b = int(bh / s.Hk), hk = int(bh % s.Hk);
+  const bool kept = slot < lists.kept_count[bh];
+  const int j = kept ? lists.kept[bh * s.Sk + slot] : 0;
+  uint4 kc = {0, 0, 0, 0}, vc = {0, 0, 0, 0};
+  if (kept) {
+    const char* k = static_cast<const char*>(g.k) + (b * g.k_stride[0] + j * g.k_stride[1] + hk * g.k_stride[2]) * g.elem_bytes;
+    const char* v = static_cast<const char*>(g.v) + (b * g.v_stride[0] + j * g.v_stride[1] + hk * g.v_stride[2]) * g.elem_bytes;
+    kc = reinterpret_cast<const uint4*>(k)[c];
+    vc = reinterpret_cast<const uint4*>(v)[c];
+  }
+  reinterpret_cast<uint4*>(g.k_out)[e] = kc;
+  reinterpret_cast<uint4*>(g.v_out)[e] = vc;
+  if (c == 0) g.bias_out[row] = kept ? lists.info[bh * s.Sk + j].bias : -INFINITY;
+}
+
+cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const KeptGatherArgs& g,
+                             cudaStream_t stream) {
+  const int64_t n = int64_t(s.B) * s.Hk * g.W * (g.D * g.elem_bytes / 16);
+  gather_kept_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, lists, g);
+  return cudaGetLastError();
+}
+
 cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream) {
   zero_unkept_kernel<<<blocks_for(s.keys() * 32, 256), 256, 0, stream>>>(s, info, z);
   return cudaGetLastError();

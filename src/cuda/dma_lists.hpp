@@ -52,6 +52,20 @@ struct DmaListInputs {
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& scratch,
                             KeyLists& lists, cudaStream_t stream);
 
+// Non-causal forward: every query keeps the same kept keys, so their K/V rows and biases are
+// copied once into dense [B, Hk, W, D] / [B, Hk, W] buffers (W = min(w, Sk) slots; slots past
+// a row's kept count get zero rows and a -inf bias) for the dense attention kernel, whose
+// per-key bias streams through shared memory (docs/perf-notes.md).
+struct KeptGatherArgs {
+  const void *k, *v;
+  int64_t k_stride[3], v_stride[3];  // (batch, seq, head), elements
+  int D, elem_bytes, W;
+  void *k_out, *v_out;  // [B, Hk, W, D] contiguous
+  float* bias_out;      // [B, Hk, W]
+};
+cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const KeptGatherArgs& g,
+                             cudaStream_t stream);
+
 // Zeroes the dk, dv rows and dscores entries of keys no query keeps (the dk/dv kernel only
 // visits kept keys), and every dscores entry when dscores_all. dscores may be null.
 struct UnkeptZeroArgs {
