@@ -1,7 +1,9 @@
 // dynamic_mask_attention and select on the GPU: the top-w selection (select_topw.cu) gives
 // each key the interval of queries that keep it; dma_lists.cu turns those into per-tile lists
 // of kept keys; the attention kernels run in dynamic-mask mode over them (KeyLists), so only
-// kept keys are loaded and computed. Causal and non-causal, forward and backward.
+// kept keys are loaded and computed. Causal and non-causal, forward and backward; the
+// non-causal forward, where every query keeps the same keys, gathers them once and runs the
+// dense kernel instead.
 #include <cuda_runtime.h>
 
 #include <string>
