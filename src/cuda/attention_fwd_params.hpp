@@ -20,7 +20,7 @@ struct KeyLists {
   int64_t keys_bh_stride, keys_tile_stride;  // elements; tile stride 0: one list for all tiles
   const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
   int count_tiles;                           // 1 when every tile shares the list
-  int max_listed;                            // the most keys one list can hold
+  int max_listed;                            // causal tile lists: the most keys one holds (0: unknown)
   const KeyInfo* info;                       // [B * Hk, Sk]
   // dk/dv: the kept keys of each (b, hk) in index order, grouped in windows (bwd kernel).
   const int32_t *kept, *kept_count;  // [B * Hk, Sk], [B * Hk]

@@ -186,7 +186,6 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
     lists.keys_tile_stride = 0;
     lists.counts = c.kept_count;
     lists.count_tiles = 1;
-    lists.max_listed = int(s.window < s.Sk ? s.window : s.Sk);  // every query keeps the same top-w
   }
   return cudaSuccess;
 }
