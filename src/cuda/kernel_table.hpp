@@ -11,7 +11,7 @@ constexpr int head_dim_bucket(int D) {
   return D <= 0 ? 0 : D <= 32 ? 32 : D <= 64 ? 64 : D <= 96 ? 96 : D <= 128 ? 128 : D <= 192 ? 192 : D <= 256 ? 256 : 0;
 }
 
-// Forward tile shape per compiled head dim, shared by the kernel (FwdTile), the mask
+// Forward tile shape per compiled head dim, shared by the kernel (FwdMmaSm80), the mask
 // summary and the host. Two m16 tiles per warp up to D = 128 (4 warps: 128 rows), one above;
 // 32-key tiles at D = 128 where two m-tiles sit at the register limit.
 constexpr int fwd_m_tiles_per_warp(int head_dim) { return head_dim <= 128 ? 2 : 1; }

@@ -1,6 +1,6 @@
 // One tiny typed wrapper per PTX instruction the kernels use (sm_80+). Destination first;
-// fragment layouts are documented where they are produced, and tested alone in
-// tests/gpu/test_ptx_primitives.cu.
+// fragment layouts are documented where they are produced. They are tested through the
+// kernels (tests/gpu); the Hopper ones in wgmma.cuh also alone (tests/gpu/test_wgmma_gpu.cu).
 #pragma once
 
 #include <cuda_bf16.h>

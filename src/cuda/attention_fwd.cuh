@@ -1,17 +1,22 @@
-// attention forward, portable sm80+ path (FlashAttention-2 class).
+// attention forward (FlashAttention-2 class), one kernel for every path, with the matmuls
+// as a policy: FwdMmaSm80 (mma.sync, any sm80+ GPU) or FwdMmaSm90 (wgmma, Hopper, D = 64 and
+// 128), chosen per launch.
 //
-// One CTA = kBlockM query rows of one (batch, head), 4 warps; tile shapes come from
-// kernel_table.hpp. Key tiles of kBlockN stream through shared memory, double-buffered with
-// cp.async: the next tile loads while this one computes, and tiles the mask rules out
-// (mask_tile_summary.cu) are never loaded. S = Q K^T and O += P V are mma.sync m16n8k16 with fp32 accumulators;
-// P goes from the S accumulators straight into A fragments, never through shared memory.
+// One CTA = kBlockM query rows of one (batch, head). Key tiles of kBlockN stream through
+// shared memory, double-buffered with cp.async: the next tile loads while this one computes,
+// and tiles the mask rules out (mask_tile_summary.cu) are never loaded. Each warp owns
+// 16 * kMTiles rows; P goes from the S accumulators straight into A fragments, never through
+// shared memory.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 
 #include "cuda/attention_fwd_params.hpp"
+#include "cuda/fwd_mma_sm80.cuh"
+#include "cuda/fwd_mma_sm90.cuh"
 #include "cuda/kernel_table.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
@@ -20,27 +25,17 @@
 
 namespace fdma::cuda {
 
-template <int kHeadDim>
+// Shared memory of one CTA: Q, K x2, V x2 in the policy's layout, then the optional
+// mask/bias tiles (two buffers each, sized at launch from what the call uses so unmasked calls
+// keep their occupancy; rows padded by 16 bytes against bank conflicts), the gathered keys'
+// KeyInfo records (dynamic-mask mode, two buffers) and the staged key list.
+template <class Mma>
 struct FwdTile {
-  // Each warp owns kMTiles m16 row tiles: every K/V fragment read from shared memory then
-  // feeds kMTiles mmas. Two tiles for D <= 128; above that the O accumulators alone would
-  // need 2 * D / 2 registers per thread and spill.
-  static constexpr int kMTiles = fwd_m_tiles_per_warp(kHeadDim);
-  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
-  static constexpr int kBlockM = fwd_block_m(kHeadDim);
-  // Keys per tile. D = 128 with two m-tiles sits at the register limit: 32-key tiles halve
-  // the S registers and measured 10-18% faster than 64 (docs/perf-notes.md).
-  static constexpr int kBlockN = fwd_block_n(kHeadDim);
-  static_assert(kBlockM == 16 * kMTiles * kWarps, "tile table and kernel agree");
-  static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
-  static constexpr int kQBytes = kBlockM * kRowBytes, kKVBytes = kBlockN * kRowBytes;
-  static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q, K x2, V x2
-  static constexpr int kTilesN = kBlockN / 8;                // n-tiles of S per m-tile
-  static constexpr int kTilesD = kHeadDim / 8;               // n-tiles of O per m-tile
-  static_assert(kHeadDim % 16 == 0, "head dim tiles are k16 steps");
+  static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
+  static constexpr int kTilesBytes = Mma::kQBytes + 4 * Mma::kKVBytes;
+  // Dynamic shared memory is only 16-byte aligned for sure: the kernel rounds its base up.
+  static constexpr int kAlignSlack = Mma::kTileAlign > 16 ? Mma::kTileAlign : 0;
 
-  // Optional mask/bias tiles (two buffers each), sized at launch from what the call uses so
-  // unmasked calls keep their occupancy. Rows are padded by 16 bytes against bank conflicts.
   __host__ __device__ static int mask_pitch() { return kBlockN + 16; }
   __host__ __device__ static int bias_pitch(const AttentionFwdParams& p) { return kBlockN * (p.bias_f32 ? 4 : 2) + 16; }
   __host__ __device__ static int mask_rows(const AttentionFwdParams& p) { return p.mask_stride[2] == 0 ? 1 : kBlockM; }
@@ -51,28 +46,30 @@ struct FwdTile {
   __host__ __device__ static int bias_tile_bytes(const AttentionFwdParams& p) {
     return p.bias_tiled ? bias_rows(p) * bias_pitch(p) : 0;
   }
-  // Dynamic-mask mode: the gathered keys' KeyInfo records, two buffers.
   __host__ __device__ static int info_tile_bytes(const AttentionFwdParams& p) { return p.lists.keys ? kBlockN * 16 : 0; }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& p) {
-    return kSmemBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p)) + staged_list_bytes(p.lists);
+    return kAlignSlack + kTilesBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p)) +
+           staged_list_bytes(p.lists);
   }
 };
 
 // kGather: dynamic-mask mode (p.lists), an instantiation of its own so that each kernel's
 // unrolled loop holds only its own path (one kernel with both stalled on the instruction
 // cache; docs/perf-notes.md).
-template <class T, int kHeadDim, bool kGather>
-__global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
-    attention_fwd_kernel(const AttentionFwdParams p) {
-  using Tile = FwdTile<kHeadDim>;
-  constexpr int kM = Tile::kMTiles, kN = Tile::kTilesN, kDT = Tile::kTilesD;
-  extern __shared__ __align__(128) unsigned char smem[];
+template <class T, int kHeadDim, bool kGather, class Mma>
+__global__ void __launch_bounds__(Mma::kThreads) attention_fwd_kernel(const AttentionFwdParams p) {
+  using Tile = FwdTile<Mma>;
+  constexpr int kM = Mma::kMTiles, kN = Mma::kTilesN, kDT = Mma::kTilesD, kThreads = Mma::kThreads;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw;
+  if constexpr (Tile::kAlignSlack > 0)
+    smem += (Tile::kAlignSlack - ptx::smem_addr(smem_raw) % Tile::kAlignSlack) % Tile::kAlignSlack;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Causal blocks near the end see the most keys: launch them first so the tail is short.
   const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
   const int row0 = m_block * Tile::kBlockM;
-  const int warp_row0 = row0 + warp * 16 * kM;
+  const int warp_row0 = row0 + Mma::warp_row_offset(warp);
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[2];
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[2];
@@ -94,9 +91,9 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   const int n_blocks = key_end > 0 ? (key_end + Tile::kBlockN - 1) / Tile::kBlockN : 0;
 
   const uint32_t s_q = ptx::smem_addr(smem);
-  const uint32_t s_k = s_q + Tile::kQBytes, s_v = s_k + 2 * Tile::kKVBytes;
+  const uint32_t s_k = s_q + Mma::kQBytes, s_v = s_k + 2 * Mma::kKVBytes;
   const int mask_bytes = Tile::mask_tile_bytes(p), bias_bytes = Tile::bias_tile_bytes(p);
-  unsigned char* mask_tiles = smem + Tile::kSmemBytes;
+  unsigned char* mask_tiles = smem + Tile::kTilesBytes;
   unsigned char* bias_tiles = mask_tiles + 2 * mask_bytes;
   const int info_bytes = Tile::info_tile_bytes(p);
   unsigned char* info_tiles = bias_tiles + 2 * bias_bytes;
@@ -115,14 +112,14 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   auto load_score_tiles = [&](int nb, int buf) {
     const int key0 = nb * Tile::kBlockN, keys = min(Tile::kBlockN, p.Sk - key0);
     if (p.mask_tiled)
-      load_bytes_tile_async<Tile::kThreads>(ptx::smem_addr(mask_tiles + buf * mask_bytes), Tile::mask_pitch(),
-                                            mask_src + key0, p.mask_stride[2], Tile::mask_rows(p), Tile::kBlockN,
-                                            mask_bcast ? 1 : tile_rows_valid, keys, tid);
+      load_bytes_tile_async<kThreads>(ptx::smem_addr(mask_tiles + buf * mask_bytes), Tile::mask_pitch(),
+                                      mask_src + key0, p.mask_stride[2], Tile::mask_rows(p), Tile::kBlockN,
+                                      mask_bcast ? 1 : tile_rows_valid, keys, tid);
     if (p.bias_tiled)
-      load_bytes_tile_async<Tile::kThreads>(ptx::smem_addr(bias_tiles + buf * bias_bytes), Tile::bias_pitch(p),
-                                            bias_src + int64_t(key0) * bias_esize, p.bias_stride[2] * bias_esize,
-                                            Tile::bias_rows(p), Tile::kBlockN * bias_esize,
-                                            bias_bcast ? 1 : tile_rows_valid, keys * bias_esize, tid);
+      load_bytes_tile_async<kThreads>(ptx::smem_addr(bias_tiles + buf * bias_bytes), Tile::bias_pitch(p),
+                                      bias_src + int64_t(key0) * bias_esize, p.bias_stride[2] * bias_esize,
+                                      Tile::bias_rows(p), Tile::kBlockN * bias_esize,
+                                      bias_bcast ? 1 : tile_rows_valid, keys * bias_esize, tid);
   };
 
   float o[kM][kDT][4];
@@ -132,41 +129,54 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     for (int dt = 0; dt < kDT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
   OnlineSoftmax<kN, kDT> softmax[kM];
 
-  // Key tiles the mask rules out entirely are skipped: no K, V or bias loads, no math.
+  // Key tiles the mask rules out entirely are skipped: no K, V or bias loads, no math. The
+  // summary's key tiles are fwd_block_n wide; a kernel tile may span several.
   const uint8_t* active = nullptr;
   if (p.tile_active) {
     const int mb = p.active_batches == 1 ? 0 : b, mh = int(head_index(p.mask_head_mode, h, p.G));
     const int qt = p.active_q_tiles == 1 ? 0 : m_block;
     active = p.tile_active + ((int64_t(mb) * p.active_heads + mh) * p.active_q_tiles + qt) * p.active_k_tiles;
   }
+  constexpr int kSummaryTiles = Tile::kBlockN / fwd_block_n(kHeadDim);
+  static_assert(kSummaryTiles >= 1 && Tile::kBlockN % fwd_block_n(kHeadDim) == 0, "kernel tiles cover summary tiles");
+  auto tile_active = [&](int nb) {
+    if (p.active_k_tiles == 1) return active[0] != 0;
+    bool any = false;
+#pragma unroll
+    for (int i = 0; i < kSummaryTiles; ++i) {
+      const int st = nb * kSummaryTiles + i;
+      any |= st < p.active_k_tiles && active[st];
+    }
+    return any;
+  };
   auto next_active = [&](int nb) {
     if (active)
-      while (nb < n_blocks && !active[p.active_k_tiles == 1 ? 0 : nb]) ++nb;
+      while (nb < n_blocks && !tile_active(nb)) ++nb;
     return nb;
   };
 
   // K, V and the tile's mask/bias (or gathered key records) for key tile nb, one cp.async group.
   auto load_kv = [&](int nb, int buf) {
     const int key0 = nb * Tile::kBlockN;
-    const uint32_t sk = s_k + buf * Tile::kKVBytes, sv = s_v + buf * Tile::kKVBytes;
+    const uint32_t sk = s_k + buf * Mma::kKVBytes, sv = s_v + buf * Mma::kKVBytes;
     if (gather) {
       const int n = n_listed - key0;
-      load_rows_gather_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sk, k, p.k_stride[1], list + key0, n, p.D, tid);
-      load_rows_gather_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sv, v, p.v_stride[1], list + key0, n, p.D, tid);
+      Mma::template load_rows_gather<Tile::kBlockN>(sk, k, p.k_stride[1], list + key0, n, p.D, tid);
+      Mma::template load_rows_gather<Tile::kBlockN>(sv, v, p.v_stride[1], list + key0, n, p.D, tid);
       load_key_records_async(ptx::smem_addr(info_tiles + buf * info_bytes), info, list + key0, n, Tile::kBlockN, tid);
     } else {
-      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sk, k, p.k_stride[1], key0, p.Sk, p.D, tid);
-      load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockN>(sv, v, p.v_stride[1], key0, p.Sk, p.D, tid);
+      Mma::template load_rows<Tile::kBlockN>(sk, k, p.k_stride[1], key0, p.Sk, p.D, tid);
+      Mma::template load_rows<Tile::kBlockN>(sv, v, p.v_stride[1], key0, p.Sk, p.D, tid);
       load_score_tiles(nb, buf);
     }
   };
 
   int nb = next_active(0);
   if (nb < n_blocks) {
-    load_rows_async<Tile::kThreads, kHeadDim, Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
+    Mma::template load_rows<Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
     if (gather && n_listed * 4 <= staged_list_bytes(p.lists)) {  // stage the list (see kMaxStagedKeys)
       int32_t* s_list = reinterpret_cast<int32_t*>(info_tiles + 2 * info_bytes);
-      for (int i = tid; i < n_listed; i += Tile::kThreads) s_list[i] = list[i];
+      for (int i = tid; i < n_listed; i += kThreads) s_list[i] = list[i];
       __syncthreads();
       list = s_list;
     }
@@ -174,43 +184,16 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
     ptx::cp_async_commit();
   }
 
-  // Lane addresses for ldmatrix (see ptx.cuh for the fragment layouts).
-  const uint32_t q_lane = s_q + (warp * 16 * kM + lane % 16) * Tile::kRowBytes + (lane / 16) * 16;
-  const uint32_t k_lane = (lane % 8 + (lane / 16) * 8) * Tile::kRowBytes + ((lane / 8) % 2) * 16;
-  const uint32_t v_lane = (lane % 8 + ((lane / 8) % 2) * 8) * Tile::kRowBytes + (lane / 16) * 16;
-
   for (int buf = 0; nb < n_blocks; buf ^= 1) {
     const int nb_next = next_active(nb + 1);
-    if (nb_next < n_blocks) {
-      load_kv(nb_next, buf ^ 1);
-    }
+    if (nb_next < n_blocks) load_kv(nb_next, buf ^ 1);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();  // this tile (and Q) landed; the next may still be in flight
+    Mma::tile_landed();
     __syncthreads();
 
-    // S = Q K^T for this warp's 16 * kM rows x kBlockN keys.
     float s[kM][kN][4];
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kN; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
-    const uint32_t k_tile = s_k + buf * Tile::kKVBytes + k_lane;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt) ptx::ldmatrix_x4(a[mt], q_lane + mt * 16 * Tile::kRowBytes + kk * 32);
-#pragma unroll
-      for (int np = 0; np < kN / 2; ++np) {
-        uint32_t bk[4];
-        ptx::ldmatrix_x4(bk, k_tile + np * 16 * Tile::kRowBytes + kk * 32);
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          ptx::mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          ptx::mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
-        }
-      }
-    }
+    Mma::qk(s, s_q, s_k + buf * Mma::kKVBytes, warp, lane);
 
     const ScoreTiles tiles{p.mask_tiled ? mask_tiles + buf * mask_bytes : nullptr,
                            p.bias_tiled ? bias_tiles + buf * bias_bytes : nullptr,
@@ -229,29 +212,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
       softmax[mt].update(s[mt], o[mt]);
     }
 
-    // O += P V: P (16 x kBlockN keys per m-tile) from registers, V^T by transposing ldmatrix.
-    const uint32_t v_tile = s_v + buf * Tile::kKVBytes + v_lane;
-#pragma unroll
-    for (int kk = 0; kk < Tile::kBlockN / 16; ++kk) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt) {
-        a[mt][0] = ptx::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = ptx::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = ptx::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = ptx::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        uint32_t bv[4];
-        ptx::ldmatrix_x4_trans(bv, v_tile + kk * 16 * Tile::kRowBytes + dp * 32);
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          ptx::mma_16816<T>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
-          ptx::mma_16816<T>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
-        }
-      }
-    }
+    Mma::pv(o, s, s_v + buf * Mma::kKVBytes, warp, lane);
     __syncthreads();  // everyone is done with this buffer before it is refilled
     nb = nb_next;
   }
@@ -281,37 +242,79 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads)
   }
 }
 
-template <class T, int kHeadDim, bool kGather>
-cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& p, cudaStream_t stream) {
-  using Tile = FwdTile<kHeadDim>;
-  auto kernel = attention_fwd_kernel<T, kHeadDim, kGather>;
+// Raises a kernel's shared-memory limit once per device and size, not per call (the attribute
+// is per device; the caller's device guard has made the tensors' device current).
+template <class Kernel>
+cudaError_t grant_smem_once(Kernel kernel, int smem, std::atomic<int>* granted, int device) {
+  std::atomic<int>* seen_for_device = granted ? &granted[device] : nullptr;
+  if (seen_for_device && smem <= seen_for_device->load(std::memory_order_relaxed)) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess || !seen_for_device) return err;
+  int seen = seen_for_device->load(std::memory_order_relaxed);
+  while (smem > seen && !seen_for_device->compare_exchange_weak(seen, smem)) {
+  }
+  return cudaSuccess;
+}
+
+constexpr int kMaxDevices = 64;
+
+template <class T, int kHeadDim, bool kGather, class Mma>
+cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& p, int device, cudaStream_t stream) {
+  using Tile = FwdTile<Mma>;
+  auto kernel = attention_fwd_kernel<T, kHeadDim, kGather, Mma>;
   const int smem = Tile::smem_bytes(p);
-  // Raise the kernel's shared-memory limit once per device and size, not per call (the
-  // attribute is per device; the caller's device guard has made the tensors' device current).
-  constexpr int kMaxDevices = 64;
   static std::atomic<int> granted[kMaxDevices] = {};
+  cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted : nullptr, device);
+  if (err != cudaSuccess) return err;
+  dim3 grid((p.Sq + Tile::kBlockM - 1) / Tile::kBlockM, p.H, p.B);
+  kernel<<<grid, Mma::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Whether the wgmma kernels run on `device`: a Hopper GPU (compute capability 9.0) and a
+// library built with sm_90a code for this kernel (binaryVersion is the code the device would
+// run). FDMA_DISABLE_WGMMA=1 in the environment turns the path off (A/B measurements).
+template <class Kernel>
+bool wgmma_path_available(Kernel kernel, int device) {
+  static const bool disabled = [] {
+    const char* env = std::getenv("FDMA_DISABLE_WGMMA");
+    return env && env[0] == '1';
+  }();
+  if (disabled) return false;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed))
+    return cached[device].load(std::memory_order_relaxed) == 1;
+  int major = 0, minor = 0;
+  cudaFuncAttributes attr{};
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                  major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+                  attr.binaryVersion == 90;
+  cudaGetLastError();  // a failed query is an answer (no), not an error for the caller
+  if (device < kMaxDevices) cached[device].store(ok ? 1 : 2, std::memory_order_relaxed);
+  return ok;
+}
+
+template <class T, int kHeadDim, bool kGather>
+cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  std::atomic<int>* seen_for_device = device < kMaxDevices ? &granted[device] : nullptr;
-  if (!seen_for_device || smem > seen_for_device->load(std::memory_order_relaxed)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    if (seen_for_device) {
-      int seen = seen_for_device->load(std::memory_order_relaxed);
-      while (smem > seen && !seen_for_device->compare_exchange_weak(seen, smem)) {
-      }
-    }
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    using Sm90 = FwdMmaSm90<T, kHeadDim>;
+    // The wgmma tiles are larger: a call whose mask/bias tiles would not fit takes the sm80 path.
+    constexpr int kMaxSmem = 227 * 1024;
+    if (FwdTile<Sm90>::smem_bytes(p) <= kMaxSmem &&
+        wgmma_path_available(attention_fwd_kernel<T, kHeadDim, kGather, Sm90>, device))
+      return launch_attention_fwd_kernel<T, kHeadDim, kGather, Sm90>(p, device, stream);
   }
-  dim3 grid((p.Sq + Tile::kBlockM - 1) / Tile::kBlockM, p.H, p.B);
-  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_attention_fwd_kernel<T, kHeadDim, kGather, FwdMmaSm80<T, kHeadDim>>(p, device, stream);
 }
 
 template <class T, int kHeadDim>
 cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
-  return p.lists.keys ? launch_attention_fwd_kernel<T, kHeadDim, true>(p, stream)
-                      : launch_attention_fwd_kernel<T, kHeadDim, false>(p, stream);
+  return p.lists.keys ? launch_attention_fwd_path<T, kHeadDim, true>(p, stream)
+                      : launch_attention_fwd_path<T, kHeadDim, false>(p, stream);
 }
 
 }  // namespace fdma::cuda

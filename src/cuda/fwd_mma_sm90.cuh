@@ -1,0 +1,87 @@
+// The forward's matmuls on Hopper (sm_90a): a policy for the forward kernel
+// (attention_fwd.cuh) with the same interface as FwdMmaSm80. Two warpgroups of 64 query rows
+// each; S = Q K^T is one wgmma chain with Q and K read from 128-byte-swizzled shared memory,
+// O += P V takes P from registers and V from shared memory as an N-major operand. The
+// accumulator layout per warp equals mma.sync's (wgmma.cuh), so scores, softmax and the
+// epilogue are the sm80 code.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/kernel_table.hpp"
+#include "cuda/ptx.cuh"
+#include "cuda/tile_io_sm90.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace fdma::cuda {
+
+template <class T, int kHeadDim>
+struct FwdMmaSm90 {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma forward tiles: D = 64 or 128");
+  static constexpr int kMTiles = 1;  // per warp: 16 rows of its warpgroup's 64
+  static constexpr int kThreads = 256;
+  static constexpr int kBlockM = 128;  // = fwd_block_m(D): key lists and mask summaries use it
+  static constexpr int kBlockN = 128;
+  static_assert(kBlockM == fwd_block_m(kHeadDim), "query tiles match the lists built for the forward");
+  static constexpr int kQBytes = wgmma::sw128_tile_bytes(kBlockM, kHeadDim);
+  static constexpr int kKVBytes = wgmma::sw128_tile_bytes(kBlockN, kHeadDim);
+  static constexpr int kTileAlign = 1024;  // the swizzle pattern repeats every 8 rows of 128 bytes
+  static constexpr int kTilesN = kBlockN / 8, kTilesD = kHeadDim / 8;
+  static constexpr int kBlockBytesQ = kBlockM * wgmma::kSwizzleRowBytes;   // one 64-column block of Q
+  static constexpr int kBlockBytesKV = kBlockN * wgmma::kSwizzleRowBytes;  // of K or V
+
+  __device__ static int warp_row_offset(int warp) { return warp * 16; }
+
+  template <int kRows>
+  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
+    load_rows_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
+  }
+  template <int kRows>
+  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
+                                          int D, int tid) {
+    load_rows_gather_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
+  }
+  // cp.async wrote the tile through the generic proxy; wgmma reads through the async proxy.
+  __device__ static void tile_landed() { wgmma::fence_proxy_async_smem(); }
+
+  // S = Q K^T: this warpgroup's 64 rows x 128 keys, D / 16 chained wgmmas.
+  __device__ static void qk(float (&s)[1][kTilesN][4], uint32_t s_q, uint32_t k_tile, int warp, int) {
+    const uint32_t q_rows = s_q + (warp / 4) * 64 * wgmma::kSwizzleRowBytes;
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t col = (kk % 4) * 32;  // bytes into a swizzled row: 16 elements per step
+      wgmma::mma_ss<T, kBlockN>(s[0], wgmma::desc_k_major(q_rows + (kk / 4) * kBlockBytesQ + col),
+                                wgmma::desc_k_major(k_tile + (kk / 4) * kBlockBytesKV + col), kk > 0);
+    }
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(s[0]);
+  }
+
+  // O += P V: P from registers (16 keys per step), V N-major in shared memory.
+  __device__ static void pv(float (&o)[1][kTilesD][4], const float (&s)[1][kTilesN][4], uint32_t v_tile, int, int) {
+    uint32_t a[kBlockN / 16][4];  // all live until the wait: wgmma reads them asynchronously
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      a[kk][0] = ptx::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
+      a[kk][1] = ptx::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
+      a[kk][2] = ptx::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+      a[kk][3] = ptx::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      wgmma::mma_rs_n_major<T, kHeadDim>(o[0], a[kk],
+                                         wgmma::desc_n_major(v_tile + kk * 16 * wgmma::kSwizzleRowBytes, kBlockBytesKV), 1);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(o[0]);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[kk][e])::"memory");
+  }
+};
+
+}  // namespace fdma::cuda

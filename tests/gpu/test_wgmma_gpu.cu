@@ -1,0 +1,127 @@
+// The Hopper primitives alone (wgmma.cuh, tile_io_sm90.cuh), before any kernel uses them:
+// one warpgroup loads A [64 x 128] and B [128 x 128] into swizzled tiles, computes
+// S = A B^T with chained K-major wgmmas, then O = P V with P = S rounded to bf16 from
+// registers and V read N-major, exactly as the forward kernel's policy does. Compared with a
+// double-precision product on the host. Skipped off Hopper.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda/ptx.cuh"
+#include "cuda/tile_io_sm90.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace {
+
+using fdma::cuda::ptx::pack2;
+namespace wg = fdma::cuda::wgmma;
+using T = __nv_bfloat16;
+constexpr int kD = 128, kN = 128, kM = 64;
+
+__global__ void wgmma_probe(const T* a, const T* b, const T* v, float* s_out, float* o_out) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_a = fdma::cuda::ptx::smem_addr(smem);
+  const uint32_t s_b = s_a + wg::sw128_tile_bytes(kM, kD), s_v = s_b + wg::sw128_tile_bytes(kN, kD);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  fdma::cuda::load_rows_sw128_async<128, kD, kM>(s_a, a, kD, 0, kM, kD, tid);
+  fdma::cuda::load_rows_sw128_async<128, kD, kN>(s_b, b, kD, 0, kN, kD, tid);
+  fdma::cuda::load_rows_sw128_async<128, kD, kN>(s_v, v, kD, 0, kN, kD, tid);
+  fdma::cuda::ptx::cp_async_commit();
+  fdma::cuda::ptx::cp_async_wait<0>();
+  wg::fence_proxy_async_smem();
+  __syncthreads();
+
+  float s[kN / 8][4];
+  wg::fence();
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wg::mma_ss<T, kN>(s, wg::desc_k_major(s_a + (kk / 4) * kM * 128 + (kk % 4) * 32),
+                      wg::desc_k_major(s_b + (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0);
+  wg::commit_group();
+  wg::wait_group<0>();
+  wg::fence_operands(s);
+
+  float o[kD / 8][4] = {};
+  uint32_t p[kN / 16][4];
+  for (int kk = 0; kk < kN / 16; ++kk) {
+    p[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    p[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    p[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    p[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+  wg::fence();
+  for (int kk = 0; kk < kN / 16; ++kk) wg::mma_rs_n_major<T, kD>(o, p[kk], wg::desc_n_major(s_v + kk * 16 * 128, kN * 128), 1);
+  wg::commit_group();
+  wg::wait_group<0>();
+  wg::fence_operands(o);
+
+  for (int nt = 0; nt < kN / 8; ++nt)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+      s_out[row * kN + col] = s[nt][e];
+      o_out[row * kD + col] = o[nt][e];
+    }
+}
+
+bool hopper_available() {
+  int n = 0, major = 0, minor = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  cudaFuncAttributes attr{};
+  return major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, wgmma_probe) == cudaSuccess &&
+         attr.binaryVersion == 90;
+}
+
+TEST(WgmmaGpu, SwizzledTilesAndBothOperandForms) {
+  if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU with sm_90a code: wgmma tests skipped";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  auto fill = [&](int n, float scale) {
+    std::vector<T> x(n);
+    for (auto& e : x) e = __float2bfloat16(dist(rng) * scale);
+    return x;
+  };
+  const auto a = fill(kM * kD, 0.25f), b = fill(kN * kD, 0.25f), v = fill(kN * kD, 1.f);
+  T *da, *db, *dv;
+  float *ds, *dout;
+  ASSERT_EQ(cudaMalloc(&da, a.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&db, b.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dv, v.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, kM * kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dout, kM * kD * 4), cudaSuccess);
+  cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dv, v.data(), v.size() * 2, cudaMemcpyHostToDevice);
+  const int smem = wg::sw128_tile_bytes(kM, kD) + 2 * wg::sw128_tile_bytes(kN, kD);
+  ASSERT_EQ(cudaFuncSetAttribute(wgmma_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
+  wgmma_probe<<<1, 128, smem>>>(da, db, dv, ds, dout);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> s(kM * kN), o(kM * kD);
+  cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(o.data(), dout, o.size() * 4, cudaMemcpyDeviceToHost);
+  cudaFree(da), cudaFree(db), cudaFree(dv), cudaFree(ds), cudaFree(dout);
+
+  int bad_s = 0, bad_o = 0;
+  std::vector<float> p(kM * kN);
+  for (int i = 0; i < kM; ++i)
+    for (int j = 0; j < kN; ++j) {
+      double ref = 0;
+      for (int d = 0; d < kD; ++d) ref += double(__bfloat162float(a[i * kD + d])) * __bfloat162float(b[j * kD + d]);
+      bad_s += std::fabs(s[i * kN + j] - ref) > 1e-3 * (1 + std::fabs(ref));
+      p[i * kN + j] = __bfloat162float(__float2bfloat16(s[i * kN + j]));  // the kernel's rounding of P
+    }
+  for (int i = 0; i < kM; ++i)
+    for (int d = 0; d < kD; ++d) {
+      double ref = 0;
+      for (int j = 0; j < kN; ++j) ref += double(p[i * kN + j]) * __bfloat162float(v[j * kD + d]);
+      bad_o += std::fabs(o[i * kD + d] - ref) > 1e-3 * (1 + std::fabs(ref));
+    }
+  EXPECT_EQ(bad_s, 0) << "S = A B^T elements off";
+  EXPECT_EQ(bad_o, 0) << "O = P V elements off";
+}
+
+}  // namespace
