@@ -1,4 +1,4 @@
-// The small kernels around the attention backward (attention_bwd_sm80.cuh):
+// The small kernels around the attention backward (attention_bwd.cuh):
 //   prepare: per query row, delta = rowsum(dO * O) in fp32 and lse2 = lse * log2(e) (+inf for
 //            a row that saw nothing, and for the padding rows up to Sq_pad), so the main
 //            kernels get P = exp2(s * log2(e) - lse2) with no special cases;

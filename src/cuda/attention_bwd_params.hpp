@@ -1,4 +1,4 @@
-// The plain struct the attention backward kernels read (attention_bwd_sm80.cuh). The
+// The plain struct the attention backward kernels read (attention_bwd.cuh). The
 // forward's params describe q, k, v, out, lse, mask, bias and the sizes; the rest are the
 // gradients and the fp32 arrays the backward keeps in the caller's workspace.
 #pragma once

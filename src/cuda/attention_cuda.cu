@@ -113,10 +113,10 @@ BwdPlan plan_backward(const detail::AttentionProblem& prob) {
     const bool b_reduced = bias.size[0] == 1 && d.B > 1;
     if (q_reduced && !k_reduced) {
       // Broadcast over queries only: the dk/dv kernel sums each key's column; one slot per
-      // (batch, KV head) that shares a dbias element.
+      // (batch, KV head) that shares a dbias element, times two (one per warp group).
       plan.owner = DbiasOwner::columns;
       plan.use_acc = true;
-      plan.slots = int((b_reduced ? d.B : 1) * (bias.head_mode == detail::Broadcast::shared ? d.Hk : 1));
+      plan.slots = 2 * int((b_reduced ? d.B : 1) * (bias.head_mode == detail::Broadcast::shared ? d.Hk : 1));
     } else {
       plan.owner = DbiasOwner::rows;
       plan.rows_batches = b_reduced ? int(d.B) : 1;

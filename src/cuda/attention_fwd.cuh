@@ -12,8 +12,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 
+#include "cuda/arch_dispatch.cuh"
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/fwd_mma_sm80.cuh"
 #include "cuda/fwd_mma_sm90.cuh"
@@ -57,7 +57,7 @@ struct FwdTile {
 // unrolled loop holds only its own path (one kernel with both stalled on the instruction
 // cache; docs/perf-notes.md).
 template <class T, int kHeadDim, bool kGather, class Mma>
-__global__ void __launch_bounds__(Mma::kThreads) attention_fwd_kernel(const AttentionFwdParams p) {
+__device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) {
   using Tile = FwdTile<Mma>;
   constexpr int kM = Mma::kMTiles, kN = Mma::kTilesN, kDT = Mma::kTilesD, kThreads = Mma::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -242,6 +242,16 @@ __global__ void __launch_bounds__(Mma::kThreads) attention_fwd_kernel(const Atte
   }
 }
 
+// The kernel. Hopper-only policies compile to a trap on other targets, where dispatch never
+// launches them (arch_dispatch.cuh): that keeps their code and build time out of those targets.
+template <class T, int kHeadDim, bool kGather, class Mma>
+__global__ void __launch_bounds__(Mma::kThreads) attention_fwd_kernel(const AttentionFwdParams p) {
+  if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)
+    __trap();
+  else
+    attention_fwd_body<T, kHeadDim, kGather, Mma>(p);
+}
+
 // Raises a kernel's shared-memory limit once per device and size, not per call (the attribute
 // is per device; the caller's device guard has made the tensors' device current).
 template <class Kernel>
@@ -256,8 +266,6 @@ cudaError_t grant_smem_once(Kernel kernel, int smem, std::atomic<int>* granted, 
   return cudaSuccess;
 }
 
-constexpr int kMaxDevices = 64;
-
 template <class T, int kHeadDim, bool kGather, class Mma>
 cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& p, int device, cudaStream_t stream) {
   using Tile = FwdTile<Mma>;
@@ -269,30 +277,6 @@ cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& p, int device,
   dim3 grid((p.Sq + Tile::kBlockM - 1) / Tile::kBlockM, p.H, p.B);
   kernel<<<grid, Mma::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
-}
-
-// Whether the wgmma kernels run on `device`: a Hopper GPU (compute capability 9.0) and a
-// library built with sm_90a code for this kernel (binaryVersion is the code the device would
-// run). FDMA_DISABLE_WGMMA=1 in the environment turns the path off (A/B measurements).
-template <class Kernel>
-bool wgmma_path_available(Kernel kernel, int device) {
-  static const bool disabled = [] {
-    const char* env = std::getenv("FDMA_DISABLE_WGMMA");
-    return env && env[0] == '1';
-  }();
-  if (disabled) return false;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed))
-    return cached[device].load(std::memory_order_relaxed) == 1;
-  int major = 0, minor = 0;
-  cudaFuncAttributes attr{};
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-                  major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
-                  attr.binaryVersion == 90;
-  cudaGetLastError();  // a failed query is an answer (no), not an error for the caller
-  if (device < kMaxDevices) cached[device].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
 }
 
 template <class T, int kHeadDim, bool kGather>

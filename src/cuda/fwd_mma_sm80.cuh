@@ -13,6 +13,7 @@ namespace fdma::cuda {
 
 template <class T, int kHeadDim>
 struct FwdMmaSm80 {
+  static constexpr bool kHopperOnly = false;  // runs on every target
   // Each warp owns kMTiles m16 row tiles: every K/V fragment read from shared memory then
   // feeds kMTiles mmas. Two tiles for D <= 128; above that the O accumulators alone would
   // need 2 * D / 2 registers per thread and spill.

@@ -17,6 +17,7 @@ namespace fdma::cuda {
 
 template <class T, int kHeadDim>
 struct FwdMmaSm90 {
+  static constexpr bool kHopperOnly = true;  // wgmma: only sm_90a code runs it
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma forward tiles: D = 64 or 128");
   static constexpr int kMTiles = 1;  // per warp: 16 rows of its warpgroup's 64
   static constexpr int kThreads = 256;

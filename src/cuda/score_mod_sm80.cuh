@@ -28,32 +28,33 @@ struct ScoreTiles {
   bool mask_bcast_rows, bias_bcast_rows;
 };
 
-// Fills add[nt][e] with the bias (0 without one) where the mask keeps the score and -inf
-// where it does not. Each source layout gets its own loop, picked once per tile, so the
-// per-score work carries no branches on uniform flags (which doubled the instruction count
-// when they sat inside the loop; docs/perf-notes.md).
+// Adds the bias (if any) to s and sets s to -inf where the mask hides the score. Each source
+// layout gets its own loop, picked once per tile, so the per-score work carries no branches on
+// uniform flags (which doubled the instruction count when they sat inside the loop;
+// docs/perf-notes.md). Adding in place, not through an array of terms, keeps 8 * kTilesN
+// registers free (the wgmma forward spilled with the array).
 template <class T, class Load, int kTilesN>
-__device__ __forceinline__ void gather_tile(float (&add)[kTilesN][4], int t, Load&& load) {
+__device__ __forceinline__ void add_tile(float (&s)[kTilesN][4], int t, Load&& load) {
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) add[nt][e] = load(e >> 1, nt * 8 + 2 * t + (e & 1));
+    for (int e = 0; e < 4; ++e) s[nt][e] += load(e >> 1, nt * 8 + 2 * t + (e & 1));
 }
 
 template <class T, int kTilesN>
-__device__ __forceinline__ void additive_terms(float (&add)[kTilesN][4], const AttentionFwdParams& p,
-                                               const ScoreTiles& tiles, int b, int h, const int (&rows)[2], int key0,
-                                               int t) {
+__device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const AttentionFwdParams& p,
+                                                  const ScoreTiles& tiles, int b, int h, const int (&rows)[2],
+                                                  int key0, int t) {
   if (p.bias) {
     if (tiles.bias) {
       const int r0 = tiles.bias_bcast_rows ? 0 : (rows[0] - tiles.tile_row0) * tiles.bias_pitch;
       const int r1 = tiles.bias_bcast_rows ? 0 : (rows[1] - tiles.tile_row0) * tiles.bias_pitch;
       if (p.bias_f32) {
         const float* tile = static_cast<const float*>(tiles.bias);
-        gather_tile<T>(add, t, [&](int r, int jl) { return tile[(r ? r1 : r0) + jl]; });
+        add_tile<T>(s, t, [&](int r, int jl) { return tile[(r ? r1 : r0) + jl]; });
       } else {
         const T* tile = static_cast<const T*>(tiles.bias);
-        gather_tile<T>(add, t, [&](int r, int jl) { return to_float(tile[(r ? r1 : r0) + jl]); });
+        add_tile<T>(s, t, [&](int r, int jl) { return to_float(tile[(r ? r1 : r0) + jl]); });
       }
     } else {
       const int64_t base = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1];
@@ -61,13 +62,11 @@ __device__ __forceinline__ void additive_terms(float (&add)[kTilesN][4], const A
       const int64_t r0 = base + int64_t(min(rows[0], p.Sq - 1)) * p.bias_stride[2];
       const int64_t r1 = base + int64_t(min(rows[1], p.Sq - 1)) * p.bias_stride[2];
       const int64_t ks = p.bias_stride[3];
-      gather_tile<T>(add, t, [&](int r, int jl) {
+      add_tile<T>(s, t, [&](int r, int jl) {
         const int64_t off = (r ? r1 : r0) + int64_t(min(key0 + jl, p.Sk - 1)) * ks;
         return p.bias_f32 ? static_cast<const float*>(p.bias)[off] : to_float(static_cast<const T*>(p.bias)[off]);
       });
     }
-  } else {
-    gather_tile<T>(add, t, [](int, int) { return 0.f; });
   }
   if (p.mask) {
     if (tiles.mask) {
@@ -77,7 +76,7 @@ __device__ __forceinline__ void additive_terms(float (&add)[kTilesN][4], const A
       for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (!tiles.mask[((e >> 1) ? r1 : r0) + nt * 8 + 2 * t + (e & 1)]) add[nt][e] = -INFINITY;
+          if (!tiles.mask[((e >> 1) ? r1 : r0) + nt * 8 + 2 * t + (e & 1)]) s[nt][e] = -INFINITY;
     } else {
       const int64_t base = b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
       const int64_t r0 = base + int64_t(min(rows[0], p.Sq - 1)) * p.mask_stride[2];
@@ -87,7 +86,7 @@ __device__ __forceinline__ void additive_terms(float (&add)[kTilesN][4], const A
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = min(key0 + nt * 8 + 2 * t + (e & 1), p.Sk - 1);
-          if (!p.mask[((e >> 1) ? r1 : r0) + j * p.mask_stride[3]]) add[nt][e] = -INFINITY;
+          if (!p.mask[((e >> 1) ? r1 : r0) + j * p.mask_stride[3]]) s[nt][e] = -INFINITY;
         }
     }
   }
@@ -115,14 +114,7 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
       for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale;
   }
   const int rows[2] = {row0 + g, row0 + g + 8};
-  if (p.mask || p.bias) {
-    float add[kTilesN][4];
-    additive_terms<T>(add, p, tiles, b, h, rows, key0, t);
-#pragma unroll
-    for (int nt = 0; nt < kTilesN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += add[nt][e];
-  }
+  if (p.mask || p.bias) add_bias_and_mask<T>(s, p, tiles, b, h, rows, key0, t);
   if (interior) return;
   const int last_key_of_row0 = rows[0] + p.Sk - p.Sq;  // causal: j <= i + Sk - Sq
 #pragma unroll
@@ -171,6 +163,24 @@ __device__ __forceinline__ float score_add_at(const AttentionFwdParams& p, int b
   const int64_t off = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
                       int64_t(i) * p.bias_stride[2] + int64_t(j) * p.bias_stride[3];
   return p.bias_f32 ? static_cast<const float*>(p.bias)[off] : to_float(static_cast<const T*>(p.bias)[off]);
+}
+
+// Whether (i, j) is in range and not hidden by causality (no mask consulted).
+__device__ __forceinline__ bool visible_at(const AttentionFwdParams& p, int i, int j) {
+  return i < p.Sq && j < p.Sk && (!p.causal || j <= i + p.Sk - p.Sq);
+}
+// A bias broadcast over queries and no mask: the additive term depends on the key alone, so
+// the backward reads it once per key instead of once per score.
+__device__ __forceinline__ bool key_bias_only(const AttentionFwdParams& p) {
+  return p.bias && !p.mask && p.bias_stride[2] == 0;
+}
+// That key's bias (key j clamped into range; its scores are hidden anyway when j >= Sk).
+template <class T>
+__device__ __forceinline__ float key_bias_at(const AttentionFwdParams& p, int b, int h, int j) {
+  const int64_t off = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
+                      int64_t(min(j, p.Sk - 1)) * p.bias_stride[3];
+  return p.bias_f32 ? __ldg(static_cast<const float*>(p.bias) + off)
+                    : to_float(__ldg(static_cast<const T*>(p.bias) + off));
 }
 
 // softcap(scale * qk), the part of a score before the bias.

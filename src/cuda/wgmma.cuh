@@ -101,6 +101,7 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
 #define FDMA_WG_ACC8X4(d, i)                                                                        \
   FDMA_WG_ACC4(d, i), FDMA_WG_ACC4(d, i + 1), FDMA_WG_ACC4(d, i + 2), FDMA_WG_ACC4(d, i + 3),     \
       FDMA_WG_ACC4(d, i + 4), FDMA_WG_ACC4(d, i + 5), FDMA_WG_ACC4(d, i + 6), FDMA_WG_ACC4(d, i + 7)
+#define FDMA_WG_D16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define FDMA_WG_D32 \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
 #define FDMA_WG_D64                                                                                                \
@@ -134,8 +135,11 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
   }
 
 #if FDMA_SM90_ENABLED
+#define FDMA_WG_ACC16(d) FDMA_WG_ACC4(d, 0), FDMA_WG_ACC4(d, 1), FDMA_WG_ACC4(d, 2), FDMA_WG_ACC4(d, 3)
 #define FDMA_WG_ACC32(d) FDMA_WG_ACC8X4(d, 0)
 #define FDMA_WG_ACC64(d) FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC8X4(d, 8)
+FDMA_WG_SS(__nv_bfloat16, "bf16", 32, FDMA_WG_D16, 16, 17, 18, FDMA_WG_ACC16(d))
+FDMA_WG_SS(__half, "f16", 32, FDMA_WG_D16, 16, 17, 18, FDMA_WG_ACC16(d))
 FDMA_WG_SS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
@@ -144,6 +148,7 @@ FDMA_WG_RS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_
 FDMA_WG_RS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_WG_ACC32(d))
 FDMA_WG_RS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, 67, 68, 69, FDMA_WG_ACC64(d))
 FDMA_WG_RS(__half, "f16", 128, FDMA_WG_D64, 64, 65, 66, 67, 68, 69, FDMA_WG_ACC64(d))
+#undef FDMA_WG_ACC16
 #undef FDMA_WG_ACC32
 #undef FDMA_WG_ACC64
 #else
@@ -159,6 +164,7 @@ __device__ __forceinline__ void mma_rs_n_major(float (&)[N / 8][4], const uint32
 #endif
 #undef FDMA_WG_SS
 #undef FDMA_WG_RS
+#undef FDMA_WG_D16
 #undef FDMA_WG_D32
 #undef FDMA_WG_D64
 #undef FDMA_WG_ACC8X4

@@ -1,5 +1,6 @@
-// attention backward, portable sm80+ path. Two kernels, neither with atomics, so the
-// gradients are bitwise reproducible on every run (the `deterministic` flag costs nothing):
+// attention backward, with the matmuls as a policy: BwdMmaSm80 (mma.sync, any sm80+ GPU) or
+// BwdMmaSm90 (wgmma, Hopper, D = 64 and 128), chosen per launch. Two kernels, neither with
+// atomics, so the gradients are bitwise reproducible on every run (`deterministic` is free):
 //   dq kernel   (rows):    one CTA per 64 query rows of a (batch, head); walks the key tiles,
 //                          recomputes P from lse, and owns dq (and dbias when the bias has a
 //                          query dim);
@@ -16,7 +17,10 @@
 
 #include <climits>
 
+#include "cuda/arch_dispatch.cuh"
 #include "cuda/attention_bwd_params.hpp"
+#include "cuda/bwd_mma_sm80.cuh"
+#include "cuda/bwd_mma_sm90.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/softmax_sm80.cuh"
@@ -30,61 +34,6 @@ constexpr int kBwdThreads = 128;  // 4 warps, 16 rows (dq) or 16 keys (dk/dv) ea
 // split into groups of 64 keys with similar intervals, one CTA each, so a CTA walks only the
 // queries its keys' intervals span.
 constexpr int kBwdWindow = 256;
-
-// Lane offsets for ldmatrix (fragment layouts in ptx.cuh), in bytes within a padded tile:
-// an A operand from a row-major [m][k] tile, a B operand from an [n][k] tile, and a B operand
-// from a [k][n] tile through the transposing ldmatrix.
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t lane_a(int lane) {
-  return (lane % 16) * kRowBytes + (lane / 16) * 16;
-}
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t lane_b(int lane) {
-  return (lane % 8 + (lane / 16) * 8) * kRowBytes + ((lane / 8) % 2) * 16;
-}
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t lane_b_trans(int lane) {
-  return (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes + (lane / 16) * 16;
-}
-
-// acc[16 x 8*kTilesN] += A[16 x kHeadDim] * B[8*kTilesN x kHeadDim]^T, A and B in padded tiles.
-template <class T, int kHeadDim, int kTilesN>
-__device__ __forceinline__ void mma_a_bt(float (&acc)[kTilesN][4], uint32_t a_lane, uint32_t b_lane) {
-  constexpr int kRow = padded_row_bytes(kHeadDim);
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    uint32_t a[4];
-    ptx::ldmatrix_x4(a, a_lane + kk * 32);
-#pragma unroll
-    for (int np = 0; np < kTilesN / 2; ++np) {
-      uint32_t bk[4];
-      ptx::ldmatrix_x4(bk, b_lane + np * 16 * kRow + kk * 32);
-      ptx::mma_16816<T>(acc[2 * np], a, bk[0], bk[1]);
-      ptx::mma_16816<T>(acc[2 * np + 1], a, bk[2], bk[3]);
-    }
-  }
-}
-
-// acc[16 x 8*kTilesD] += P[16 x 8*kTilesK] * B[8*kTilesK rows of a tile, columns col0..], with P
-// from registers in accumulator layout (rounded to T) and B read by the transposing ldmatrix.
-template <class T, int kRowBytes, int kTilesK, int kTilesD>
-__device__ __forceinline__ void mma_regs_b(float (&acc)[kTilesD][4], const float (&pr)[kTilesK][4], uint32_t b_lane) {
-#pragma unroll
-  for (int kk = 0; kk < kTilesK / 2; ++kk) {
-    uint32_t a[4];
-    a[0] = ptx::pack2<T>(pr[2 * kk][0], pr[2 * kk][1]);
-    a[1] = ptx::pack2<T>(pr[2 * kk][2], pr[2 * kk][3]);
-    a[2] = ptx::pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]);
-    a[3] = ptx::pack2<T>(pr[2 * kk + 1][2], pr[2 * kk + 1][3]);
-#pragma unroll
-    for (int dp = 0; dp < kTilesD / 2; ++dp) {
-      uint32_t bv[4];
-      ptx::ldmatrix_x4_trans(bv, b_lane + kk * 16 * kRowBytes + dp * 32);
-      ptx::mma_16816<T>(acc[2 * dp], a, bv[0], bv[1]);
-      ptx::mma_16816<T>(acc[2 * dp + 1], a, bv[2], bv[3]);
-    }
-  }
-}
 
 // Dense index of dbias element (b, bias head hb, i, j) in the fp32 reduction slots, and its
 // offset in the dbias tensor (whose strides are 0 on size-1 dims).
@@ -161,20 +110,31 @@ __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, fl
     }
 }
 
-template <class T, int kHeadDim>
+// Dynamic shared memory is only 16-byte aligned for sure: kernels whose tiles need more
+// (the swizzled layout: 1024) round their base up, out of kAlign bytes of slack.
+template <int kAlign>
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
+  if constexpr (kAlign > 16) return raw + (kAlign - ptx::smem_addr(raw) % kAlign) % kAlign;
+  return raw;
+}
+template <int kAlign>
+constexpr int align_slack() { return kAlign > 16 ? kAlign : 0; }
+
+template <class Mma, int kHeadDim>
 struct BwdDqTile {
   static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);
-  static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
+  static constexpr int kQBytes = Mma::tile_bytes(kBlockM), kKVBytes = Mma::tile_bytes(kBlockN);
   // Q, dO, K x2, V x2, and two tiles of gathered KeyInfo records (dynamic-mask mode)
-  static constexpr int kInfoOffset = (2 * kBlockM + 4 * kBlockN) * kRowBytes;
-  static constexpr int kSmemBytes = kInfoOffset + 2 * kBlockN * 16;
+  static constexpr int kInfoOffset = 2 * kQBytes + 4 * kKVBytes;
+  static constexpr int kSmemBytes = align_slack<Mma::kTileAlign>() + kInfoOffset + 2 * kBlockN * 16;
 };
 
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const AttentionBwdParams p) {
-  using Tile = BwdDqTile<T, kHeadDim>;
-  constexpr int kBN = Tile::kBlockN, kRow = Tile::kRowBytes, kN = kBN / 8, kDT = kHeadDim / 8;
-  extern __shared__ __align__(128) unsigned char smem[];
+template <class T, int kHeadDim, class Mma>
+__device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& p) {
+  using Tile = BwdDqTile<Mma, kHeadDim>;
+  constexpr int kBN = Tile::kBlockN, kN = kBN / 8, kDT = kHeadDim / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
   const AttentionFwdParams& f = p.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int m_block = f.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -183,12 +143,11 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
   const bool gather = f.lists.keys != nullptr;  // dynamic-mask mode (KeyLists)
   const KeyInfo* s_info = reinterpret_cast<const KeyInfo*>(smem + Tile::kInfoOffset);
 
-  const uint32_t s_q = ptx::smem_addr(smem), s_do = s_q + Tile::kBlockM * kRow;
-  const uint32_t s_k = s_do + Tile::kBlockM * kRow, s_v = s_k + 2 * kBN * kRow;
-  const uint32_t q_lane = s_q + 16 * warp * kRow + lane_a<kRow>(lane);
-  const uint32_t do_lane = s_do + 16 * warp * kRow + lane_a<kRow>(lane);
+  const uint32_t s_q = ptx::smem_addr(smem), s_do = s_q + Tile::kQBytes;
+  const uint32_t s_k = s_do + Tile::kQBytes, s_v = s_k + 2 * Tile::kKVBytes;
 
   const bool db_rows = p.dbias_owner == DbiasOwner::rows;
+  const bool key_bias = key_bias_only(f);
   const bool db_direct = db_rows && !p.dbias_acc;
   const bool db_key_sum = db_rows && p.dbias_size[3] == 1 && f.Sk > 1;  // one value per row
   const bool db_scalar = db_key_sum && p.dbias_size[2] == 1 && f.Sq > 1;  // one value per block
@@ -220,15 +179,15 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
       const int key_end = gather ? n_listed : f.causal ? min(f.Sk, row0 + Tile::kBlockM + f.Sk - f.Sq) : f.Sk;
       const int n_blocks = key_end > 0 ? (key_end + kBN - 1) / kBN : 0;
       auto load_kv = [&](int nb, int buf) {
-        const uint32_t sk = s_k + buf * kBN * kRow, sv = s_v + buf * kBN * kRow;
+        const uint32_t sk = s_k + buf * Tile::kKVBytes, sv = s_v + buf * Tile::kKVBytes;
         if (gather) {
           const int n = n_listed - nb * kBN;
-          load_rows_gather_async<kBwdThreads, kHeadDim, kBN>(sk, k, f.k_stride[1], list + nb * kBN, n, f.D, tid);
-          load_rows_gather_async<kBwdThreads, kHeadDim, kBN>(sv, v, f.v_stride[1], list + nb * kBN, n, f.D, tid);
+          Mma::template load_rows_gather<kBN>(sk, k, f.k_stride[1], list + nb * kBN, n, f.D, tid);
+          Mma::template load_rows_gather<kBN>(sv, v, f.v_stride[1], list + nb * kBN, n, f.D, tid);
           load_key_records_async(ptx::smem_addr(s_info + buf * kBN), info, list + nb * kBN, n, kBN, tid);
         } else {
-          load_rows_async<kBwdThreads, kHeadDim, kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
-          load_rows_async<kBwdThreads, kHeadDim, kBN>(sv, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
+          Mma::template load_rows<kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
+          Mma::template load_rows<kBN>(sv, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
         }
       };
       auto next_active = [&](int nb) {
@@ -243,8 +202,8 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
 
       int nb = next_active(0);
       if (nb < n_blocks) {
-        load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockM>(s_q, q, f.q_stride[1], row0, f.Sq, f.D, tid);
-        load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockM>(s_do, dout, p.dout_stride[1], row0, f.Sq, f.D, tid);
+        Mma::template load_rows<Tile::kBlockM>(s_q, q, f.q_stride[1], row0, f.Sq, f.D, tid);
+        Mma::template load_rows<Tile::kBlockM>(s_do, dout, p.dout_stride[1], row0, f.Sq, f.D, tid);
         load_kv(nb, 0);
         ptx::cp_async_commit();
       }
@@ -253,16 +212,12 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
         if (nb_next < n_blocks) load_kv(nb_next, buf ^ 1);
         ptx::cp_async_commit();
         ptx::cp_async_wait<1>();
+        Mma::tile_landed();
         __syncthreads();
 
-        const uint32_t k_tile = s_k + buf * kBN * kRow, v_tile = s_v + buf * kBN * kRow;
-        float s[kN][4], dp[kN][4];
-#pragma unroll
-        for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-        mma_a_bt<T, kHeadDim, kN>(s, q_lane, k_tile + lane_b<kRow>(lane));
-        mma_a_bt<T, kHeadDim, kN>(dp, do_lane, v_tile + lane_b<kRow>(lane));
+        const uint32_t k_tile = s_k + buf * Tile::kKVBytes, v_tile = s_v + buf * Tile::kKVBytes;
+        float s[kN][4], dp[kN][4];  // S = Q K^T and dP = dO V^T for this warp's 16 rows
+        Mma::template a_bt_pair<Tile::kBlockM, kBN>(s, s_q, k_tile, dp, s_do, v_tile, warp, lane);
 
         // dS = P * (dP - delta): dp becomes dS, s becomes dS * d(capped)/d(qk), the A operand
         // of dq += dS K.
@@ -276,6 +231,9 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
           scores_to_ds(f, s, dp, lse2, delta, row, col, [&](int i, int j) { return interval_add(tile_info[j - key0], i); });
         else if (plain)
           scores_to_ds(f, s, dp, lse2, delta, row, col, [](int, int) { return 0.f; });
+        else if (key_bias)  // the bias depends on the key alone (cached loads, one per key)
+          scores_to_ds(f, s, dp, lse2, delta, row, col,
+                       [&](int i, int j) { return visible_at(f, i, j) ? key_bias_at<T>(f, b, h, j) : -INFINITY; });
         else
           scores_to_ds(f, s, dp, lse2, delta, row, col, [&](int i, int j) { return score_add_at<T>(f, b, h, i, j); });
         if (db_rows) {
@@ -294,7 +252,7 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
               }
             }
         }
-        mma_regs_b<T, kRow, kN, kDT>(dq, s, k_tile + lane_b_trans<kRow>(lane));
+        Mma::template regs_b<kBN>(dq, s, k_tile, 0, lane);  // dq += dS K
         __syncthreads();  // everyone is done with this buffer before it is refilled
         nb = nb_next;
       }
@@ -331,6 +289,14 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
         }
       }
     }
+}
+
+template <class T, int kHeadDim, class Mma>
+__global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const AttentionBwdParams p) {
+  if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
+    __trap();
+  else
+    attention_bwd_dq_body<T, kHeadDim, Mma>(p);
 }
 
 // Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). Window x / 4 of the kept keys is
@@ -378,19 +344,20 @@ __device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, in
   return true;
 }
 
-template <class T, int kHeadDim>
+template <class Mma, int kHeadDim>
 struct BwdDkdvTile {
   static constexpr int kBlockN = kBwdBlockN, kBlockM = bwd_dkdv_block_m(kHeadDim);
   static constexpr int kChunk = bwd_dkdv_chunk(kHeadDim), kChunks = kHeadDim / kChunk;
-  static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
-  static constexpr int kQBytes = kBlockM * kRowBytes;
-  // Shared memory: K, V; then per warp group Q x2, dO x2, lse2 x2, delta x2; then, in
-  // dynamic-mask mode, the group's keys and KeyInfo records and the window being ranked.
-  static constexpr int kKVBytes = 2 * kBlockN * kRowBytes;
-  static constexpr int kGroupBytes = 4 * kQBytes + 4 * kBlockM * 4;
+  static constexpr int kQBytes = Mma::tile_bytes(kBlockM);
+  // Shared memory: K, V; then per warp group Q x2, dO x2, lse2 x2, delta x2 (padded so the
+  // next group's tiles keep the policy's alignment); then, in dynamic-mask mode, the group's
+  // keys and KeyInfo records and the window being ranked.
+  static constexpr int kKVBytes = 2 * Mma::tile_bytes(kBlockN);
+  static constexpr int kGroupBytes =
+      (4 * kQBytes + 4 * kBlockM * 4 + Mma::kTileAlign - 1) / Mma::kTileAlign * Mma::kTileAlign;
   static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 8;
   __host__ __device__ static constexpr int smem_bytes(int groups) {
-    return kKVBytes + groups * kGroupBytes + kListBytes;
+    return align_slack<Mma::kTileAlign>() + kKVBytes + groups * kGroupBytes + kListBytes;
   }
   // At the end, warp group 1 hands its fp32 dk, dv and key sums to group 0 through the
   // space the groups' Q/dO tiles used.
@@ -405,11 +372,12 @@ struct BwdDkdvTile {
 // partial sums in a fixed order at the end (so the result stays reproducible). Halving the
 // walk of a long key group matters in dynamic-mask mode, where a few groups of keys kept to
 // the end of the sequence span every query (docs/perf-notes.md).
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
-  using Tile = BwdDkdvTile<T, kHeadDim>;
-  constexpr int kBM = Tile::kBlockM, kRow = Tile::kRowBytes, kNq = kBM / 8, kDC = Tile::kChunk / 8;
-  extern __shared__ __align__(128) unsigned char smem[];
+template <class T, int kHeadDim, class Mma>
+__device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams& p) {
+  using Tile = BwdDkdvTile<Mma, kHeadDim>;
+  constexpr int kBM = Tile::kBlockM, kNq = kBM / 8, kDC = Tile::kChunk / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
   const AttentionFwdParams& f = p.f;
   const int n_groups = blockDim.x / kBwdThreads, wg = threadIdx.x / kBwdThreads;
   const int tid = threadIdx.x % kBwdThreads, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -418,7 +386,7 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
   const int col0 = chunk * Tile::kChunk;  // this CTA's columns of dk and dv
   const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
 
-  const uint32_t s_k = ptx::smem_addr(smem), s_v = s_k + Tile::kBlockN * kRow;
+  const uint32_t s_k = ptx::smem_addr(smem), s_v = s_k + Tile::kKVBytes / 2;
   unsigned char* group_smem = smem + Tile::kKVBytes + wg * Tile::kGroupBytes;
   const uint32_t s_q = ptx::smem_addr(group_smem), s_do = s_q + 2 * Tile::kQBytes;
   float* s_lse2 = reinterpret_cast<float*>(group_smem + 4 * Tile::kQBytes);
@@ -435,12 +403,12 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
                           q_lo, q_hi, n_group))
       return;  // past the (batch, KV head)'s kept keys
     if (wg == 0) {
-      load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], s_keys, n_group, f.D, tid);
-      load_rows_gather_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], s_keys, n_group, f.D, tid);
+      Mma::template load_rows_gather<Tile::kBlockN>(s_k, k, f.k_stride[1], s_keys, n_group, f.D, tid);
+      Mma::template load_rows_gather<Tile::kBlockN>(s_v, v, f.v_stride[1], s_keys, n_group, f.D, tid);
     }
   } else if (wg == 0) {
-    load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);
-    load_rows_async<kBwdThreads, kHeadDim, Tile::kBlockN>(s_v, v, f.v_stride[1], key0, f.Sk, f.D, tid);
+    Mma::template load_rows<Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);
+    Mma::template load_rows<Tile::kBlockN>(s_v, v, f.v_stride[1], key0, f.Sk, f.D, tid);
   }
 
   // Queries that can see these keys: causality starts them at key0 - (Sk - Sq); gathered
@@ -466,8 +434,8 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
     const int h = head_of(it), q0 = q0_of(it);
     const T* q = static_cast<const T*>(f.q) + b * f.q_stride[0] + h * f.q_stride[2];
     const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + h * p.dout_stride[2];
-    load_rows_async<kBwdThreads, kHeadDim, kBM>(s_q + buf * Tile::kQBytes, q, f.q_stride[1], q0, f.Sq, f.D, tid);
-    load_rows_async<kBwdThreads, kHeadDim, kBM>(s_do + buf * Tile::kQBytes, dout, p.dout_stride[1], q0, f.Sq, f.D, tid);
+    Mma::template load_rows<kBM>(s_q + buf * Tile::kQBytes, q, f.q_stride[1], q0, f.Sq, f.D, tid);
+    Mma::template load_rows<kBM>(s_do + buf * Tile::kQBytes, dout, p.dout_stride[1], q0, f.Sq, f.D, tid);
     // lse2 and delta are padded to Sq_pad (a multiple of 64), so whole 16-byte chunks exist.
     const int64_t row_base = (int64_t(b) * f.H + h) * p.Sq_pad + q0;
     if (tid < kBM / 4)
@@ -485,6 +453,7 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
   const bool db_cols = p.dbias_owner == DbiasOwner::columns && chunk == 0;
+  const bool key_bias = key_bias_only(f);
   float db[2] = {0.f, 0.f};
   const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
                       (f.bias_head_mode == 0 ? hk : 0);
@@ -494,28 +463,23 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
   ptx::cp_async_commit();
   if (n_groups > 1) {  // K and V, loaded by group 0, must land for both groups
     ptx::cp_async_wait<0>();
+    Mma::tile_landed();
     __syncthreads();
   }
 
-  const uint32_t k_lane = s_k + 16 * warp * kRow + lane_a<kRow>(lane);
-  const uint32_t v_lane = s_v + 16 * warp * kRow + lane_a<kRow>(lane);
   for (int buf = 0; it < n_steps; buf ^= 1) {
     const int it_next = next_active(it + n_groups);
     if (it_next < n_steps) load_step(it_next, buf ^ 1);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();
+    Mma::tile_landed();
     sync_group();
 
     const int h = head_of(it), q0 = q0_of(it);
     const uint32_t q_tile = s_q + buf * Tile::kQBytes, do_tile = s_do + buf * Tile::kQBytes;
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the kBM queries.
     float st[kNq][4], dpt[kNq][4];
-#pragma unroll
-    for (int nt = 0; nt < kNq; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
-    mma_a_bt<T, kHeadDim, kNq>(st, k_lane, q_tile + lane_b<kRow>(lane));
-    mma_a_bt<T, kHeadDim, kNq>(dpt, v_lane, do_tile + lane_b<kRow>(lane));
+    Mma::template a_bt_pair<Tile::kBlockN, kBM>(st, s_k, q_tile, dpt, s_v, do_tile, warp, lane);
 
     const float* lse2 = s_lse2 + buf * kBM;
     const float* delta = s_delta + buf * kBM;
@@ -529,20 +493,25 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
                        [&](int r, int i) { return interval_add(row_keys[r], i); });
     else if (plain)
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col, [](int, int) { return 0.f; });
-    else
+    else if (key_bias) {  // the bias depends on the key alone: two values per thread per step
+      const float kb[2] = {key_bias_at<T>(f, b, h, keys[0]), key_bias_at<T>(f, b, h, keys[1])};
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
+                       [&](int r, int i) { return visible_at(f, i, keys[r]) ? kb[r] : -INFINITY; });
+    } else {
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col,
                        [&](int j, int i) { return score_add_at<T>(f, b, h, i, j); });
-    const uint32_t col_bytes = col0 * 2;
-    mma_regs_b<T, kRow, kNq, kDC>(dv, st, do_tile + col_bytes + lane_b_trans<kRow>(lane));
-    mma_regs_b<T, kRow, kNq, kDC>(dk, dpt, q_tile + col_bytes + lane_b_trans<kRow>(lane));
+    }
+    Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
 
     // dbias[.., 0, j] (bias broadcast over queries): after each head, add its sum for the
-    // keys this thread's quad owns; heads sharing a bias head add in order. (The host runs
-    // one warp group when the CTA owns dbias, so this order is the only one.)
+    // keys this thread's quad owns; heads sharing a bias head add in order. Each warp group
+    // adds into its own half of the slots (the host allocates two per sharing group), and the
+    // finish kernel sums the slots in order: reproducible with both groups running.
     if (db_cols && (it_next >= n_steps || head_of(it_next) != h)) {
       const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
       const int64_t hb = head_index(f.bias_head_mode, h, f.G);
-      float* acc = p.dbias_acc + int64_t(db_slot) * (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
+      float* acc = p.dbias_acc + (int64_t(wg) * (p.dbias_slots / 2) + db_slot) *
+                                     (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
       if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[0])] += r0;
       if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
     }
@@ -610,6 +579,14 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
   }
 }
 
+template <class T, int kHeadDim, class Mma>
+__global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
+  if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
+    __trap();
+  else
+    attention_bwd_dkdv_body<T, kHeadDim, Mma>(p);
+}
+
 // Raises a kernel's dynamic shared-memory limit when a launch needs more than the default.
 template <class Kernel>
 cudaError_t allow_smem(Kernel kernel, int bytes) {
@@ -617,15 +594,14 @@ cudaError_t allow_smem(Kernel kernel, int bytes) {
                            : cudaSuccess;
 }
 
-template <class T, int kHeadDim>
-cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
-  using Dq = BwdDqTile<T, kHeadDim>;
-  using Dkdv = BwdDkdvTile<T, kHeadDim>;
+template <class T, int kHeadDim, class Mma>
+cudaError_t launch_attention_bwd_path(const AttentionBwdParams& p, cudaStream_t stream) {
+  using Dq = BwdDqTile<Mma, kHeadDim>;
+  using Dkdv = BwdDkdvTile<Mma, kHeadDim>;
   const AttentionFwdParams& f = p.f;
-  auto dq_kernel = attention_bwd_dq_kernel<T, kHeadDim>;
-  auto dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim>;
-  // Two warp groups per dk/dv CTA, unless the CTA owns dbias sums that must add per head in order.
-  const int dkdv_groups = p.dbias_owner == DbiasOwner::columns ? 1 : 2;
+  auto dq_kernel = attention_bwd_dq_kernel<T, kHeadDim, Mma>;
+  auto dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim, Mma>;
+  const int dkdv_groups = 2;  // two warp groups per dk/dv CTA (see the kernel)
   const int dkdv_smem = Dkdv::smem_bytes(dkdv_groups);
   cudaError_t err = allow_smem(dq_kernel, Dq::kSmemBytes);
   if (err == cudaSuccess) err = allow_smem(dkdv_kernel, dkdv_smem);
@@ -640,6 +616,21 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B);
   dkdv_kernel<<<dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The wgmma kernels on Hopper for D = 64 and 128 (arch_dispatch.cuh), the mma.sync kernels
+// elsewhere.
+template <class T, int kHeadDim>
+cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    using Sm90 = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if (wgmma_path_available(attention_bwd_dkdv_kernel<T, kHeadDim, Sm90>, device))
+      return launch_attention_bwd_path<T, kHeadDim, Sm90>(p, stream);
+  }
+  return launch_attention_bwd_path<T, kHeadDim, BwdMmaSm80<T, kHeadDim, kBwdThreads>>(p, stream);
 }
 
 }  // namespace fdma::cuda

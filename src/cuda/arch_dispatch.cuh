@@ -1,0 +1,38 @@
+// Which kernel family runs on a device: the Hopper (wgmma) kernels need a compute capability
+// 9.0 GPU and sm_90a code in this build; everything else runs the sm80 (mma.sync) kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+
+namespace fdma::cuda {
+
+constexpr int kMaxDevices = 64;  // per-device caches; devices past this re-query each call
+
+// Whether the wgmma kernels run on `device`: a Hopper GPU (compute capability 9.0) and a
+// library built with sm_90a code for this kernel (binaryVersion is the code the device would
+// run). FDMA_DISABLE_WGMMA=1 in the environment turns the path off (A/B measurements).
+template <class Kernel>
+inline bool wgmma_path_available(Kernel kernel, int device) {
+  static const bool disabled = [] {
+    const char* env = std::getenv("FDMA_DISABLE_WGMMA");
+    return env && env[0] == '1';
+  }();
+  if (disabled) return false;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed))
+    return cached[device].load(std::memory_order_relaxed) == 1;
+  int major = 0, minor = 0;
+  cudaFuncAttributes attr{};
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                  major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+                  attr.binaryVersion == 90;
+  cudaGetLastError();  // a failed query is an answer (no), not an error for the caller
+  if (device < kMaxDevices) cached[device].store(ok ? 1 : 2, std::memory_order_relaxed);
+  return ok;
+}
+
+}  // namespace fdma::cuda

@@ -1,0 +1,119 @@
+// The backward's matmuls on Hopper (sm_90a): the BwdMmaSm80 interface with wgmma. A 4-warp
+// group is one warpgroup, its A operand the 64 rows of a 128-byte-swizzled tile (Q in the dq
+// kernel, K or V in the dk/dv kernel); the accumulators come out in the mma.sync layout per
+// warp (wgmma.cuh), so the kernels' score code is unchanged. Two products of the same shape
+// are issued back to back and waited on together.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/ptx.cuh"
+#include "cuda/tile_io_sm90.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace fdma::cuda {
+
+template <class T, int kHeadDim, int kThreads>
+struct BwdMmaSm90 {
+  static constexpr bool kHopperOnly = true;  // wgmma: only sm_90a code runs it
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma backward tiles: D = 64 or 128");
+  static constexpr int kTileAlign = 1024;
+  static constexpr int kRowBytes = wgmma::kSwizzleRowBytes;
+  __host__ __device__ static constexpr int tile_bytes(int rows) { return wgmma::sw128_tile_bytes(rows, kHeadDim); }
+
+  template <int kRows>
+  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
+    load_rows_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
+  }
+  template <int kRows>
+  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
+                                          int D, int tid) {
+    load_rows_gather_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
+  }
+  __device__ static void tile_landed() { wgmma::fence_proxy_async_smem(); }
+
+  template <int kRowsA, int kRowsB, int kTilesN>
+  __device__ static void issue_a_bt(float (&acc)[kTilesN][4], uint32_t a_tile, uint32_t b_tile) {
+    static_assert(kRowsA == 64 && kRowsB == 8 * kTilesN, "A is one warpgroup's 64 rows, B the whole tile");
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t col = (kk % 4) * 32;  // 16 elements per step within a 64-column block
+      wgmma::mma_ss<T, 8 * kTilesN>(acc, wgmma::desc_k_major(a_tile + (kk / 4) * kRowsA * kRowBytes + col),
+                                    wgmma::desc_k_major(b_tile + (kk / 4) * kRowsB * kRowBytes + col), kk > 0);
+    }
+  }
+  // acc0 = A0 B0^T and acc1 = A1 B1^T: [64 rows x 8*kTilesN], K = D.
+  template <int kRowsA, int kRowsB, int kTilesN>
+  __device__ static void a_bt_pair(float (&acc0)[kTilesN][4], uint32_t a0, uint32_t b0, float (&acc1)[kTilesN][4],
+                                   uint32_t a1, uint32_t b1, int, int) {
+    wgmma::fence();
+    issue_a_bt<kRowsA, kRowsB>(acc0, a0, b0);
+    issue_a_bt<kRowsA, kRowsB>(acc1, a1, b1);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc0);
+    wgmma::fence_operands(acc1);
+  }
+
+  template <int kTilesK>
+  __device__ static void pack_a(uint32_t (&a)[kTilesK / 2][4], const float (&pr)[kTilesK][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kTilesK / 2; ++kk) {
+      a[kk][0] = ptx::pack2<T>(pr[2 * kk][0], pr[2 * kk][1]);
+      a[kk][1] = ptx::pack2<T>(pr[2 * kk][2], pr[2 * kk][3]);
+      a[kk][2] = ptx::pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]);
+      a[kk][3] = ptx::pack2<T>(pr[2 * kk + 1][2], pr[2 * kk + 1][3]);
+    }
+  }
+  template <int kRowsB, int kTilesK, int kTilesD>
+  __device__ static void issue_regs_b(float (&acc)[kTilesD][4], const uint32_t (&a)[kTilesK / 2][4], uint32_t b_tile,
+                                      int col0) {
+    static_assert(kRowsB == 8 * kTilesK, "B is the whole [k][D] tile");
+    const uint32_t block = b_tile + (col0 / 64) * kRowsB * kRowBytes;  // col0: a multiple of 64
+#pragma unroll
+    for (int kk = 0; kk < kTilesK / 2; ++kk)
+      wgmma::mma_rs_n_major<T, 8 * kTilesD>(acc, a[kk], wgmma::desc_n_major(block + kk * 16 * kRowBytes, kRowsB * kRowBytes),
+                                            1);
+  }
+  template <int kTilesK>
+  __device__ static void keep_live(uint32_t (&a)[kTilesK / 2][4]) {  // A registers stay untouched until the wait
+#pragma unroll
+    for (int kk = 0; kk < kTilesK / 2; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[kk][e])::"memory");
+  }
+
+  // acc += P B, P [64 rows x 8*kTilesK] from registers, B rows [0, 8*kTilesK) of a [k][D] tile,
+  // columns col0 .. col0 + 8*kTilesD.
+  template <int kRowsB, int kTilesK, int kTilesD>
+  __device__ static void regs_b(float (&acc)[kTilesD][4], const float (&pr)[kTilesK][4], uint32_t b_tile, int col0,
+                                int) {
+    uint32_t a[kTilesK / 2][4];
+    pack_a<kTilesK>(a, pr);
+    wgmma::fence();
+    issue_regs_b<kRowsB, kTilesK, kTilesD>(acc, a, b_tile, col0);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc);
+    keep_live<kTilesK>(a);
+  }
+  template <int kRowsB, int kTilesK, int kTilesD>
+  __device__ static void regs_b_pair(float (&acc0)[kTilesD][4], const float (&p0)[kTilesK][4], uint32_t b0,
+                                     float (&acc1)[kTilesD][4], const float (&p1)[kTilesK][4], uint32_t b1, int col0,
+                                     int) {
+    uint32_t a0[kTilesK / 2][4], a1[kTilesK / 2][4];
+    pack_a<kTilesK>(a0, p0);
+    pack_a<kTilesK>(a1, p1);
+    wgmma::fence();
+    issue_regs_b<kRowsB, kTilesK, kTilesD>(acc0, a0, b0, col0);
+    issue_regs_b<kRowsB, kTilesK, kTilesD>(acc1, a1, b1, col0);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc0);
+    wgmma::fence_operands(acc1);
+    keep_live<kTilesK>(a0);
+    keep_live<kTilesK>(a1);
+  }
+};
+
+}  // namespace fdma::cuda
