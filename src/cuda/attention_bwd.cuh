@@ -171,9 +171,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
       int n_listed = 0;
       if (gather) {
         const int64_t bh = int64_t(b) * f.Hk + hk;
-        const int tile = f.lists.count_tiles == 1 ? 0 : m_block;
-        list = f.lists.keys + bh * f.lists.keys_bh_stride + tile * f.lists.keys_tile_stride;
-        n_listed = f.lists.counts[bh * f.lists.count_tiles + tile];
+        list = tile_key_list(f.lists, bh, m_block, n_listed);
         info = f.lists.info + bh * f.Sk;
       }
       const int key_end = gather ? n_listed : f.causal ? min(f.Sk, row0 + Tile::kBlockM + f.Sk - f.Sq) : f.Sk;

@@ -77,14 +77,8 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
 
   // Dynamic-mask mode: this tile's list of kept keys replaces 0..Sk-1.
   constexpr bool gather = kGather;
-  const int32_t* list = nullptr;
   int n_listed = 0;
-  if (gather) {
-    const int64_t bh = int64_t(b) * p.Hk + hk;
-    const int tile = p.lists.count_tiles == 1 ? 0 : m_block;
-    list = p.lists.keys + bh * p.lists.keys_bh_stride + tile * p.lists.keys_tile_stride;
-    n_listed = p.lists.counts[bh * p.lists.count_tiles + tile];
-  }
+  const int32_t* list = gather ? tile_key_list(p.lists, int64_t(b) * p.Hk + hk, m_block, n_listed) : nullptr;
   const KeyInfo* info = gather ? p.lists.info + (int64_t(b) * p.Hk + hk) * p.Sk : nullptr;
   // Keys this block may see: causality bounds the last one by its last row.
   const int key_end = gather ? n_listed : p.causal ? min(p.Sk, row0 + Tile::kBlockM + p.Sk - p.Sq) : p.Sk;

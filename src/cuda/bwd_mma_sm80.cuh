@@ -11,22 +11,10 @@
 namespace fdma::cuda {
 
 template <class T, int kHeadDim, int kThreads>
-struct BwdMmaSm80 {
-  static constexpr bool kHopperOnly = false;  // runs on every target
+struct BwdMmaSm80 : TileIoSm80<T, kHeadDim, kThreads> {
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
-  static constexpr int kTileAlign = 16;
   __host__ __device__ static constexpr int tile_bytes(int rows) { return rows * kRowBytes; }
 
-  template <int kRows>
-  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
-    load_rows_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
-  }
-  template <int kRows>
-  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
-                                          int D, int tid) {
-    load_rows_gather_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
-  }
-  __device__ static void tile_landed() {}
 
   // Lane offsets for ldmatrix (fragment layouts in ptx.cuh), in bytes within a padded tile:
   // an A operand from a row-major [m][k] tile, a B operand from an [n][k] tile, and a B
@@ -73,10 +61,7 @@ struct BwdMmaSm80 {
 #pragma unroll
     for (int kk = 0; kk < kTilesK / 2; ++kk) {
       uint32_t a[4];
-      a[0] = ptx::pack2<T>(pr[2 * kk][0], pr[2 * kk][1]);
-      a[1] = ptx::pack2<T>(pr[2 * kk][2], pr[2 * kk][3]);
-      a[2] = ptx::pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]);
-      a[3] = ptx::pack2<T>(pr[2 * kk + 1][2], pr[2 * kk + 1][3]);
+      ptx::pack_a_frag<T>(a, pr[2 * kk], pr[2 * kk + 1]);
 #pragma unroll
       for (int dp = 0; dp < kTilesD / 2; ++dp) {
         uint32_t bv[4];

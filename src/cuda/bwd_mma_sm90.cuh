@@ -14,23 +14,11 @@
 namespace fdma::cuda {
 
 template <class T, int kHeadDim, int kThreads>
-struct BwdMmaSm90 {
-  static constexpr bool kHopperOnly = true;  // wgmma: only sm_90a code runs it
+struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma backward tiles: D = 64 or 128");
-  static constexpr int kTileAlign = 1024;
   static constexpr int kRowBytes = wgmma::kSwizzleRowBytes;
   __host__ __device__ static constexpr int tile_bytes(int rows) { return wgmma::sw128_tile_bytes(rows, kHeadDim); }
 
-  template <int kRows>
-  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
-    load_rows_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
-  }
-  template <int kRows>
-  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
-                                          int D, int tid) {
-    load_rows_gather_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
-  }
-  __device__ static void tile_landed() { wgmma::fence_proxy_async_smem(); }
 
   template <int kRowsA, int kRowsB, int kTilesN>
   __device__ static void issue_a_bt(float (&acc)[kTilesN][4], uint32_t a_tile, uint32_t b_tile) {
@@ -59,10 +47,7 @@ struct BwdMmaSm90 {
   __device__ static void pack_a(uint32_t (&a)[kTilesK / 2][4], const float (&pr)[kTilesK][4]) {
 #pragma unroll
     for (int kk = 0; kk < kTilesK / 2; ++kk) {
-      a[kk][0] = ptx::pack2<T>(pr[2 * kk][0], pr[2 * kk][1]);
-      a[kk][1] = ptx::pack2<T>(pr[2 * kk][2], pr[2 * kk][3]);
-      a[kk][2] = ptx::pack2<T>(pr[2 * kk + 1][0], pr[2 * kk + 1][1]);
-      a[kk][3] = ptx::pack2<T>(pr[2 * kk + 1][2], pr[2 * kk + 1][3]);
+      ptx::pack_a_frag<T>(a[kk], pr[2 * kk], pr[2 * kk + 1]);
     }
   }
   template <int kRowsB, int kTilesK, int kTilesD>

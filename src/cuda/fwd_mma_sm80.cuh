@@ -12,8 +12,7 @@
 namespace fdma::cuda {
 
 template <class T, int kHeadDim>
-struct FwdMmaSm80 {
-  static constexpr bool kHopperOnly = false;  // runs on every target
+struct FwdMmaSm80 : TileIoSm80<T, kHeadDim, 128> {
   // Each warp owns kMTiles m16 row tiles: every K/V fragment read from shared memory then
   // feeds kMTiles mmas. Two tiles for D <= 128; above that the O accumulators alone would
   // need 2 * D / 2 registers per thread and spill.
@@ -26,22 +25,10 @@ struct FwdMmaSm80 {
   static_assert(kBlockM == 16 * kMTiles * kThreads / 32, "tile table and kernel agree");
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
   static constexpr int kQBytes = kBlockM * kRowBytes, kKVBytes = kBlockN * kRowBytes;
-  static constexpr int kTileAlign = 16;  // cp.async and ldmatrix need 16-byte rows
   static constexpr int kTilesN = kBlockN / 8, kTilesD = kHeadDim / 8;
 
   __device__ static int warp_row_offset(int warp) { return warp * 16 * kMTiles; }
 
-  template <int kRows>
-  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
-    load_rows_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
-  }
-  template <int kRows>
-  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
-                                          int D, int tid) {
-    load_rows_gather_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
-  }
-  // Called after a tile's cp.async group landed and before the barrier: nothing to do here.
-  __device__ static void tile_landed() {}
 
   // S = Q K^T for this warp's 16 * kMTiles rows x kBlockN keys.
   __device__ static void qk(float (&s)[kMTiles][kTilesN][4], uint32_t s_q, uint32_t k_tile, int warp, int lane) {
@@ -79,10 +66,7 @@ struct FwdMmaSm80 {
       uint32_t a[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        a[mt][0] = ptx::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = ptx::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = ptx::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = ptx::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        ptx::pack_a_frag<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
       }
 #pragma unroll
       for (int dp = 0; dp < kTilesD / 2; ++dp) {

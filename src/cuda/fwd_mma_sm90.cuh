@@ -16,8 +16,7 @@
 namespace fdma::cuda {
 
 template <class T, int kHeadDim>
-struct FwdMmaSm90 {
-  static constexpr bool kHopperOnly = true;  // wgmma: only sm_90a code runs it
+struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma forward tiles: D = 64 or 128");
   static constexpr int kMTiles = 1;  // per warp: 16 rows of its warpgroup's 64
   static constexpr int kThreads = 256;
@@ -26,24 +25,12 @@ struct FwdMmaSm90 {
   static_assert(kBlockM == fwd_block_m(kHeadDim), "query tiles match the lists built for the forward");
   static constexpr int kQBytes = wgmma::sw128_tile_bytes(kBlockM, kHeadDim);
   static constexpr int kKVBytes = wgmma::sw128_tile_bytes(kBlockN, kHeadDim);
-  static constexpr int kTileAlign = 1024;  // the swizzle pattern repeats every 8 rows of 128 bytes
   static constexpr int kTilesN = kBlockN / 8, kTilesD = kHeadDim / 8;
   static constexpr int kBlockBytesQ = kBlockM * wgmma::kSwizzleRowBytes;   // one 64-column block of Q
   static constexpr int kBlockBytesKV = kBlockN * wgmma::kSwizzleRowBytes;  // of K or V
 
   __device__ static int warp_row_offset(int warp) { return warp * 16; }
 
-  template <int kRows>
-  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
-    load_rows_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
-  }
-  template <int kRows>
-  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
-                                          int D, int tid) {
-    load_rows_gather_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
-  }
-  // cp.async wrote the tile through the generic proxy; wgmma reads through the async proxy.
-  __device__ static void tile_landed() { wgmma::fence_proxy_async_smem(); }
 
   // S = Q K^T: this warpgroup's 64 rows x 128 keys, D / 16 chained wgmmas.
   __device__ static void qk(float (&s)[1][kTilesN][4], uint32_t s_q, uint32_t k_tile, int warp, int) {
@@ -65,10 +52,7 @@ struct FwdMmaSm90 {
     uint32_t a[kBlockN / 16][4];  // all live until the wait: wgmma reads them asynchronously
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      a[kk][0] = ptx::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
-      a[kk][1] = ptx::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
-      a[kk][2] = ptx::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-      a[kk][3] = ptx::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+      ptx::pack_a_frag<T>(a[kk], s[0][2 * kk], s[0][2 * kk + 1]);
     }
     wgmma::fence();
 #pragma unroll

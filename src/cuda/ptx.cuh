@@ -95,4 +95,14 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// An m16n8k16 A fragment (16 rows x 16 k) from two adjacent accumulator tiles (columns 0-7 in
+// lo, 8-15 in hi), rounded to T: how P and dS go from registers into the next mma.
+template <class T>
+__device__ __forceinline__ void pack_a_frag(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack2<T>(lo[0], lo[1]);
+  a[1] = pack2<T>(lo[2], lo[3]);
+  a[2] = pack2<T>(hi[0], hi[1]);
+  a[3] = pack2<T>(hi[2], hi[3]);
+}
+
 }  // namespace fdma::cuda::ptx

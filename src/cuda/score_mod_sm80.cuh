@@ -127,6 +127,14 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
     }
 }
 
+// Dynamic-mask mode: the list of kept keys of query tile m_block of (b, hk) (bh = b * Hk + hk),
+// and its length.
+__device__ __forceinline__ const int32_t* tile_key_list(const KeyLists& l, int64_t bh, int m_block, int& n_listed) {
+  const int tile = l.count_tiles == 1 ? 0 : m_block;
+  n_listed = l.counts[bh * l.count_tiles + tile];
+  return l.keys + bh * l.keys_bh_stride + tile * l.keys_tile_stride;
+}
+
 // Dynamic-mask mode: key column c of the tile (its KeyInfo record in shared memory) is
 // visible to query i iff begin <= i < end; visible scores get the key's bias.
 __device__ __forceinline__ float interval_add(const KeyInfo& key, int i) {

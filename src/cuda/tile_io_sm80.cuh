@@ -70,4 +70,23 @@ __device__ __forceinline__ void load_bytes_tile_async(uint32_t smem, int pitch, 
   }
 }
 
+// The tile loads of one kernel family, as the base of its matmul policies (fwd_mma_sm80.cuh,
+// bwd_mma_sm80.cuh): kThreads threads copy padded [rows][D] tiles.
+template <class T, int kHeadDim, int kThreads>
+struct TileIoSm80 {
+  static constexpr bool kHopperOnly = false;  // runs on every target
+  static constexpr int kTileAlign = 16;       // cp.async and ldmatrix need 16-byte rows
+  template <int kRows>
+  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
+    load_rows_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
+  }
+  template <int kRows>
+  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
+                                          int D, int tid) {
+    load_rows_gather_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
+  }
+  // Called after a tile's cp.async group landed and before the barrier: nothing to do here.
+  __device__ static void tile_landed() {}
+};
+
 }  // namespace fdma::cuda

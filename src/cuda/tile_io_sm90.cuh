@@ -39,4 +39,22 @@ __device__ __forceinline__ void load_rows_gather_sw128_async(uint32_t smem, cons
   }
 }
 
+// The Hopper counterpart of TileIoSm80 (tile_io_sm80.cuh): swizzled tiles for wgmma.
+template <class T, int kHeadDim, int kThreads>
+struct TileIoSm90 {
+  static constexpr bool kHopperOnly = true;  // wgmma: only sm_90a code runs it
+  static constexpr int kTileAlign = 1024;    // the swizzle pattern repeats every 8 rows of 128 bytes
+  template <int kRows>
+  __device__ static void load_rows(uint32_t smem, const T* base, int64_t stride, int row0, int nrows, int D, int tid) {
+    load_rows_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, row0, nrows, D, tid);
+  }
+  template <int kRows>
+  __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
+                                          int D, int tid) {
+    load_rows_gather_sw128_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
+  }
+  // cp.async wrote the tile through the generic proxy; wgmma reads through the async proxy.
+  __device__ static void tile_landed() { wgmma::fence_proxy_async_smem(); }
+};
+
 }  // namespace fdma::cuda
