@@ -4,7 +4,8 @@
 //
 // One CTA = kBlockM query rows of one (batch, head). Key tiles of kBlockN stream through
 // shared memory, double-buffered with cp.async: the next tile loads while this one computes,
-// and tiles the mask rules out (mask_tile_summary.cu) are never loaded. Each warp owns
+// and tiles the mask rules out (mask_tile_summary.cu) are never loaded. With wgmma the
+// softmax of one tile also overlaps the previous tile's P V (kOverlapSoftmax). Each warp owns
 // 16 * kMTiles rows; P goes from the S accumulators straight into A fragments, never through
 // shared memory.
 #pragma once
@@ -149,46 +150,30 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
     return nb;
   };
 
-  // K, V and the tile's mask/bias (or gathered key records) for key tile nb, one cp.async group.
-  auto load_kv = [&](int nb, int buf) {
+  // K and the tile's mask/bias (or gathered key records) for key tile nb; V apart, as the
+  // overlapped loop loads it one tile later than K.
+  auto load_k = [&](int nb, int buf) {
     const int key0 = nb * Tile::kBlockN;
-    const uint32_t sk = s_k + buf * Mma::kKVBytes, sv = s_v + buf * Mma::kKVBytes;
+    const uint32_t sk = s_k + buf * Mma::kKVBytes;
     if (gather) {
       const int n = n_listed - key0;
       Mma::template load_rows_gather<Tile::kBlockN>(sk, k, p.k_stride[1], list + key0, n, p.D, tid);
-      Mma::template load_rows_gather<Tile::kBlockN>(sv, v, p.v_stride[1], list + key0, n, p.D, tid);
       load_key_records_async(ptx::smem_addr(info_tiles + buf * info_bytes), info, list + key0, n, Tile::kBlockN, tid);
     } else {
       Mma::template load_rows<Tile::kBlockN>(sk, k, p.k_stride[1], key0, p.Sk, p.D, tid);
-      Mma::template load_rows<Tile::kBlockN>(sv, v, p.v_stride[1], key0, p.Sk, p.D, tid);
       load_score_tiles(nb, buf);
     }
   };
-
-  int nb = next_active(0);
-  if (nb < n_blocks) {
-    Mma::template load_rows<Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
-    if (gather && n_listed * 4 <= staged_list_bytes(p.lists)) {  // stage the list (see kMaxStagedKeys)
-      int32_t* s_list = reinterpret_cast<int32_t*>(info_tiles + 2 * info_bytes);
-      for (int i = tid; i < n_listed; i += kThreads) s_list[i] = list[i];
-      __syncthreads();
-      list = s_list;
-    }
-    load_kv(nb, 0);
-    ptx::cp_async_commit();
-  }
-
-  for (int buf = 0; nb < n_blocks; buf ^= 1) {
-    const int nb_next = next_active(nb + 1);
-    if (nb_next < n_blocks) load_kv(nb_next, buf ^ 1);
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<1>();  // this tile (and Q) landed; the next may still be in flight
-    Mma::tile_landed();
-    __syncthreads();
-
-    float s[kM][kN][4];
-    Mma::qk(s, s_q, s_k + buf * Mma::kKVBytes, warp, lane);
-
+  auto load_v = [&](int nb, int buf) {
+    const int key0 = nb * Tile::kBlockN;
+    const uint32_t sv = s_v + buf * Mma::kKVBytes;
+    if (gather)
+      Mma::template load_rows_gather<Tile::kBlockN>(sv, v, p.v_stride[1], list + key0, n_listed - key0, p.D, tid);
+    else
+      Mma::template load_rows<Tile::kBlockN>(sv, v, p.v_stride[1], key0, p.Sk, p.D, tid);
+  };
+  // Causality, mask, bias, softcap (or the gathered keys' intervals) on S of key tile nb.
+  auto modify_scores = [&](float (&s)[kM][kN][4], int nb, int buf) {
     const ScoreTiles tiles{p.mask_tiled ? mask_tiles + buf * mask_bytes : nullptr,
                            p.bias_tiled ? bias_tiles + buf * bias_bytes : nullptr,
                            Tile::mask_pitch(),
@@ -202,13 +187,99 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
       if (gather)
         apply_interval_mod<kN>(s[mt], p, warp_row0 + mt * 16, key_info, lane);
       else
-        apply_score_mod<T, kN>(s[mt], p, b, h, warp_row0 + mt * 16, nb * Tile::kBlockN, lane, tiles);
-      softmax[mt].update(s[mt], o[mt]);
+        apply_score_mod<T, Mma::kGlobalScoreTerms, kN>(s[mt], p, b, h, warp_row0 + mt * 16, nb * Tile::kBlockN, lane, tiles);
     }
+  };
 
-    Mma::pv(o, s, s_v + buf * Mma::kKVBytes, warp, lane);
-    __syncthreads();  // everyone is done with this buffer before it is refilled
-    nb = nb_next;
+  int nb = next_active(0);
+  if (nb < n_blocks) {
+    Mma::template load_rows<Tile::kBlockM>(s_q, q, p.q_stride[1], row0, p.Sq, p.D, tid);
+    if (gather && n_listed * 4 <= staged_list_bytes(p.lists)) {  // stage the list (see kMaxStagedKeys)
+      int32_t* s_list = reinterpret_cast<int32_t*>(info_tiles + 2 * info_bytes);
+      for (int i = tid; i < n_listed; i += kThreads) s_list[i] = list[i];
+      __syncthreads();
+      list = s_list;
+    }
+    load_k(nb, 0);
+    if (!Mma::kOverlapSoftmax) load_v(nb, 0);
+    ptx::cp_async_commit();
+  }
+
+  if constexpr (Mma::kOverlapSoftmax) {
+    // Key tile j: S(j) = Q K(j)^T and O += P(j-1) V(j-1) are issued back to back; the softmax
+    // of S(j) runs while the tensor core does P V, and O is rescaled once P V is done. The
+    // cp.async group issued at tile j holds K(j+1) (and its mask/bias or key records) and V(j):
+    // each lands during a whole tile's work, behind one barrier per tile.
+    // The first tile is peeled so that no wgmma is issued or waited on under a branch (ptxas
+    // then serialises every wgmma of the kernel).
+    auto begin_tile = [&](int nb, int buf) {
+      ptx::cp_async_wait<0>();  // K(j), V(j-1) landed
+      Mma::tile_landed();
+      __syncthreads();  // ... for every thread, and tile j-1's reads of the buffers refilled here are done
+      const int nb_next = next_active(nb + 1);
+      if (nb_next < n_blocks) load_k(nb_next, buf ^ 1);
+      load_v(nb, buf);
+      ptx::cp_async_commit();
+      return nb_next;
+    };
+    auto softmax_scores = [&](float (&s)[kM][kN][4], float (&alpha)[kM][2], int nb, int buf) {
+      modify_scores(s, nb, buf);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) softmax[mt].scale_scores(s[mt], alpha[mt]);
+    };
+    typename Mma::PFrag pf;
+    if (nb < n_blocks) {
+      int buf = 0;
+      {
+        const int nb_next = begin_tile(nb, buf);
+        float s[kM][kN][4], alpha[kM][2];
+        Mma::qk_issue(s, s_q, s_k, warp);
+        Mma::template wait_qk<false>(s);
+        softmax_scores(s, alpha, nb, buf);  // O is still zero: nothing to rescale
+        Mma::pack_p(pf, s);
+        nb = nb_next;
+        buf = 1;
+      }
+      for (; nb < n_blocks; buf ^= 1) {
+        const int nb_next = begin_tile(nb, buf);
+        float s[kM][kN][4], alpha[kM][2];
+        Mma::qk_issue(s, s_q, s_k + buf * Mma::kKVBytes, warp);
+        Mma::pv_issue(o, pf, s_v + (buf ^ 1) * Mma::kKVBytes);
+        Mma::template wait_qk<true>(s);
+        softmax_scores(s, alpha, nb, buf);
+        Mma::wait_pv(o, pf);
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) softmax[mt].rescale(o[mt], alpha[mt]);
+        Mma::pack_p(pf, s);
+        nb = nb_next;
+      }
+      ptx::cp_async_wait<0>();  // the last tile's V
+      Mma::tile_landed();
+      __syncthreads();
+      Mma::pv_issue(o, pf, s_v + (buf ^ 1) * Mma::kKVBytes);
+      Mma::wait_pv(o, pf);
+    }
+  } else {
+    for (int buf = 0; nb < n_blocks; buf ^= 1) {
+      const int nb_next = next_active(nb + 1);
+      if (nb_next < n_blocks) {
+        load_k(nb_next, buf ^ 1);
+        load_v(nb_next, buf ^ 1);
+      }
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();  // this tile (and Q) landed; the next may still be in flight
+      Mma::tile_landed();
+      __syncthreads();
+
+      float s[kM][kN][4];
+      Mma::qk(s, s_q, s_k + buf * Mma::kKVBytes, warp, lane);
+      modify_scores(s, nb, buf);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) softmax[mt].update(s[mt], o[mt]);
+      Mma::pv(o, s, s_v + buf * Mma::kKVBytes, warp, lane);
+      __syncthreads();  // everyone is done with this buffer before it is refilled
+      nb = nb_next;
+    }
   }
 
   // Epilogue: normalise, store O (two elements per store) and lse.
@@ -280,9 +351,11 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
   if (err != cudaSuccess) return err;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = FwdMmaSm90<T, kHeadDim>;
-    // The wgmma tiles are larger: a call whose mask/bias tiles would not fit takes the sm80 path.
+    // The wgmma tiles are larger: a call whose mask/bias tiles would not fit takes the sm80 path,
+    // and so does one whose mask or bias cannot be tiled (kGlobalScoreTerms).
     constexpr int kMaxSmem = 227 * 1024;
-    if (FwdTile<Sm90>::smem_bytes(p) <= kMaxSmem &&
+    const bool terms_tiled = (!p.mask || p.mask_tiled) && (!p.bias || p.bias_tiled);
+    if (terms_tiled && FwdTile<Sm90>::smem_bytes(p) <= kMaxSmem &&
         wgmma_path_available(attention_fwd_kernel<T, kHeadDim, kGather, Sm90>, device))
       return launch_attention_fwd_kernel<T, kHeadDim, kGather, Sm90>(p, device, stream);
   }

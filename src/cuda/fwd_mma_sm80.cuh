@@ -28,6 +28,9 @@ struct FwdMmaSm80 : TileIoSm80<T, kHeadDim, 128> {
   static constexpr int kTilesN = kBlockN / 8, kTilesD = kHeadDim / 8;
 
   __device__ static int warp_row_offset(int warp) { return warp * 16 * kMTiles; }
+  // mma.sync is synchronous: the kernel runs qk, softmax, pv in turn (attention_fwd.cuh).
+  static constexpr bool kOverlapSoftmax = false;
+  static constexpr bool kGlobalScoreTerms = true;  // masks and biases that cannot be tiled run here
 
 
   // S = Q K^T for this warp's 16 * kMTiles rows x kBlockN keys.

@@ -1,7 +1,8 @@
 // The forward's matmuls on Hopper (sm_90a): a policy for the forward kernel
 // (attention_fwd.cuh) with the same interface as FwdMmaSm80. Two warpgroups of 64 query rows
 // each; S = Q K^T is one wgmma chain with Q and K read from 128-byte-swizzled shared memory,
-// O += P V takes P from registers and V from shared memory as an N-major operand. The
+// O += P V takes P from registers and V from shared memory as an N-major operand. The matmuls
+// are issued and waited on separately so the kernel can overlap them with the softmax. The
 // accumulator layout per warp equals mma.sync's (wgmma.cuh), so scores, softmax and the
 // epilogue are the sm80 code.
 #pragma once
@@ -32,8 +33,16 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
   __device__ static int warp_row_offset(int warp) { return warp * 16; }
 
 
-  // S = Q K^T: this warpgroup's 64 rows x 128 keys, D / 16 chained wgmmas.
-  __device__ static void qk(float (&s)[1][kTilesN][4], uint32_t s_q, uint32_t k_tile, int warp, int) {
+  // The kernel overlaps the softmax of key tile j with O += P(j-1) V(j-1) on the tensor core
+  // (attention_fwd.cuh, overlapped loop): both matmuls are issued, then waited on separately.
+  static constexpr bool kOverlapSoftmax = true;
+  // Launched only when the mask and bias stream through shared-memory tiles (dispatch in
+  // attention_fwd.cuh): the global-memory reads of the other layouts made this kernel spill.
+  static constexpr bool kGlobalScoreTerms = false;
+  using PFrag = uint32_t[kBlockN / 16][4];  // P as A fragments, 16 keys per wgmma
+
+  // Issues S = Q K^T: this warpgroup's 64 rows x 128 keys, D / 16 chained wgmmas.
+  __device__ static void qk_issue(float (&s)[1][kTilesN][4], uint32_t s_q, uint32_t k_tile, int warp) {
     const uint32_t q_rows = s_q + (warp / 4) * 64 * wgmma::kSwizzleRowBytes;
     wgmma::fence();
 #pragma unroll
@@ -43,29 +52,39 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
                                 wgmma::desc_k_major(k_tile + (kk / 4) * kBlockBytesKV + col), kk > 0);
     }
     wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(s[0]);
   }
 
-  // O += P V: P from registers (16 keys per step), V N-major in shared memory.
-  __device__ static void pv(float (&o)[1][kTilesD][4], const float (&s)[1][kTilesN][4], uint32_t v_tile, int, int) {
-    uint32_t a[kBlockN / 16][4];  // all live until the wait: wgmma reads them asynchronously
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      ptx::pack_a_frag<T>(a[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-    }
+  // Issues O += P V: P from registers, V N-major in shared memory. P must stay untouched
+  // until wait_pv: the tensor core reads the registers asynchronously.
+  __device__ static void pv_issue(float (&o)[1][kTilesD][4], const PFrag& p, uint32_t v_tile) {
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma::mma_rs_n_major<T, kHeadDim>(o[0], a[kk],
+      wgmma::mma_rs_n_major<T, kHeadDim>(o[0], p[kk],
                                          wgmma::desc_n_major(v_tile + kk * 16 * wgmma::kSwizzleRowBytes, kBlockBytesKV), 1);
     wgmma::commit_group();
+  }
+
+  // Waits for S; kPvInFlight: a P V issued after it may keep running.
+  template <bool kPvInFlight>
+  __device__ static void wait_qk(float (&s)[1][kTilesN][4]) {
+    wgmma::wait_group<kPvInFlight ? 1 : 0>();
+    wgmma::fence_operands(s[0]);
+  }
+
+  // Waits for everything issued; O is final and P's registers are free again.
+  __device__ static void wait_pv(float (&o)[1][kTilesD][4], PFrag& p) {
     wgmma::wait_group<0>();
     wgmma::fence_operands(o[0]);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[kk][e])::"memory");
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[kk][e])::"memory");  // live until here
+  }
+
+  __device__ static void pack_p(PFrag& p, const float (&s)[1][kTilesN][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) ptx::pack_a_frag<T>(p[kk], s[0][2 * kk], s[0][2 * kk + 1]);
   }
 };
 

@@ -32,7 +32,9 @@ struct ScoreTiles {
 // layout gets its own loop, picked once per tile, so the per-score work carries no branches on
 // uniform flags (which doubled the instruction count when they sat inside the loop;
 // docs/perf-notes.md). Adding in place, not through an array of terms, keeps 8 * kTilesN
-// registers free (the wgmma forward spilled with the array).
+// registers free (the wgmma forward spilled with the array). kGlobalTerms = false compiles out
+// the reads through global memory (for masks and biases that cannot be tiled): the wgmma
+// forward, which is only launched with tiled terms, spilled in its hot loop with them.
 template <class T, class Load, int kTilesN>
 __device__ __forceinline__ void add_tile(float (&s)[kTilesN][4], int t, Load&& load) {
 #pragma unroll
@@ -41,7 +43,7 @@ __device__ __forceinline__ void add_tile(float (&s)[kTilesN][4], int t, Load&& l
     for (int e = 0; e < 4; ++e) s[nt][e] += load(e >> 1, nt * 8 + 2 * t + (e & 1));
 }
 
-template <class T, int kTilesN>
+template <class T, bool kGlobalTerms, int kTilesN>
 __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const AttentionFwdParams& p,
                                                   const ScoreTiles& tiles, int b, int h, const int (&rows)[2],
                                                   int key0, int t) {
@@ -56,7 +58,7 @@ __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const 
         const T* tile = static_cast<const T*>(tiles.bias);
         add_tile<T>(s, t, [&](int r, int jl) { return to_float(tile[(r ? r1 : r0) + jl]); });
       }
-    } else {
+    } else if constexpr (kGlobalTerms) {
       const int64_t base = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1];
       // Rows past Sq read row Sq - 1 (in bounds); their scores are discarded anyway.
       const int64_t r0 = base + int64_t(min(rows[0], p.Sq - 1)) * p.bias_stride[2];
@@ -77,7 +79,7 @@ __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const 
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           if (!tiles.mask[((e >> 1) ? r1 : r0) + nt * 8 + 2 * t + (e & 1)]) s[nt][e] = -INFINITY;
-    } else {
+    } else if constexpr (kGlobalTerms) {
       const int64_t base = b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
       const int64_t r0 = base + int64_t(min(rows[0], p.Sq - 1)) * p.mask_stride[2];
       const int64_t r1 = base + int64_t(min(rows[1], p.Sq - 1)) * p.mask_stride[2];
@@ -96,7 +98,7 @@ __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const 
 // key 2t + (e & 1) within the tile (g = lane / 4, t = lane % 4). Scores become
 // softcap(scale * qk) + bias where visible, -inf elsewhere. Interior tiles, where no bound or
 // causal check can fail, skip those checks.
-template <class T, int kTilesN>
+template <class T, bool kGlobalTerms, int kTilesN>
 __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int b, int h,
                                                 int row0, int key0, int lane, const ScoreTiles& tiles) {
   const int g = lane / 4, t = lane % 4;
@@ -114,7 +116,7 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
       for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale;
   }
   const int rows[2] = {row0 + g, row0 + g + 8};
-  if (p.mask || p.bias) add_bias_and_mask<T>(s, p, tiles, b, h, rows, key0, t);
+  if (p.mask || p.bias) add_bias_and_mask<T, kGlobalTerms>(s, p, tiles, b, h, rows, key0, t);
   if (interior) return;
   const int last_key_of_row0 = rows[0] + p.Sk - p.Sq;  // causal: j <= i + Sk - Sq
 #pragma unroll

@@ -22,8 +22,10 @@ struct OnlineSoftmax {
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
 
-  // Scores -> probabilities in place (unnormalised, relative to the running max).
-  __device__ __forceinline__ void update(float (&s)[kTilesN][4], float (&o)[kTilesD][4]) {
+  // Scores -> probabilities in place (unnormalised, relative to the new running max); returns
+  // in alpha the factor by which output accumulators must be rescaled. Split from `rescale` so
+  // the wgmma forward can run this while the previous tile's P V is still writing O.
+  __device__ __forceinline__ void scale_scores(float (&s)[kTilesN][4], float (&alpha)[2]) {
     constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -32,14 +34,9 @@ struct OnlineSoftmax {
       for (int nt = 0; nt < kTilesN; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       const float m_new = fmaxf(m[r], quad_max(mx));
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // all -inf so far: exp gives 0, not NaN
-      const float alpha = ptx::exp2_approx((m[r] - m_use) * kLog2e);
+      alpha[r] = ptx::exp2_approx((m[r] - m_use) * kLog2e);
       m[r] = m_new;
-      l[r] *= alpha;
-#pragma unroll
-      for (int dt = 0; dt < kTilesD; ++dt) {
-        o[dt][2 * r] *= alpha;
-        o[dt][2 * r + 1] *= alpha;
-      }
+      l[r] *= alpha[r];
       const float offset = m_use * kLog2e;
 #pragma unroll
       for (int nt = 0; nt < kTilesN; ++nt)
@@ -49,6 +46,22 @@ struct OnlineSoftmax {
           l[r] += s[nt][e];
         }
     }
+  }
+
+  __device__ __forceinline__ static void rescale(float (&o)[kTilesD][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < kTilesD; ++dt) {
+      o[dt][0] *= alpha[0];
+      o[dt][1] *= alpha[0];
+      o[dt][2] *= alpha[1];
+      o[dt][3] *= alpha[1];
+    }
+  }
+
+  __device__ __forceinline__ void update(float (&s)[kTilesN][4], float (&o)[kTilesD][4]) {
+    float alpha[2];
+    scale_scores(s, alpha);
+    rescale(o, alpha);
   }
 
   // Full row sums, once at the end.
