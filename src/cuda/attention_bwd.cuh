@@ -74,18 +74,20 @@ __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float 
                                              float (&dp)[kTilesN][4], const float (&lse2)[2], const float (&delta)[2],
                                              Row&& row, Col&& col, Add&& add_at) {
   constexpr float kLog2e = 1.4426950408889634f;
+  with_softcap(f, [&](auto softcap) {
 #pragma unroll
-  for (int nt = 0; nt < kTilesN; ++nt)
+    for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e >> 1;
-      const float c = capped_score(f, s[nt][e]);
-      const float add = add_at(row(nt, e), col(nt, e));
-      const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[r]));
-      const float ds = pr * (dp[nt][e] - delta[r]);
-      dp[nt][e] = ds;
-      s[nt][e] = ds * capped_slope(f, c);
-    }
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const float c = capped_score<decltype(softcap)::value>(f, s[nt][e]);
+        const float add = add_at(row(nt, e), col(nt, e));
+        const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[r]));
+        const float ds = pr * (dp[nt][e] - delta[r]);
+        dp[nt][e] = ds;
+        s[nt][e] = ds * capped_slope<decltype(softcap)::value>(f, c);
+      }
+  });
 }
 
 // The transposed case of the dk/dv kernel: rows are keys, columns queries q0 + il with lse2 and
@@ -95,19 +97,21 @@ __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, fl
                                                  float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
                                                  const float* delta, int q0, Row&& row, Col&& col, Add&& add_at) {
   constexpr float kLog2e = 1.4426950408889634f;
+  with_softcap(f, [&](auto softcap) {
 #pragma unroll
-  for (int nt = 0; nt < kTilesN; ++nt)
+    for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = col(nt, e), il = i - q0;
-      const float c = capped_score(f, st[nt][e]);
-      const float add = add_at(row(nt, e), i);
-      const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[il]));
-      const float ds = pr * (dpt[nt][e] - delta[il]);
-      db[e >> 1] += ds;
-      st[nt][e] = pr;
-      dpt[nt][e] = ds * capped_slope(f, c);
-    }
+      for (int e = 0; e < 4; ++e) {
+        const int i = col(nt, e), il = i - q0;
+        const float c = capped_score<decltype(softcap)::value>(f, st[nt][e]);
+        const float add = add_at(row(nt, e), i);
+        const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[il]));
+        const float ds = pr * (dpt[nt][e] - delta[il]);
+        db[e >> 1] += ds;
+        st[nt][e] = pr;
+        dpt[nt][e] = ds * capped_slope<decltype(softcap)::value>(f, c);
+      }
+  });
 }
 
 // Dynamic shared memory is only 16-byte aligned for sure: kernels whose tiles need more
@@ -344,7 +348,7 @@ __device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, in
 
 template <class Mma, int kHeadDim>
 struct BwdDkdvTile {
-  static constexpr int kBlockN = kBwdBlockN, kBlockM = bwd_dkdv_block_m(kHeadDim);
+  static constexpr int kBlockN = kBwdBlockN, kBlockM = Mma::kDkdvBlockM;
   static constexpr int kChunk = bwd_dkdv_chunk(kHeadDim), kChunks = kHeadDim / kChunk;
   static constexpr int kQBytes = Mma::tile_bytes(kBlockM);
   // Shared memory: K, V; then per warp group Q x2, dO x2, lse2 x2, delta x2 (padded so the

@@ -13,6 +13,7 @@ namespace fdma::cuda {
 template <class T, int kHeadDim, int kThreads>
 struct BwdMmaSm80 : TileIoSm80<T, kHeadDim, kThreads> {
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
+  static constexpr int kDkdvBlockM = bwd_dkdv_block_m(kHeadDim);  // queries per dk/dv step
   __host__ __device__ static constexpr int tile_bytes(int rows) { return rows * kRowBytes; }
 
 

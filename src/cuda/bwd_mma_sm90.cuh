@@ -17,6 +17,9 @@ template <class T, int kHeadDim, int kThreads>
 struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma backward tiles: D = 64 or 128");
   static constexpr int kRowBytes = wgmma::kSwizzleRowBytes;
+  // Queries per dk/dv step: 64 for every D. Without ldmatrix fragments to stage, D = 128 fits
+  // S^T and dP^T of 64 queries in registers (mma.sync spilled there and takes 32).
+  static constexpr int kDkdvBlockM = 64;
   __host__ __device__ static constexpr int tile_bytes(int rows) { return wgmma::sw128_tile_bytes(rows, kHeadDim); }
 
 

@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda/attention_fwd_params.hpp"
 
 namespace fdma::cuda {
@@ -18,6 +20,45 @@ template <>
 __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
 
 __device__ __forceinline__ int64_t head_index(int mode, int h, int G) { return mode == 2 ? h : mode == 1 ? h / G : 0; }
+
+// softcap(scale * qk), the part of a score before the bias. kSoftcap is the uniform
+// `softcap > 0`, fixed per loop by the caller: evaluated per score, both branches of it were
+// issued for every score (tanhf included) and the unrolled loops overflowed the instruction cache.
+template <bool kSoftcap>
+__device__ __forceinline__ float capped_score(const AttentionFwdParams& p, float qk) {
+  if constexpr (kSoftcap) return p.softcap * tanhf(qk * p.scale / p.softcap);
+  return qk * p.scale;
+}
+
+// d capped / d qk from the capped value: scale * (1 - tanh^2) under softcap, else scale.
+template <bool kSoftcap>
+__device__ __forceinline__ float capped_slope(const AttentionFwdParams& p, float capped) {
+  if constexpr (kSoftcap) {
+    const float t = capped / p.softcap;
+    return p.scale * (1.f - t * t);
+  }
+  return p.scale;
+}
+
+// Calls f(std::true_type or std::false_type): the uniform `softcap > 0` as a constant.
+template <class F>
+__device__ __forceinline__ void with_softcap(const AttentionFwdParams& p, F&& f) {
+  if (p.softcap > 0.f)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// s = softcap(scale * s) for a whole fragment, one loop per case.
+template <int kTilesN>
+__device__ __forceinline__ void cap_scores(float (&s)[kTilesN][4], const AttentionFwdParams& p) {
+  with_softcap(p, [&](auto softcap) {
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = capped_score<decltype(softcap)::value>(p, s[nt][e]);
+  });
+}
 
 // Shared-memory tiles of mask and bias for the current key tile (null when not tiled). Row r
 // of a tile is query tile_row0 + r, or the single row of a query-broadcast tensor.
@@ -104,17 +145,7 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
   const int g = lane / 4, t = lane % 4;
   const bool interior = row0 + 16 <= p.Sq && key0 + 8 * kTilesN <= p.Sk &&
                         (!p.causal || key0 + 8 * kTilesN - 1 <= row0 + p.Sk - p.Sq);
-  if (p.softcap > 0.f) {
-#pragma unroll
-    for (int nt = 0; nt < kTilesN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = p.softcap * tanhf(s[nt][e] * p.scale / p.softcap);
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < kTilesN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale;
-  }
+  cap_scores(s, p);
   const int rows[2] = {row0 + g, row0 + g + 8};
   if (p.mask || p.bias) add_bias_and_mask<T, kGlobalTerms>(s, p, tiles, b, h, rows, key0, t);
   if (interior) return;
@@ -151,13 +182,12 @@ template <int kTilesN>
 __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int row0,
                                                    const KeyInfo* keys, int lane) {
   const int g = lane / 4, t = lane % 4;
+  cap_scores(s, p);
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float c = p.softcap > 0.f ? p.softcap * tanhf(s[nt][e] * p.scale / p.softcap) : s[nt][e] * p.scale;
-      s[nt][e] = add_visible(c, interval_add(keys[nt * 8 + 2 * t + (e & 1)], row0 + g + 8 * (e >> 1)));
-    }
+    for (int e = 0; e < 4; ++e)
+      s[nt][e] = add_visible(s[nt][e], interval_add(keys[nt * 8 + 2 * t + (e & 1)], row0 + g + 8 * (e >> 1)));
 }
 
 // The additive term of one score read straight from global memory, for kernels that visit
@@ -191,20 +221,6 @@ __device__ __forceinline__ float key_bias_at(const AttentionFwdParams& p, int b,
                       int64_t(min(j, p.Sk - 1)) * p.bias_stride[3];
   return p.bias_f32 ? __ldg(static_cast<const float*>(p.bias) + off)
                     : to_float(__ldg(static_cast<const T*>(p.bias) + off));
-}
-
-// softcap(scale * qk), the part of a score before the bias.
-__device__ __forceinline__ float capped_score(const AttentionFwdParams& p, float qk) {
-  return p.softcap > 0.f ? p.softcap * tanhf(qk * p.scale / p.softcap) : qk * p.scale;
-}
-
-// d capped / d qk from the capped value: scale * (1 - tanh^2) under softcap, else scale.
-__device__ __forceinline__ float capped_slope(const AttentionFwdParams& p, float capped) {
-  if (p.softcap > 0.f) {
-    const float t = capped / p.softcap;
-    return p.scale * (1.f - t * t);
-  }
-  return p.scale;
 }
 
 }  // namespace fdma::cuda
