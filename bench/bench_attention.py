@@ -52,9 +52,10 @@ def median_ms(fn, warmup=3, iters=15):
 _flex = None
 
 
-def flex_time(qt, kt, vt, causal, bias, bool_mask, S):
+def flex_time(qt, kt, vt, causal, bias, bool_mask, S, dout=None):
     """FlexAttention (compiled) for the same case: bias through score_mod, the mask through a
-    block mask built from mask_mod (build time not counted). None where it fails."""
+    block mask built from mask_mod (build time not counted). With `dout`, forward+backward
+    (gradients of whichever inputs require them). None where it fails."""
     global _flex
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -76,7 +77,9 @@ def flex_time(qt, kt, vt, causal, bias, bool_mask, S):
             else:
                 def score_mod(score, b, h, q_idx, kv_idx):
                     return score + bias[b, h, q_idx, kv_idx]
-        return median_ms(lambda: _flex(qt, kt, vt, score_mod=score_mod, block_mask=block_mask))
+        if dout is None:
+            return median_ms(lambda: _flex(qt, kt, vt, score_mod=score_mod, block_mask=block_mask))
+        return median_ms(lambda: _flex(qt, kt, vt, score_mod=score_mod, block_mask=block_mask).backward(dout))
     except Exception as e:  # noqa: BLE001
         print("  FlexAttention failed:", str(e).splitlines()[0][:120], flush=True)
         return None

@@ -1,7 +1,8 @@
 """Attention forward+backward on the GPU: Flash-DMA against SDPA's backends in one run.
 
 Usage (on a GPU machine with torch): python3 bench/bench_attention_bwd.py [--lib build/libfdma.so]
-Times one forward plus one backward (dq, dk, dv and, with a bias, dbias). Medians of CUDA
+Times one forward plus one backward (dq, dk, dv and, with a bias, dbias), beside SDPA and
+FlexAttention (compiled; the bias as a captured tensor with a gradient). Medians of CUDA
 events after warm-up. TF/s = 3.5 * 4*B*H*Sq*Sk*D / t (bwd = 2.5x fwd), halved for causal.
 Prints a markdown table last.
 """
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import median_ms, view  # noqa: E402
+from bench_attention import flex_time, median_ms, view  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from flash_dma import _abi  # noqa: E402
@@ -30,6 +31,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfdma.so")
     ap.add_argument("--seqlens", default="4096,8192,16384")
+    ap.add_argument("--flex", type=int, default=1, help="also time FlexAttention forward+backward")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev = torch.device("cuda")
@@ -107,18 +109,22 @@ def main():
                     except RuntimeError as e:
                         t[be.name.lower()] = None
                         print(f"  {be.name} unavailable: {str(e).splitlines()[0][:100]}")
+                if args.flex:  # the bias as a captured tensor with a gradient; causal through the block mask
+                    fb = bias.detach().clone().requires_grad_() if bias is not None else None
+                    t["flex"] = flex_time(qt, kt, vt, causal, fb, None, S, dout=dot)
                 rows.append((S, causal, case, t, mult, max(errs)))
                 print(S, causal, case, {k_: (round(x, 3) if x else None) for k_, x in t.items()},
                       f"max|grad diff| {max(errs):.3g}", flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{Hk} D{D}; fwd+bwd ms (TF/s)")
-    print("| S | causal | case | flash-dma fwd+bwd | (fwd alone) | SDPA flash / efficient | SDPA cuDNN | max abs grad diff |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| S | causal | case | flash-dma fwd+bwd | (fwd alone) | SDPA flash / efficient | SDPA cuDNN | FlexAttention | "
+          "max abs grad diff |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for S, causal, case, t, mult, err in rows:
         def cell(x):
             return "-" if x is None else f"{x:.2f} ({mult / x / 1e9:.0f})"
         other = t.get("flash_attention", t.get("efficient_attention"))
         print(f"| {S} | {int(causal)} | {case} | {cell(t['flash-dma'])} | {t['flash-dma fwd']:.2f} | {cell(other)} | "
-              f"{cell(t.get('cudnn_attention'))} | {err:.3g} |")
+              f"{cell(t.get('cudnn_attention'))} | {cell(t.get('flex'))} | {err:.3g} |")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/ptx.cuh"
+#include "cuda/tile_io_sm80.cuh"  // for_each_chunk
 #include "cuda/wgmma.cuh"
 
 namespace fdma::cuda {
@@ -15,13 +16,12 @@ __device__ __forceinline__ void load_rows_sw128_async(uint32_t smem, const T* ba
                                                       int nrows, int D, int tid) {
   static_assert(kHeadDim % 64 == 0, "the swizzled layout stores whole 64-column blocks");
   constexpr int kChunks = kHeadDim / 8;
-#pragma unroll
-  for (int c = tid; c < kRows * kChunks; c += kThreads) {
-    const int r = c / kChunks, ch = c % kChunks, row = row0 + r;
+  for_each_chunk<kThreads, kRows, kChunks>(tid, [&](int r, int ch) {
+    const int row = row0 + r;
     const bool ok = row < nrows && ch * 8 < D;
     const T* src = ok ? base + row * row_stride + ch * 8 : base;
     ptx::cp_async_16(smem + wgmma::sw128_offset(kRows, r, ch), src, ok ? 16 : 0);
-  }
+  });
 }
 
 // Row r of the tile is row idx[r] of the slab for r < nvalid.
@@ -30,13 +30,11 @@ __device__ __forceinline__ void load_rows_gather_sw128_async(uint32_t smem, cons
                                                              const int32_t* idx, int nvalid, int D, int tid) {
   static_assert(kHeadDim % 64 == 0, "the swizzled layout stores whole 64-column blocks");
   constexpr int kChunks = kHeadDim / 8;
-#pragma unroll
-  for (int c = tid; c < kRows * kChunks; c += kThreads) {
-    const int r = c / kChunks, ch = c % kChunks;
+  for_each_chunk<kThreads, kRows, kChunks>(tid, [&](int r, int ch) {
     const bool ok = r < nvalid && ch * 8 < D;
     const T* src = ok ? base + int64_t(idx[r]) * row_stride + ch * 8 : base;
     ptx::cp_async_16(smem + wgmma::sw128_offset(kRows, r, ch), src, ok ? 16 : 0);
-  }
+  });
 }
 
 // The Hopper counterpart of TileIoSm80 (tile_io_sm80.cuh): swizzled tiles for wgmma.

@@ -32,8 +32,10 @@ namespace fdma::cuda::wgmma {
 constexpr int kSwizzleRowBytes = 128;
 __host__ __device__ constexpr int sw128_tile_bytes(int rows, int head_dim) { return rows * head_dim * 2; }
 // Byte offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a tile of `rows` rows.
+// Unsigned arithmetic: row and chunk are never negative, and % 8 becomes a mask.
 __device__ __forceinline__ uint32_t sw128_offset(int rows, int row, int chunk) {
-  return (chunk / 8) * rows * kSwizzleRowBytes + row * kSwizzleRowBytes + (((chunk % 8) ^ (row % 8)) << 4);
+  const uint32_t r = row, c = chunk;
+  return (c / 8) * rows * kSwizzleRowBytes + r * kSwizzleRowBytes + (((c % 8) ^ (r % 8)) << 4);
 }
 
 // --- descriptors --------------------------------------------------------------------------
