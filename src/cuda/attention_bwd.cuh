@@ -224,8 +224,10 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         // dS = P * (dP - delta): dp becomes dS, s becomes dS * d(capped)/d(qk), the A operand
         // of dq += dS K.
         const int key0 = nb * kBN;
-        const bool plain = !gather && !f.mask && !f.bias && warp_row0 + 16 <= f.Sq && key0 + kBN <= f.Sk &&
-                           (!f.causal || key0 + kBN - 1 <= warp_row0 + f.Sk - f.Sq);
+        // interior: every (row, key) of the warp's tile is in range and not hidden by causality.
+        const bool interior = warp_row0 + 16 <= f.Sq && key0 + kBN <= f.Sk &&
+                              (!f.causal || key0 + kBN - 1 <= warp_row0 + f.Sk - f.Sq);
+        const bool plain = !gather && !f.mask && !f.bias && interior;
         const KeyInfo* tile_info = s_info + buf * kBN;
         auto col = [&](int nt, int e) { return key0 + nt * 8 + 2 * t + (e & 1); };
         auto row = [&](int, int e) { return rows[e >> 1]; };
@@ -233,7 +235,16 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
           scores_to_ds(f, s, dp, lse2, delta, row, col, [&](int i, int j) { return interval_add(tile_info[j - key0], i); });
         else if (plain)
           scores_to_ds(f, s, dp, lse2, delta, row, col, [](int, int) { return 0.f; });
-        else if (key_bias)  // the bias depends on the key alone (cached loads, one per key)
+        else if (key_bias && interior) {  // the bias depends on the key alone: one load per key column
+          float kb[kN][2];
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) kb[nt][c] = key_bias_at<T>(f, b, h, key0 + nt * 8 + 2 * t + c);
+          // add_at gets the thread's key slot, known after unrolling, so kb stays in registers
+          scores_to_ds(f, s, dp, lse2, delta, [](int nt, int e) { return 2 * nt + (e & 1); }, [](int, int) { return 0; },
+                       [&](int slot, int) { return kb[slot / 2][slot % 2]; });
+        } else if (key_bias)  // tiles on the causal diagonal or the sequence ends
           scores_to_ds(f, s, dp, lse2, delta, row, col,
                        [&](int i, int j) { return visible_at(f, i, j) ? key_bias_at<T>(f, b, h, j) : -INFINITY; });
         else
@@ -485,8 +496,9 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
 
     const float* lse2 = s_lse2 + buf * kBM;
     const float* delta = s_delta + buf * kBM;
-    const bool plain = !gather && !f.mask && !f.bias && q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
-                       (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+    const bool interior = q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
+                          (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+    const bool plain = !gather && !f.mask && !f.bias && interior;
     // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk); db sums dS^T rows.
     auto row = [&](int, int e) { return keys[e >> 1]; };
     auto col = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
@@ -497,8 +509,12 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col, [](int, int) { return 0.f; });
     else if (key_bias) {  // the bias depends on the key alone: two values per thread per step
       const float kb[2] = {key_bias_at<T>(f, b, h, keys[0]), key_bias_at<T>(f, b, h, keys[1])};
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
-                       [&](int r, int i) { return visible_at(f, i, keys[r]) ? kb[r] : -INFINITY; });
+      if (interior)
+        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
+                         [&](int r, int) { return kb[r]; });
+      else
+        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
+                         [&](int r, int i) { return visible_at(f, i, keys[r]) ? kb[r] : -INFINITY; });
     } else {
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col,
                        [&](int j, int i) { return score_add_at<T>(f, b, h, i, j); });

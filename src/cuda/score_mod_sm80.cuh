@@ -15,6 +15,8 @@ namespace fdma::cuda {
 template <class T>
 __device__ __forceinline__ float to_float(T x);
 template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <>
 __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
@@ -84,12 +86,31 @@ __device__ __forceinline__ void add_tile(float (&s)[kTilesN][4], int t, Load&& l
     for (int e = 0; e < 4; ++e) s[nt][e] += load(e >> 1, nt * 8 + 2 * t + (e & 1));
 }
 
+// A bias row shared by all query rows (a [.., 1, Sk] bias): each thread's key pair is one
+// 4- or 8-byte load, added to both of its rows.
+template <class E, int kTilesN>
+__device__ __forceinline__ void add_key_row(float (&s)[kTilesN][4], const E* row, int t) {
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt) {
+    const float v0 = to_float(row[nt * 8 + 2 * t]), v1 = to_float(row[nt * 8 + 2 * t + 1]);
+    s[nt][0] += v0;
+    s[nt][1] += v1;
+    s[nt][2] += v0;
+    s[nt][3] += v1;
+  }
+}
+
 template <class T, bool kGlobalTerms, int kTilesN>
 __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const AttentionFwdParams& p,
                                                   const ScoreTiles& tiles, int b, int h, const int (&rows)[2],
                                                   int key0, int t) {
   if (p.bias) {
-    if (tiles.bias) {
+    if (tiles.bias && tiles.bias_bcast_rows) {  // one value per key column: one load for both rows
+      if (p.bias_f32)
+        add_key_row(s, static_cast<const float*>(tiles.bias), t);
+      else
+        add_key_row(s, static_cast<const T*>(tiles.bias), t);
+    } else if (tiles.bias) {
       const int r0 = tiles.bias_bcast_rows ? 0 : (rows[0] - tiles.tile_row0) * tiles.bias_pitch;
       const int r1 = tiles.bias_bcast_rows ? 0 : (rows[1] - tiles.tile_row0) * tiles.bias_pitch;
       if (p.bias_f32) {
