@@ -199,11 +199,34 @@ __device__ __forceinline__ float interval_add(const KeyInfo& key, int i) {
 // row must not reach queries that do not see it).
 __device__ __forceinline__ float add_visible(float capped, float add) { return add == -INFINITY ? add : capped + add; }
 
+// Whether every one of the tile's kTilesN * 8 keys is kept by all 16 rows [row0, row0 + 16):
+// then the fragment needs the keys' biases only, no interval test per score. Most tiles of a
+// causal top-w list qualify (a row changes about w / i of its keys), all but those with keys
+// whose intervals begin or end among the rows, or padding. Warp-uniform.
+template <int kTilesN>
+__device__ __forceinline__ bool keys_cover_rows(const KeyInfo* keys, int row0, int lane) {
+  bool covers = true;
+#pragma unroll
+  for (int c = lane; c < kTilesN * 8; c += 32) covers &= keys[c].begin <= row0 && keys[c].end >= row0 + 16;
+  return __all_sync(0xffffffffu, covers);
+}
+
 template <int kTilesN>
 __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int row0,
                                                    const KeyInfo* keys, int lane) {
   const int g = lane / 4, t = lane % 4;
   cap_scores(s, p);
+  if (keys_cover_rows<kTilesN>(keys, row0, lane)) {
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float bias = keys[nt * 8 + 2 * t + c].bias;  // one load for both rows
+        s[nt][c] = add_visible(s[nt][c], bias);
+        s[nt][c + 2] = add_visible(s[nt][c + 2], bias);
+      }
+    return;
+  }
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
