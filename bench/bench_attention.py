@@ -89,16 +89,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfdma.so")
     ap.add_argument("--seqlens", default="4096,8192,16384")
+    ap.add_argument("--flex", type=int, default=1, help="also time FlexAttention (compiles per case)")
+    ap.add_argument("--cases", default="", help="comma-separated case name prefixes (default: all)")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev = torch.device("cuda")
     B, H, Hk, D = 1, 16, 16, 128
+    wanted = [c for c in args.cases.split(",") if c]
     rows = []
     for S in [int(s) for s in args.seqlens.split(",")]:
         for causal in (False, True):
             for case in ("dense", "per-key bias [B,H,1,Sk]", "full bias [B,H,Sq,Sk]", "all-true mask [B,1,Sq,Sk]",
                          "block mask 1/8 [B,1,Sq,Sk]"):
                 if case.startswith("full") and S > 8192:
+                    continue
+                if wanted and not any(case.startswith(c) for c in wanted):
                     continue
                 torch.manual_seed(0)
                 q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
@@ -170,7 +175,7 @@ def main():
                     except RuntimeError as e:
                         t[be.name.lower()] = None
                         print(f"  {be.name} unavailable: {str(e).splitlines()[0][:100]}")
-                t["flex"] = flex_time(qt, kt, vt, causal, bias, bool_mask, S)
+                t["flex"] = flex_time(qt, kt, vt, causal, bias, bool_mask, S) if args.flex else None
                 rows.append((S, causal, case, t, flops, err))
                 print(S, causal, case, {k: (round(x, 3) if x else None) for k, x in t.items()}, f"max|diff| {err:.3g}",
                       flush=True)
