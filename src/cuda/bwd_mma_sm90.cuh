@@ -26,11 +26,12 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
   template <int kRowsA, int kRowsB, int kTilesN>
   __device__ static void issue_a_bt(float (&acc)[kTilesN][4], uint32_t a_tile, uint32_t b_tile) {
     static_assert(kRowsA == 64 && kRowsB == 8 * kTilesN, "A is one warpgroup's 64 rows, B the whole tile");
+    const uint64_t a_desc = wgmma::desc_k_major(a_tile), b_desc = wgmma::desc_k_major(b_tile);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = (kk % 4) * 32;  // 16 elements per step within a 64-column block
-      wgmma::mma_ss<T, 8 * kTilesN>(acc, wgmma::desc_k_major(a_tile + (kk / 4) * kRowsA * kRowBytes + col),
-                                    wgmma::desc_k_major(b_tile + (kk / 4) * kRowsB * kRowBytes + col), kk > 0);
+      wgmma::mma_ss<T, 8 * kTilesN>(acc, wgmma::desc_advance(a_desc, (kk / 4) * kRowsA * kRowBytes + col),
+                                    wgmma::desc_advance(b_desc, (kk / 4) * kRowsB * kRowBytes + col), kk > 0);
     }
   }
   // acc0 = A0 B0^T and acc1 = A1 B1^T: [64 rows x 8*kTilesN], K = D.
@@ -57,11 +58,11 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
   __device__ static void issue_regs_b(float (&acc)[kTilesD][4], const uint32_t (&a)[kTilesK / 2][4], uint32_t b_tile,
                                       int col0) {
     static_assert(kRowsB == 8 * kTilesK, "B is the whole [k][D] tile");
-    const uint32_t block = b_tile + (col0 / 64) * kRowsB * kRowBytes;  // col0: a multiple of 64
+    // col0: a multiple of 64
+    const uint64_t b_desc = wgmma::desc_n_major(b_tile + (col0 / 64) * kRowsB * kRowBytes, kRowsB * kRowBytes);
 #pragma unroll
     for (int kk = 0; kk < kTilesK / 2; ++kk)
-      wgmma::mma_rs_n_major<T, 8 * kTilesD>(acc, a[kk], wgmma::desc_n_major(block + kk * 16 * kRowBytes, kRowsB * kRowBytes),
-                                            1);
+      wgmma::mma_rs_n_major<T, 8 * kTilesD>(acc, a[kk], wgmma::desc_advance(b_desc, kk * 16 * kRowBytes), 1);
   }
   template <int kTilesK>
   __device__ static void keep_live(uint32_t (&a)[kTilesK / 2][4]) {  // A registers stay untouched until the wait

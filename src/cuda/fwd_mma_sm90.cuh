@@ -43,13 +43,16 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
 
   // Issues S = Q K^T: this warpgroup's 64 rows x 128 keys, D / 16 chained wgmmas.
   __device__ static void qk_issue(float (&s)[1][kTilesN][4], uint32_t s_q, uint32_t k_tile, int warp) {
+    // K's descriptor is built once per tile and advanced; Q's are rebuilt per wgmma, as a Q
+    // descriptor hoisted out of the key loop stays live across it and made the kernel spill.
     const uint32_t q_rows = s_q + (warp / 4) * 64 * wgmma::kSwizzleRowBytes;
+    const uint64_t k_desc = wgmma::desc_k_major(k_tile);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = (kk % 4) * 32;  // bytes into a swizzled row: 16 elements per step
       wgmma::mma_ss<T, kBlockN>(s[0], wgmma::desc_k_major(q_rows + (kk / 4) * kBlockBytesQ + col),
-                                wgmma::desc_k_major(k_tile + (kk / 4) * kBlockBytesKV + col), kk > 0);
+                                wgmma::desc_advance(k_desc, (kk / 4) * kBlockBytesKV + col), kk > 0);
     }
     wgmma::commit_group();
   }
@@ -57,11 +60,11 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
   // Issues O += P V: P from registers, V N-major in shared memory. P must stay untouched
   // until wait_pv: the tensor core reads the registers asynchronously.
   __device__ static void pv_issue(float (&o)[1][kTilesD][4], const PFrag& p, uint32_t v_tile) {
+    const uint64_t v_desc = wgmma::desc_n_major(v_tile, kBlockBytesKV);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma::mma_rs_n_major<T, kHeadDim>(o[0], p[kk],
-                                         wgmma::desc_n_major(v_tile + kk * 16 * wgmma::kSwizzleRowBytes, kBlockBytesKV), 1);
+      wgmma::mma_rs_n_major<T, kHeadDim>(o[0], p[kk], wgmma::desc_advance(v_desc, kk * 16 * wgmma::kSwizzleRowBytes), 1);
     wgmma::commit_group();
   }
 

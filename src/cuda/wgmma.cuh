@@ -54,6 +54,12 @@ __device__ __forceinline__ uint64_t desc_n_major(uint32_t addr, uint32_t block_b
   return make_desc(addr, block_bytes, 8 * kSwizzleRowBytes);
 }
 
+// The descriptor of addr + bytes, from addr's (bytes a multiple of 16). The start address
+// field holds addr >> 4 in 14 bits and shared addresses stay below 2^18, so one add never
+// carries out of it: a chain of wgmmas over one tile builds its descriptor once (rebuilding it
+// per wgmma cost about 25 instructions each, a third of the backward's per-step instructions).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // --- synchronisation ----------------------------------------------------------------------
 // Orders this thread's register writes (accumulators, A fragments) before the wgmmas that follow.
 __device__ __forceinline__ void fence() {
