@@ -114,16 +114,6 @@ __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, fl
   });
 }
 
-// Dynamic shared memory is only 16-byte aligned for sure: kernels whose tiles need more
-// (the swizzled layout: 1024) round their base up, out of kAlign bytes of slack.
-template <int kAlign>
-__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
-  if constexpr (kAlign > 16) return raw + (kAlign - ptx::smem_addr(raw) % kAlign) % kAlign;
-  return raw;
-}
-template <int kAlign>
-constexpr int align_slack() { return kAlign > 16 ? kAlign : 0; }
-
 template <class Mma, int kHeadDim>
 struct BwdDqTile {
   static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);

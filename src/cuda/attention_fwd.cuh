@@ -34,8 +34,6 @@ template <class Mma>
 struct FwdTile {
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kTilesBytes = Mma::kQBytes + 4 * Mma::kKVBytes;
-  // Dynamic shared memory is only 16-byte aligned for sure: the kernel rounds its base up.
-  static constexpr int kAlignSlack = Mma::kTileAlign > 16 ? Mma::kTileAlign : 0;
 
   __host__ __device__ static int mask_pitch() { return kBlockN + 16; }
   __host__ __device__ static int bias_pitch(const AttentionFwdParams& p) { return kBlockN * (p.bias_f32 ? 4 : 2) + 16; }
@@ -49,7 +47,7 @@ struct FwdTile {
   }
   __host__ __device__ static int info_tile_bytes(const AttentionFwdParams& p) { return p.lists.keys ? kBlockN * 16 : 0; }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& p) {
-    return kAlignSlack + kTilesBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p)) +
+    return align_slack<Mma::kTileAlign>() + kTilesBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p)) +
            staged_list_bytes(p.lists);
   }
 };
@@ -62,9 +60,7 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
   using Tile = FwdTile<Mma>;
   constexpr int kM = Mma::kMTiles, kN = Mma::kTilesN, kDT = Mma::kTilesD, kThreads = Mma::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw;
-  if constexpr (Tile::kAlignSlack > 0)
-    smem += (Tile::kAlignSlack - ptx::smem_addr(smem_raw) % Tile::kAlignSlack) % Tile::kAlignSlack;
+  unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Causal blocks near the end see the most keys: launch them first so the tail is short.
   const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;

@@ -12,6 +12,16 @@ namespace fdma::cuda {
 // Bytes of one padded shared row of kHeadDim 16-bit elements.
 constexpr int padded_row_bytes(int head_dim) { return head_dim * 2 + 16; }
 
+// Dynamic shared memory is only 16-byte aligned for sure: kernels whose tiles need more
+// (the swizzled layout: 1024) round their base up, out of kAlign bytes of slack.
+template <int kAlign>
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
+  if constexpr (kAlign > 16) return raw + (kAlign - ptx::smem_addr(raw) % kAlign) % kAlign;
+  return raw;
+}
+template <int kAlign>
+constexpr int align_slack() { return kAlign > 16 ? kAlign : 0; }
+
 // Calls copy(r, ch) for every (row, 16-byte chunk) of a kRows x kChunks tile, spread over
 // kThreads threads. Where the threads cover whole rows, each thread keeps one chunk column and
 // the loop has a fixed trip count: unrolled, with no division per chunk (the generic loop cost
