@@ -64,6 +64,21 @@ __device__ __forceinline__ bool tile_is_active(const AttentionFwdParams& f, cons
   return !row || row[f.active_k_tiles == 1 ? 0 : kt];
 }
 
+// One score's backward terms from its raw q.k, additive term, lse (base 2), dP and delta: the
+// probability, dS = P (dP - delta), and dS times d(capped)/d(qk).
+struct ScoreGrad {
+  float pr, ds, dqk;
+};
+template <bool kSoftcap>
+__device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, float qk, float add, float lse2, float dp,
+                                                float delta) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float c = capped_score<kSoftcap>(f, qk);
+  const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2));
+  const float ds = pr * (dp - delta);
+  return {pr, ds, ds * capped_slope<kSoftcap>(f, c)};
+}
+
 // Scores (raw q.k in s, dP in dp, one warp's 16 rows) to gradients, for one way of finding
 // each score's additive term add(i, j). Each caller passes one lambda per uniform case, so the
 // unrolled loop a tile executes holds only its own case (one loop with every case inlined
@@ -73,19 +88,16 @@ template <int kTilesN, class Row, class Col, class Add>
 __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float (&s)[kTilesN][4],
                                              float (&dp)[kTilesN][4], const float (&lse2)[2], const float (&delta)[2],
                                              Row&& row, Col&& col, Add&& add_at) {
-  constexpr float kLog2e = 1.4426950408889634f;
   with_softcap(f, [&](auto softcap) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        const float c = capped_score<decltype(softcap)::value>(f, s[nt][e]);
-        const float add = add_at(row(nt, e), col(nt, e));
-        const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[r]));
-        const float ds = pr * (dp[nt][e] - delta[r]);
-        dp[nt][e] = ds;
-        s[nt][e] = ds * capped_slope<decltype(softcap)::value>(f, c);
+        const ScoreGrad g = score_grad<decltype(softcap)::value>(f, s[nt][e], add_at(row(nt, e), col(nt, e)), lse2[r],
+                                                                 dp[nt][e], delta[r]);
+        dp[nt][e] = g.ds;
+        s[nt][e] = g.dqk;
       }
   });
 }
@@ -96,20 +108,17 @@ template <int kTilesN, class Row, class Col, class Add>
 __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                  float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
                                                  const float* delta, int q0, Row&& row, Col&& col, Add&& add_at) {
-  constexpr float kLog2e = 1.4426950408889634f;
   with_softcap(f, [&](auto softcap) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = col(nt, e), il = i - q0;
-        const float c = capped_score<decltype(softcap)::value>(f, st[nt][e]);
-        const float add = add_at(row(nt, e), i);
-        const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2[il]));
-        const float ds = pr * (dpt[nt][e] - delta[il]);
-        db[e >> 1] += ds;
-        st[nt][e] = pr;
-        dpt[nt][e] = ds * capped_slope<decltype(softcap)::value>(f, c);
+        const ScoreGrad g = score_grad<decltype(softcap)::value>(f, st[nt][e], add_at(row(nt, e), i), lse2[il],
+                                                                 dpt[nt][e], delta[il]);
+        db[e >> 1] += g.ds;
+        st[nt][e] = g.pr;
+        dpt[nt][e] = g.dqk;
       }
   });
 }
