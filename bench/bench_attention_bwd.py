@@ -2,7 +2,7 @@
 
 Usage (on a GPU machine with torch): python3 bench/bench_attention_bwd.py [--lib build/libfdma.so]
 Times one forward plus one backward (dq, dk, dv and, with a bias, dbias), beside SDPA and
-FlexAttention (compiled; the bias as a captured tensor with a gradient). Medians of CUDA
+FlexAttention, for the cases in CASES (--cases picks them by prefix) (compiled; the bias as a captured tensor with a gradient). Medians of CUDA
 events after warm-up. TF/s = 3.5 * 4*B*H*Sq*Sk*D / t (bwd = 2.5x fwd), halved for causal.
 Prints a markdown table last.
 """
@@ -22,6 +22,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from flash_dma import _abi  # noqa: E402
 
 
+CASES = ("dense", "per-key bias [B,H,1,Sk]", "4-D bias [B,H,Sq,Sk]", "block mask 1/8 [B,1,Sq,Sk]")
+
+
 def call(lib, fn, p):
     if fn(ctypes.byref(p)) != 0:
         raise RuntimeError(lib.fdma_last_error().decode())
@@ -32,19 +35,28 @@ def main():
     ap.add_argument("--lib", default="build/libfdma.so")
     ap.add_argument("--seqlens", default="4096,8192,16384")
     ap.add_argument("--flex", type=int, default=1, help="also time FlexAttention forward+backward")
+    ap.add_argument("--cases", default="dense,per-key", help="comma-separated case name prefixes, of: " + ", ".join(CASES))
+    ap.add_argument("--causal", default="0,1", help="comma-separated 0/1")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev = torch.device("cuda")
     B, H, Hk, D = 1, 16, 16, 128
     rows = []
     for S in [int(s) for s in args.seqlens.split(",")]:
-        for causal in (False, True):
-            for case in ("dense", "per-key bias [B,H,1,Sk]"):
+        for causal in (c == "1" for c in args.causal.split(",")):
+            for case in (c for c in CASES if any(c.startswith(w) for w in args.cases.split(","))):
                 torch.manual_seed(0)
                 q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
                 k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
                 v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-                bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16) if case != "dense" else None
+                bias = mask = None
+                if case.startswith("per-key"):
+                    bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16)
+                elif case.startswith("4-D"):
+                    bias = torch.randn(B, H, S, S, device=dev, dtype=torch.bfloat16)
+                elif case.startswith("block"):  # 128 x 128 blocks, as bench_attention.py
+                    blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < 1 / 8
+                    mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)
                 out, dout = torch.empty_like(q), torch.randn_like(q)
                 lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -52,7 +64,7 @@ def main():
                 p = _abi.AttentionParams()
                 p.q, p.k, p.v, p.out, p.lse = view(q), view(k), view(v), view(out), view(lse)
                 p.dout, p.dq, p.dk, p.dv = view(dout), view(dq), view(dk), view(dv)
-                p.bias, p.dbias = view(bias), view(dbias)
+                p.bias, p.dbias, p.mask = view(bias), view(dbias), view(mask)
                 p.causal = int(causal)
                 p.stream = torch.cuda.current_stream().cuda_stream
                 sizes = []
@@ -79,6 +91,8 @@ def main():
                         tri = torch.ones(S, S, device=dev, dtype=torch.bool).tril()
                         bt = bt.masked_fill(~tri, float("-inf"))
                     bt.requires_grad_()
+                elif mask is not None:  # SDPA takes the mask as a bool attn_mask (no gradient)
+                    bt = mask & torch.ones(S, S, device=dev, dtype=torch.bool).tril() if causal else mask
                 dot = dout.transpose(1, 2)
 
                 def sdpa(backend):
@@ -93,11 +107,13 @@ def main():
 
                 ours()
                 sdpa(SDPBackend.FLASH_ATTENTION if bt is None else SDPBackend.EFFICIENT_ATTENTION)()
-                errs = [(dq.transpose(1, 2).float() - qt.grad.float()).abs().max().item(),
-                        (dk.transpose(1, 2).float() - kt.grad.float()).abs().max().item(),
-                        (dv.transpose(1, 2).float() - vt.grad.float()).abs().max().item()]
-                if bt is not None:
-                    g = bt.grad.sum(2, keepdim=True) if bt.grad.shape[2] != 1 else bt.grad
+                # rows a block mask hides entirely: SDPA's gradients are NaN there, ours 0
+                errs = [(dq.transpose(1, 2).float() - qt.grad.float().nan_to_num()).abs().max().item(),
+                        (dk.transpose(1, 2).float() - kt.grad.float().nan_to_num()).abs().max().item(),
+                        (dv.transpose(1, 2).float() - vt.grad.float().nan_to_num()).abs().max().item()]
+                if bias is not None:
+                    # a per-key bias was widened by the causal -inf: fold its gradient back over queries
+                    g = bt.grad.sum(2, keepdim=True) if bias.shape[2] == 1 and bt.grad.shape[2] != 1 else bt.grad
                     errs.append((dbias.float() - g.float()).abs().max().item())
                 mult = 3.5 * 4 * B * H * S * S * D / (2 if causal else 1)
                 t = {"flash-dma fwd": median_ms(ours_fwd), "flash-dma": median_ms(ours)}
@@ -111,7 +127,7 @@ def main():
                         print(f"  {be.name} unavailable: {str(e).splitlines()[0][:100]}")
                 if args.flex:  # the bias as a captured tensor with a gradient; causal through the block mask
                     fb = bias.detach().clone().requires_grad_() if bias is not None else None
-                    t["flex"] = flex_time(qt, kt, vt, causal, fb, None, S, dout=dot)
+                    t["flex"] = flex_time(qt, kt, vt, causal, fb, mask, S, dout=dot)
                 rows.append((S, causal, case, t, mult, max(errs)))
                 print(S, causal, case, {k_: (round(x, 3) if x else None) for k_, x in t.items()},
                       f"max|grad diff| {max(errs):.3g}", flush=True)

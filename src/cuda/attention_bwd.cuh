@@ -23,6 +23,7 @@
 #include "cuda/bwd_mma_sm90.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
+#include "cuda/score_terms_bwd.cuh"
 #include "cuda/softmax_sm80.cuh"
 #include "cuda/tile_io_sm80.cuh"
 
@@ -80,42 +81,44 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, flo
 }
 
 // Scores (raw q.k in s, dP in dp, one warp's 16 rows) to gradients, for one way of finding
-// each score's additive term add(i, j). Each caller passes one lambda per uniform case, so the
-// unrolled loop a tile executes holds only its own case (one loop with every case inlined
-// per score overflowed the instruction cache: ncu "no instruction" stalls, docs/perf-notes.md).
-// Rows are queries: dp becomes dS, s becomes dS * d(capped)/d(qk).
-template <int kTilesN, class Row, class Col, class Add>
+// each score's additive term add_at(nt, e) (fragment element e of n-tile nt). Each caller
+// passes one lambda per uniform case, so the unrolled loop a tile executes holds only its own
+// case (one loop with every case inlined per score overflowed the instruction cache: ncu "no
+// instruction" stalls, docs/perf-notes.md). Rows are queries: dp becomes dS, s becomes
+// dS * d(capped)/d(qk).
+template <int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float (&s)[kTilesN][4],
                                              float (&dp)[kTilesN][4], const float (&lse2)[2], const float (&delta)[2],
-                                             Row&& row, Col&& col, Add&& add_at) {
+                                             Add&& add_at) {
   with_softcap(f, [&](auto softcap) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        const ScoreGrad g = score_grad<decltype(softcap)::value>(f, s[nt][e], add_at(row(nt, e), col(nt, e)), lse2[r],
-                                                                 dp[nt][e], delta[r]);
+        const ScoreGrad g =
+            score_grad<decltype(softcap)::value>(f, s[nt][e], add_at(nt, e), lse2[r], dp[nt][e], delta[r]);
         dp[nt][e] = g.ds;
         s[nt][e] = g.dqk;
       }
   });
 }
 
-// The transposed case of the dk/dv kernel: rows are keys, columns queries q0 + il with lse2 and
-// delta in shared memory. st becomes P^T, dpt becomes dS^T * d(capped)/d(qk), db[r] += dS^T.
-template <int kTilesN, class Row, class Col, class Add>
+// The transposed case of the dk/dv kernel: rows are keys, columns the step's queries
+// nt * 8 + 2t + (e & 1), with lse2 and delta in shared memory. st becomes P^T, dpt becomes
+// dS^T * d(capped)/d(qk), db[r] += dS^T.
+template <int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                  float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
-                                                 const float* delta, int q0, Row&& row, Col&& col, Add&& add_at) {
+                                                 const float* delta, int t, Add&& add_at) {
   with_softcap(f, [&](auto softcap) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = col(nt, e), il = i - q0;
-        const ScoreGrad g = score_grad<decltype(softcap)::value>(f, st[nt][e], add_at(row(nt, e), i), lse2[il],
-                                                                 dpt[nt][e], delta[il]);
+        const int il = nt * 8 + 2 * t + (e & 1);
+        const ScoreGrad g =
+            score_grad<decltype(softcap)::value>(f, st[nt][e], add_at(nt, e), lse2[il], dpt[nt][e], delta[il]);
         db[e >> 1] += g.ds;
         st[nt][e] = g.pr;
         dpt[nt][e] = g.dqk;
@@ -127,9 +130,14 @@ template <class Mma, int kHeadDim>
 struct BwdDqTile {
   static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);
   static constexpr int kQBytes = Mma::tile_bytes(kBlockM), kKVBytes = Mma::tile_bytes(kBlockN);
-  // Q, dO, K x2, V x2, and two tiles of gathered KeyInfo records (dynamic-mask mode)
+  using Terms = TermTiles<kBlockM, kBlockN>;
+  // Q, dO, K x2, V x2, two tiles of gathered KeyInfo records (dynamic-mask mode), then the
+  // mask/bias tiles x2 (sized at launch: none without them)
   static constexpr int kInfoOffset = 2 * kQBytes + 4 * kKVBytes;
-  static constexpr int kSmemBytes = align_slack<Mma::kTileAlign>() + kInfoOffset + 2 * kBlockN * 16;
+  static constexpr int kTermsOffset = kInfoOffset + 2 * kBlockN * 16;
+  __host__ __device__ static int smem_bytes(const AttentionFwdParams& f) {
+    return align_slack<Mma::kTileAlign>() + kTermsOffset + 2 * Terms::bytes(f);
+  }
 };
 
 template <class T, int kHeadDim, class Mma>
@@ -145,6 +153,11 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
   const int rows[2] = {warp_row0 + g, warp_row0 + g + 8};
   const bool gather = f.lists.keys != nullptr;  // dynamic-mask mode (KeyLists)
   const KeyInfo* s_info = reinterpret_cast<const KeyInfo*>(smem + Tile::kInfoOffset);
+  using Terms = typename Tile::Terms;
+  unsigned char* s_terms = smem + Tile::kTermsOffset;
+  const int terms_bytes = Terms::bytes(f);
+  BiasTerm bias_term;
+  const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior tiles read no global terms
 
   const uint32_t s_q = ptx::smem_addr(smem), s_do = s_q + Tile::kQBytes;
   const uint32_t s_k = s_do + Tile::kQBytes, s_v = s_k + 2 * Tile::kKVBytes;
@@ -189,6 +202,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         } else {
           Mma::template load_rows<kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
           Mma::template load_rows<kBN>(sv, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
+          if (terms_bytes) Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, row0, nb * kBN, tid);
         }
       };
       auto next_active = [&](int nb) {
@@ -226,28 +240,46 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         // interior: every (row, key) of the warp's tile is in range and not hidden by causality.
         const bool interior = warp_row0 + 16 <= f.Sq && key0 + kBN <= f.Sk &&
                               (!f.causal || key0 + kBN - 1 <= warp_row0 + f.Sk - f.Sq);
-        const bool plain = !gather && !f.mask && !f.bias && interior;
         const KeyInfo* tile_info = s_info + buf * kBN;
         auto col = [&](int nt, int e) { return key0 + nt * 8 + 2 * t + (e & 1); };
-        auto row = [&](int, int e) { return rows[e >> 1]; };
-        if (gather)
-          scores_to_ds(f, s, dp, lse2, delta, row, col, [&](int i, int j) { return interval_add(tile_info[j - key0], i); });
-        else if (plain)
-          scores_to_ds(f, s, dp, lse2, delta, row, col, [](int, int) { return 0.f; });
-        else if (key_bias && interior) {  // the bias depends on the key alone: one load per key column
+        if (gather && keys_cover_rows<kN>(tile_info, warp_row0, lane)) {  // no interval test: the keys' biases
           float kb[kN][2];
 #pragma unroll
           for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) kb[nt][c] = key_bias_at<T>(f, b, h, key0 + nt * 8 + 2 * t + c);
-          // add_at gets the thread's key slot, known after unrolling, so kb stays in registers
-          scores_to_ds(f, s, dp, lse2, delta, [](int nt, int e) { return 2 * nt + (e & 1); }, [](int, int) { return 0; },
-                       [&](int slot, int) { return kb[slot / 2][slot % 2]; });
-        } else if (key_bias)  // tiles on the causal diagonal or the sequence ends
-          scores_to_ds(f, s, dp, lse2, delta, row, col,
-                       [&](int i, int j) { return visible_at(f, i, j) ? key_bias_at<T>(f, b, h, j) : -INFINITY; });
-        else
-          scores_to_ds(f, s, dp, lse2, delta, row, col, [&](int i, int j) { return score_add_at<T>(f, b, h, i, j); });
+            for (int c = 0; c < 2; ++c) kb[nt][c] = tile_info[nt * 8 + 2 * t + c].bias;
+          scores_to_ds(f, s, dp, lse2, delta, [&](int nt, int e) { return kb[nt][e & 1]; });
+        } else if (gather) {
+          scores_to_ds(f, s, dp, lse2, delta,
+                       [&](int nt, int e) { return interval_add(tile_info[col(nt, e) - key0], rows[e >> 1]); });
+        } else if (terms_tiled && interior) {  // mask/bias from this tile's shared copies, key biases in registers
+          const unsigned char* terms = s_terms + buf * terms_bytes;
+          const int mask_rows[2] = {Terms::mask_bcast(f) ? 0 : rows[0] - row0, Terms::mask_bcast(f) ? 0 : rows[1] - row0};
+          with_terms(f.mask != nullptr, bias_term, [&](auto has_mask, auto bias_kind) {
+            constexpr bool kMask = decltype(has_mask)::value;
+            constexpr BiasTerm kBias = decltype(bias_kind)::value;
+            float kb[kN][2];  // BiasTerm::key: the key columns' biases, one load each
+#pragma unroll
+            for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+              for (int c = 0; c < 2; ++c)
+                kb[nt][c] = kBias == BiasTerm::key ? key_bias_at<T>(f, b, h, key0 + nt * 8 + 2 * t + c) : 0.f;
+            const T* bias_tile = Terms::template bias_tile<T>(terms, f);
+            scores_to_ds(f, s, dp, lse2, delta, [&](int nt, int e) {
+              const int r = e >> 1, c = nt * 8 + 2 * t + (e & 1);
+              return tile_term<kMask, kBias>(terms + mask_rows[r] * Terms::kMaskPitch + c,
+                                             bias_tile + (rows[r] - row0) * Terms::kBiasPitch + c, kb[nt][e & 1]);
+            });
+          });
+        } else if (key_bias) {  // tiles on the causal diagonal or the sequence ends
+          scores_to_ds(f, s, dp, lse2, delta, [&](int nt, int e) {
+            const int i = rows[e >> 1], j = col(nt, e);
+            return visible_at(f, i, j) ? key_bias_at<T>(f, b, h, j) : -INFINITY;
+          });
+        } else {
+          scores_to_ds(f, s, dp, lse2, delta,
+                       [&](int nt, int e) { return score_add_at<T>(f, b, h, rows[e >> 1], col(nt, e)); });
+        }
         if (db_rows) {
 #pragma unroll
           for (int nt = 0; nt < kN; ++nt)
@@ -368,8 +400,11 @@ struct BwdDkdvTile {
   static constexpr int kGroupBytes =
       (4 * kQBytes + 4 * kBlockM * 4 + Mma::kTileAlign - 1) / Mma::kTileAlign * Mma::kTileAlign;
   static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 8;
-  __host__ __device__ static constexpr int smem_bytes(int groups) {
-    return align_slack<Mma::kTileAlign>() + kKVBytes + groups * kGroupBytes + kListBytes;
+  // Then, per warp group, its mask/bias tiles x2 (sized at launch: none without them).
+  using Terms = TermTiles<kBlockM, kBlockN>;
+  __host__ __device__ static constexpr int terms_offset(int groups) { return kKVBytes + groups * kGroupBytes + kListBytes; }
+  __host__ __device__ static int smem_bytes(int groups, const AttentionFwdParams& f) {
+    return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * 2 * Terms::bytes(f);
   }
   // At the end, warp group 1 hands its fp32 dk, dv and key sums to group 0 through the
   // space the groups' Q/dO tiles used.
@@ -405,10 +440,15 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   float* s_delta = s_lse2 + 2 * kBM;
   int32_t* s_keys = reinterpret_cast<int32_t*>(smem + Tile::kKVBytes + n_groups * Tile::kGroupBytes);
   KeyInfo* s_kinfo = reinterpret_cast<KeyInfo*>(s_keys + Tile::kBlockN);  // group's key indices, -1 = none
+  using Terms = typename Tile::Terms;
+  const int terms_bytes = Terms::bytes(f);
+  unsigned char* s_terms = smem + Tile::terms_offset(n_groups) + wg * 2 * terms_bytes;
 
   const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
   const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
   const bool gather = f.lists.keys != nullptr;
+  BiasTerm bias_term;
+  const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior steps read no global terms
   int q_lo = 0, q_hi = f.Sq, n_group = 0;
   if (gather) {
     if (!gather_key_group(f, b, hk, blockIdx.x, s_keys, s_kinfo, reinterpret_cast<int32_t*>(s_kinfo + Tile::kBlockN),
@@ -454,6 +494,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       ptx::cp_async_16(ptx::smem_addr(s_lse2 + buf * kBM + 4 * tid), p.lse2 + row_base + 4 * tid, 16);
     else if (tid < kBM / 2)
       ptx::cp_async_16(ptx::smem_addr(s_delta + buf * kBM + 4 * (tid - kBM / 4)), p.delta + row_base + 4 * (tid - kBM / 4), 16);
+    if (terms_bytes) Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, q0, key0, tid);
   };
 
   KeyInfo row_keys[2] = {};  // dynamic-mask mode: the records of this thread's two keys
@@ -497,26 +538,42 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     const float* delta = s_delta + buf * kBM;
     const bool interior = q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
                           (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-    const bool plain = !gather && !f.mask && !f.bias && interior;
     // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk); db sums dS^T rows.
-    auto row = [&](int, int e) { return keys[e >> 1]; };
-    auto col = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
-    if (gather)  // rows by slot: each thread's two keys keep their records in registers
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
-                       [&](int r, int i) { return interval_add(row_keys[r], i); });
-    else if (plain)
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col, [](int, int) { return 0.f; });
-    else if (key_bias) {  // the bias depends on the key alone: two values per thread per step
+    auto query = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
+    // Dynamic-mask mode: where the warp's 16 keys are all kept by the step's queries, no
+    // interval test per score.
+    const bool keys_cover_step = gather && __all_sync(0xffffffffu, row_keys[0].begin <= q0 && row_keys[0].end >= q0 + kBM &&
+                                                                       row_keys[1].begin <= q0 && row_keys[1].end >= q0 + kBM);
+    if (keys_cover_step) {
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
+    } else if (gather) {  // each thread's two keys keep their records in registers
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
+                       [&](int nt, int e) { return interval_add(row_keys[e >> 1], query(nt, e)); });
+    } else if (terms_tiled && interior) {  // mask/bias from this step's shared copies, key biases in registers
+      const unsigned char* terms = s_terms + buf * terms_bytes;
+      const int mask_pitch = Terms::mask_bcast(f) ? 0 : Terms::kMaskPitch;
+      const int kl[2] = {keys[0] - key0, keys[1] - key0};
+      with_terms(f.mask != nullptr, bias_term, [&](auto has_mask, auto bias_kind) {
+        constexpr bool kMask = decltype(has_mask)::value;
+        constexpr BiasTerm kBias = decltype(bias_kind)::value;
+        float kb[2] = {0.f, 0.f};
+        if constexpr (kBias == BiasTerm::key) kb[0] = key_bias_at<T>(f, b, h, keys[0]), kb[1] = key_bias_at<T>(f, b, h, keys[1]);
+        const T* bias_tile = Terms::template bias_tile<T>(terms, f);
+        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+          const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);
+          return tile_term<kMask, kBias>(terms + il * mask_pitch + kl[r], bias_tile + il * Terms::kBiasPitch + kl[r],
+                                         kb[r]);
+        });
+      });
+    } else if (key_bias) {  // steps on the causal diagonal or the sequence ends
       const float kb[2] = {key_bias_at<T>(f, b, h, keys[0]), key_bias_at<T>(f, b, h, keys[1])};
-      if (interior)
-        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
-                         [&](int r, int) { return kb[r]; });
-      else
-        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, [](int, int e) { return e >> 1; }, col,
-                         [&](int r, int i) { return visible_at(f, i, keys[r]) ? kb[r] : -INFINITY; });
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+        const int r = e >> 1;
+        return visible_at(f, query(nt, e), keys[r]) ? kb[r] : -INFINITY;
+      });
     } else {
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, row, col,
-                       [&](int j, int i) { return score_add_at<T>(f, b, h, i, j); });
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
+                       [&](int nt, int e) { return score_add_at<T>(f, b, h, query(nt, e), keys[e >> 1]); });
     }
     Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
 
@@ -612,20 +669,29 @@ cudaError_t allow_smem(Kernel kernel, int bytes) {
 }
 
 template <class T, int kHeadDim, class Mma>
-cudaError_t launch_attention_bwd_path(const AttentionBwdParams& p, cudaStream_t stream) {
+cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int device, cudaStream_t stream) {
   using Dq = BwdDqTile<Mma, kHeadDim>;
   using Dkdv = BwdDkdvTile<Mma, kHeadDim>;
+  const int dkdv_groups = 2;  // two warp groups per dk/dv CTA (see the kernel)
+  // Mask/bias tiles that would not fit in shared memory are read per score instead: the
+  // bias's first (larger), then the mask's.
+  int max_smem = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  AttentionBwdParams p = params;
+  auto fits = [&] { return Dq::smem_bytes(p.f) <= max_smem && Dkdv::smem_bytes(dkdv_groups, p.f) <= max_smem; };
+  if (!fits()) p.f.bias_tiled = false;
+  if (!fits()) p.f.mask_tiled = false;
   const AttentionFwdParams& f = p.f;
   auto dq_kernel = attention_bwd_dq_kernel<T, kHeadDim, Mma>;
   auto dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim, Mma>;
-  const int dkdv_groups = 2;  // two warp groups per dk/dv CTA (see the kernel)
-  const int dkdv_smem = Dkdv::smem_bytes(dkdv_groups);
-  cudaError_t err = allow_smem(dq_kernel, Dq::kSmemBytes);
+  const int dq_smem = Dq::smem_bytes(f), dkdv_smem = Dkdv::smem_bytes(dkdv_groups, f);
+  err = allow_smem(dq_kernel, dq_smem);
   if (err == cudaSuccess) err = allow_smem(dkdv_kernel, dkdv_smem);
   if (err != cudaSuccess) return err;
   const dim3 dq_grid((f.Sq + Dq::kBlockM - 1) / Dq::kBlockM, f.H / p.rows_heads_per_block,
                      f.B / p.rows_batches_per_block);
-  dq_kernel<<<dq_grid, kBwdThreads, Dq::kSmemBytes, stream>>>(p);
+  dq_kernel<<<dq_grid, kBwdThreads, dq_smem, stream>>>(p);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   // Dynamic-mask mode: kBwdWindow / 64 groups per window of kept keys (at most Sk of them).
   const int dkdv_x = f.lists.keys ? (f.Sk + kBwdWindow - 1) / kBwdWindow * (kBwdWindow / Dkdv::kBlockN)
@@ -639,15 +705,15 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& p, cudaStream_t 
 // elsewhere.
 template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
     if (wgmma_path_available(attention_bwd_dkdv_kernel<T, kHeadDim, Sm90>, device))
-      return launch_attention_bwd_path<T, kHeadDim, Sm90>(p, stream);
+      return launch_attention_bwd_path<T, kHeadDim, Sm90>(p, device, stream);
   }
-  return launch_attention_bwd_path<T, kHeadDim, BwdMmaSm80<T, kHeadDim, kBwdThreads>>(p, stream);
+  return launch_attention_bwd_path<T, kHeadDim, BwdMmaSm80<T, kHeadDim, kBwdThreads>>(p, device, stream);
 }
 
 }  // namespace fdma::cuda

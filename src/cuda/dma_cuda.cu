@@ -30,7 +30,8 @@ void check_cuda(cudaError_t err, const char* op, const char* what) {
   cuda::check_cuda(err, std::string(op) + " (CUDA): " + what);
 }
 
-// What the GPU selection needs beyond validation: 16/32-bit scores, int32 sort offsets.
+// What the GPU selection needs beyond validation: 16/32-bit scores, int32 positions in the
+// sort (which also keeps a rank key's row and index bits within 32 together).
 void check_selection_inputs(const char* op, const fdma_tensor& scores) {
   if (scores.dtype != FDMA_FLOAT32 && scores.dtype != FDMA_FLOAT16 && scores.dtype != FDMA_BFLOAT16)
     unsupported(op, std::string("key_scores has dtype ") + dtype_name(static_cast<DType>(scores.dtype)) +
@@ -52,8 +53,7 @@ TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
   in.B = int(scores.shape[0]);
   in.Hk = int(scores.shape[1]);
   in.Sk = int(scores.shape[2]);
-  in.index_bits = 1;
-  while ((int64_t(1) << in.index_bits) < in.Sk) ++in.index_bits;
+  set_rank_bits(in);
   return in;
 }
 

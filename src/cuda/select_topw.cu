@@ -1,5 +1,5 @@
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
-#include <cub/device/device_segmented_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -19,16 +19,17 @@ __device__ __forceinline__ float load_score(const void* p, int dtype, int64_t of
   }
 }
 
-// Order-preserving map of a float to uint32, with NaN mapped to 0 (below -inf) and -0.0 to
-// +0.0's value: they compare equal, so they must tie (and fall back to the index).
+// Order-preserving map of a float to uint32, with NaN mapped to 1 (below -inf, which maps to
+// 0x007fffff; 0 is left for padding) and -0.0 to +0.0's value: they compare equal, so they
+// must tie (and fall back to the index).
 __device__ __forceinline__ uint32_t sortable(float f) {
-  if (isnan(f)) return 0u;
+  if (isnan(f)) return 1u;
   if (f == 0.f) f = 0.f;
   const uint32_t u = __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__global__ void rank_keys_kernel(TopwInputs in, uint64_t* keys, int32_t* idx, int32_t* offsets) {
+__global__ void rank_keys_kernel(TopwInputs in, uint64_t* keys, int32_t* idx) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
     const int j = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
@@ -36,10 +37,9 @@ __global__ void rank_keys_kernel(TopwInputs in, uint64_t* keys, int32_t* idx, in
                                b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
     const bool exists = !in.padding || in.padding[b * in.padding_stride[0] + j * in.padding_stride[1]] != 0;
     const uint64_t inv_index = (uint64_t(1) << in.index_bits) - 1 - uint64_t(j);
-    keys[t] = (uint64_t(exists) << (32 + in.index_bits)) | (uint64_t(sortable(s)) << in.index_bits) | inv_index;
+    const uint64_t inv_row = (uint64_t(1) << in.row_bits) - 1 - uint64_t(row);
+    keys[t] = (inv_row << (32 + in.index_bits)) | (uint64_t(exists ? sortable(s) : 0u) << in.index_bits) | inv_index;
     idx[t] = j;
-    if (j == 0) offsets[row] = row * in.Sk;
-    if (t == n - 1) offsets[row + 1] = int32_t(n);
   }
 }
 
@@ -173,30 +173,34 @@ cudaError_t causal_intervals(const TopwInputs& in, const TopwScratch& s, const W
   return cudaGetLastError();
 }
 
+void set_rank_bits(TopwInputs& in) {
+  in.index_bits = 1;
+  while ((int64_t(1) << in.index_bits) < in.Sk) ++in.index_bits;
+  in.row_bits = 0;
+  while ((int64_t(1) << in.row_bits) < int64_t(in.B) * in.Hk) ++in.row_bits;
+}
+
+// The significant bits of a rank key: index, score, row.
+int rank_bits(const TopwInputs& in) { return in.index_bits + 32 + in.row_bits; }
+
 size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  const int rows = in.B * in.Hk;
   size_t temp = 0;
-  cub::DeviceSegmentedRadixSort::SortPairsDescending(nullptr, temp, static_cast<const uint64_t*>(nullptr),
-                                                     static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                                     static_cast<int32_t*>(nullptr), n, rows,
-                                                     static_cast<const int32_t*>(nullptr),
-                                                     static_cast<const int32_t*>(nullptr) + 1, 0,
-                                                     33 + in.index_bits);
+  cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, static_cast<const uint64_t*>(nullptr),
+                                            static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                            static_cast<int32_t*>(nullptr), n, 0, rank_bits(in));
   if (cub_bytes) *cub_bytes = temp;
-  return 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up((rows + 1) * 4) + align_up(temp);
+  return 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(temp);
 }
 
 TopwScratch carve_topw(void* base, const TopwInputs& in) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  const int rows = in.B * in.Hk;
   TopwScratch s{};
   char* p = static_cast<char*>(base);
   s.keys_in = reinterpret_cast<uint64_t*>(p), p += align_up(n * 8);
   s.keys_out = reinterpret_cast<uint64_t*>(p), p += align_up(n * 8);
   s.idx_in = reinterpret_cast<int32_t*>(p), p += align_up(n * 4);
   s.idx_out = reinterpret_cast<int32_t*>(p), p += align_up(n * 4);
-  s.offsets = reinterpret_cast<int32_t*>(p), p += align_up((rows + 1) * 4);
   topw_workspace(in, &s.cub_bytes);
   s.cub_temp = p;
   return s;
@@ -204,14 +208,12 @@ TopwScratch carve_topw(void* base, const TopwInputs& in) {
 
 cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  rank_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_in, s.idx_in, s.offsets);
+  rank_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_in, s.idx_in);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   size_t temp = s.cub_bytes;
-  // The significant bits: index, score, exists.
-  return cub::DeviceSegmentedRadixSort::SortPairsDescending(s.cub_temp, temp, s.keys_in, s.keys_out, s.idx_in,
-                                                            s.idx_out, n, in.B * in.Hk, s.offsets, s.offsets + 1, 0,
-                                                            33 + in.index_bits, stream);
+  return cub::DeviceRadixSort::SortPairsDescending(s.cub_temp, temp, s.keys_in, s.keys_out, s.idx_in, s.idx_out, n, 0,
+                                                   rank_bits(in), stream);
 }
 
 cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w, int Sq, int32_t* begin,

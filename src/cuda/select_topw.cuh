@@ -1,8 +1,12 @@
-// Top-w selection on the GPU. Each key gets a 64-bit rank key, high bits first: an exists
-// bit, its score as an order-preserving integer (NaN lowest), and the inverted index, so that
-// a plain descending sort (CUB, per row) ranks ties by lower index without relying on sort
-// stability (measured: CUB's segmented descending sort reversed ties). The rank order is
-// exactly the CPU backend's.
+// Top-w selection on the GPU. Each key gets a 64-bit rank key, high bits first: its inverted
+// row (b * Hk + hk), its score as an order-preserving integer (0 for padding, 1 for NaN, every
+// number above), and its inverted index. One descending sort of all rows at once (CUB) then
+// keeps the rows in order and ranks ties by lower index without relying on sort stability
+// (measured: CUB's segmented descending sort reversed ties). One device-wide sort, not a
+// segmented one: CUB sorts a segment per thread block, so the few long rows of a long
+// sequence ran on a few SMs (about 1.5 of the 1.8 ms the causal selection took at 128K).
+// B * Hk * Sk < 2^31 (checked on the host) keeps row and index bits within 32.
+// The rank order is exactly the CPU backend's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,15 +24,21 @@ struct TopwInputs {
   int64_t padding_stride[2];
   int B, Hk, Sk;
   int index_bits;  // bits of the inverted index at the bottom of each rank key
+  int row_bits;    // bits of the inverted row at the top
 };
 
-// Whether the key behind a sorted rank key exists (is not padding).
-__host__ __device__ inline bool rank_key_exists(uint64_t key, int index_bits) { return (key >> (32 + index_bits)) != 0; }
+// Sets index_bits and row_bits from Sk and B * Hk.
+void set_rank_bits(TopwInputs& in);
+
+// Whether the key behind a sorted rank key exists (is not padding: score bits 0).
+__host__ __device__ inline bool rank_key_exists(uint64_t key, int index_bits) {
+  return ((key >> index_bits) & 0xffffffffu) != 0;
+}
 
 // Device scratch for the sort; sizes come from topw_workspace with the same inputs.
 struct TopwScratch {
   uint64_t *keys_in, *keys_out;
-  int32_t *idx_in, *idx_out, *offsets;
+  int32_t *idx_in, *idx_out;
   void* cub_temp;
   size_t cub_bytes;
 };
@@ -37,7 +47,7 @@ struct TopwScratch {
 size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes);
 TopwScratch carve_topw(void* base, const TopwInputs& in);
 
-// Sorts every row; afterwards idx_out[row * Sk + t] is the t-th ranked key of the row, and
+// Sorts every row (one sort for all); afterwards idx_out[row * Sk + t] is the t-th ranked key of the row, and
 // it is kept iff t < w and rank_key_exists(keys_out[row * Sk + t]).
 cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream);
 

@@ -92,6 +92,18 @@ __device__ __forceinline__ void load_bytes_tile_async(uint32_t smem, int pitch, 
     ptx::cp_async_16(smem + r * pitch + ch * 16, bytes > 0 ? src + r * row_stride + ch * 16 : src, bytes);
   }
 }
+// The same with the tile's shape fixed (kRows rows of kRowBytes): a fixed trip count per
+// thread, as for_each_chunk (the backward's tiles). The forward keeps the loop above: with
+// this one (four shapes) its wgmma kernel spilled.
+template <int kThreads, int kRows, int kRowBytes>
+__device__ __forceinline__ void load_bytes_window_async(uint32_t smem, int pitch, const char* src, int64_t row_stride,
+                                                        int valid_rows, int valid_bytes, int tid) {
+  static_assert(kRowBytes % 16 == 0, "whole 16-byte chunks");
+  for_each_chunk<kThreads, kRows, kRowBytes / 16>(tid, [&](int r, int ch) {
+    const int bytes = r < valid_rows ? min(16, max(0, valid_bytes - ch * 16)) : 0;
+    ptx::cp_async_16(smem + r * pitch + ch * 16, bytes > 0 ? src + r * row_stride + ch * 16 : src, bytes);
+  });
+}
 
 // The tile loads of one kernel family, as the base of its matmul policies (fwd_mma_sm80.cuh,
 // bwd_mma_sm80.cuh): kThreads threads copy padded [rows][D] tiles.

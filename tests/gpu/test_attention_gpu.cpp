@@ -282,6 +282,29 @@ TEST(AttentionGpu, MaskAndBiasTilesThroughSharedMemory) {
       }
 }
 
+TEST(AttentionGpu, BackwardTermTilesEveryCombination) {
+  // The backward's interior tiles take mask and bias from shared-memory tiles or, for a
+  // query-broadcast bias, from registers (score_terms_bwd.cuh): every mask x bias source, with
+  // causal diagonals, ragged ends and softcap; D = 64 and 128 run the wgmma kernels on Hopper,
+  // D = 256 the mma.sync ones, whose larger tiles may fall back to per-score reads.
+  REQUIRE_GPU();
+  uint64_t seed = 650;
+  for (int mask = 0; mask < 3; ++mask)    // none, [B, Hk, Sq, Sk], [B, 1, 1, Sk]
+    for (int bias = 0; bias < 4; ++bias)  // none, [B, H, 1, Sk], [1, H, Sq, Sk] in q's dtype, same in float32
+      for (int64_t D : {64, 128, 256}) {
+        if (mask == 0 && bias == 0) continue;
+        const bool causal = (mask + bias + D / 64) % 2 == 1;
+        AttnCase c = base(200, 320, 4, 2, D, causal, D == 128 ? DType::bf16 : DType::f16, seed++);
+        c.softcap = bias == 3 ? 5.0 : 0.0;
+        c.mask.present = mask > 0;
+        c.mask.heads = mask == 1 ? 1 : 0, c.mask.q = mask == 1;
+        c.bias.present = bias > 0;
+        c.bias.heads = 2, c.bias.q = bias >= 2, c.bias.b = bias == 1;
+        c.bias.dtype = bias == 3 ? DType::f32 : DType::unset;
+        run_gpu(c);
+      }
+}
+
 TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
   // 64x64 blocks kept with probability 1/8 (elements inside with 1/2): most forward tiles
   // hold no kept key and are skipped; rows whose blocks are all off must still give zeros.

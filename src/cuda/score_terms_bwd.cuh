@@ -1,0 +1,102 @@
+// The backward's mask and bias tiles. A window [queries][keys] of the mask (bytes) and of a
+// bias with a query dim (q's dtype) streams through shared memory with the step's other
+// operands (K/V in the dq kernel, Q/dO in the dk/dv kernel), so interior scores read their
+// additive term from shared memory instead of global memory per score (which made the
+// backward of a 4-D top-w mask 13x its forward; docs/perf-notes.md). Rows of a tile are
+// queries in both kernels; a query-broadcast mask has one row. A query-broadcast bias is not
+// tiled: the kernels hold its per-key values in registers (BiasTerm::key).
+#pragma once
+
+#include <type_traits>
+
+#include "cuda/attention_fwd_params.hpp"
+#include "cuda/score_mod_sm80.cuh"
+#include "cuda/tile_io_sm80.cuh"
+
+namespace fdma::cuda {
+
+// Where a score's bias comes from on the tiled path.
+enum class BiasTerm : int { none = 0, key = 1, tile = 2 };
+
+// The host sets mask_tiled / bias_tiled for the backward (attention_cuda.cu: bias_tiled only
+// for a bias of q's dtype with a query dim) and clears them when the tiles would not fit.
+template <int kRows, int kKeys>
+struct TermTiles {
+  static constexpr int kMaskPitch = kKeys + 16;  // bytes; the padding spreads rows over banks
+  static constexpr int kBiasPitch = kKeys + 8;   // elements of 2 bytes
+  __host__ __device__ static bool mask_bcast(const AttentionFwdParams& p) { return p.mask_stride[2] == 0; }
+  __host__ __device__ static int mask_bytes(const AttentionFwdParams& p) {
+    return p.mask_tiled ? (mask_bcast(p) ? 1 : kRows) * kMaskPitch : 0;
+  }
+  __host__ __device__ static int bias_bytes(const AttentionFwdParams& p) { return p.bias_tiled ? kRows * kBiasPitch * 2 : 0; }
+  __host__ __device__ static int bytes(const AttentionFwdParams& p) { return mask_bytes(p) + bias_bytes(p); }
+
+  // Issues the cp.async copies of queries [q0, q0 + kRows) x keys [key0, key0 + kKeys) of
+  // (b, h) into one buffer of bytes(p); rows and keys past the ends are zero-filled.
+  template <int kThreads, class T>
+  __device__ static void load(unsigned char* smem, const AttentionFwdParams& p, int b, int h, int q0, int key0,
+                              int tid) {
+    const int rows = min(kRows, p.Sq - q0), keys = min(kKeys, p.Sk - key0);
+    if (p.mask_tiled) {
+      const uint32_t dst = ptx::smem_addr(smem);
+      const char* src = reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] +
+                        head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] + key0;
+      if (mask_bcast(p))
+        load_bytes_window_async<kThreads, 1, kKeys>(dst, kMaskPitch, src, 0, 1, keys, tid);
+      else
+        load_bytes_window_async<kThreads, kRows, kKeys>(dst, kMaskPitch, src + q0 * p.mask_stride[2], p.mask_stride[2],
+                                                      rows, keys, tid);
+    }
+    if (p.bias_tiled) {
+      const T* src = static_cast<const T*>(p.bias) + b * p.bias_stride[0] +
+                     head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] + q0 * p.bias_stride[2] + key0;
+      load_bytes_window_async<kThreads, kRows, kKeys * 2>(ptx::smem_addr(smem + mask_bytes(p)), kBiasPitch * 2,
+                                                        reinterpret_cast<const char*>(src), p.bias_stride[2] * 2,
+                                                        rows, keys * 2, tid);
+    }
+  }
+  // The bias tile of a buffer (valid when bias_tiled).
+  template <class T>
+  __device__ static const T* bias_tile(const unsigned char* smem, const AttentionFwdParams& p) {
+    return reinterpret_cast<const T*>(smem + mask_bytes(p));
+  }
+};
+
+// The additive term of one score on the tiled path: -inf where the mask tile hides it, else
+// the bias from its tile, the key's value in registers, or 0. `mask` and `bias` point at the
+// score's elements.
+template <bool kMask, BiasTerm kBias, class T>
+__device__ __forceinline__ float tile_term(const uint8_t* mask, const T* bias, float key_bias) {
+  if constexpr (kMask)
+    if (!*mask) return -INFINITY;
+  if constexpr (kBias == BiasTerm::tile) return to_float(*bias);
+  if constexpr (kBias == BiasTerm::key) return key_bias;
+  return 0.f;
+}
+
+// Calls f(mask, bias) with the uniform `mask present` and bias source as constants, so each
+// combination gets its own unrolled loop (docs/perf-notes.md: no uniform branches per score).
+template <class F>
+__device__ __forceinline__ void with_terms(bool mask, BiasTerm bias, F&& f) {
+  auto by_bias = [&](auto m) {
+    if (bias == BiasTerm::tile)
+      f(m, std::integral_constant<BiasTerm, BiasTerm::tile>{});
+    else if (bias == BiasTerm::key)
+      f(m, std::integral_constant<BiasTerm, BiasTerm::key>{});
+    else
+      f(m, std::integral_constant<BiasTerm, BiasTerm::none>{});
+  };
+  if (mask)
+    by_bias(std::true_type{});
+  else
+    by_bias(std::false_type{});
+}
+
+// Which terms an interior tile can take from tiles and registers: all of them, or the kernel
+// reads them per score from global memory (score_add_at). `bias_term` is set when it can.
+__device__ __forceinline__ bool terms_on_chip(const AttentionFwdParams& p, BiasTerm& bias_term) {
+  bias_term = !p.bias ? BiasTerm::none : p.bias_stride[2] == 0 ? BiasTerm::key : BiasTerm::tile;
+  return (!p.mask || p.mask_tiled) && (bias_term != BiasTerm::tile || p.bias_tiled);
+}
+
+}  // namespace fdma::cuda
