@@ -64,6 +64,10 @@ __device__ __forceinline__ const uint8_t* active_row(const AttentionFwdParams& f
 __device__ __forceinline__ bool tile_is_active(const AttentionFwdParams& f, const uint8_t* row, int kt) {
   return !row || row[f.active_k_tiles == 1 ? 0 : kt];
 }
+// Whether the mask keeps every score of the tile (or there is no mask): no mask tile, no test.
+__device__ __forceinline__ bool mask_keeps_tile(const AttentionFwdParams& f, const uint8_t* row, int kt) {
+  return !row || (row[f.active_k_tiles == 1 ? 0 : kt] & kTileAll);
+}
 
 // One score's backward terms from its raw q.k, additive term, lse (base 2), dP and delta: the
 // probability, dS = P (dP - delta), and dS times d(capped)/d(qk).
@@ -202,7 +206,9 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         } else {
           Mma::template load_rows<kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
           Mma::template load_rows<kBN>(sv, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
-          if (terms_bytes) Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, row0, nb * kBN, tid);
+          if (terms_bytes)
+            Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, row0, nb * kBN, tid,
+                                                 mask_keeps_tile(f, active, nb * kBN / kBwdBlockN));
         }
       };
       auto next_active = [&](int nb) {
@@ -255,7 +261,8 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         } else if (terms_tiled && interior) {  // mask/bias from this tile's shared copies, key biases in registers
           const unsigned char* terms = s_terms + buf * terms_bytes;
           const int mask_rows[2] = {Terms::mask_bcast(f) ? 0 : rows[0] - row0, Terms::mask_bcast(f) ? 0 : rows[1] - row0};
-          with_terms(f.mask != nullptr, bias_term, [&](auto has_mask, auto bias_kind) {
+          const bool test_mask = f.mask && !mask_keeps_tile(f, active, nb * kBN / kBwdBlockN);
+          with_terms(test_mask, bias_term, [&](auto has_mask, auto bias_kind) {
             constexpr bool kMask = decltype(has_mask)::value;
             constexpr BiasTerm kBias = decltype(bias_kind)::value;
             float kb[kN][2];  // BiasTerm::key: the key columns' biases, one load each
@@ -263,11 +270,15 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
             for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
               for (int c = 0; c < 2; ++c)
-                kb[nt][c] = kBias == BiasTerm::key ? key_bias_at<T>(f, b, h, key0 + nt * 8 + 2 * t + c) : 0.f;
+                kb[nt][c] = kBias != BiasTerm::key ? 0.f
+                            : f.bias_tiled      ? Terms::template key_bias<T>(terms, f, nt * 8 + 2 * t + c)
+                                                : key_bias_at<T>(f, b, h, key0 + nt * 8 + 2 * t + c);
             const T* bias_tile = Terms::template bias_tile<T>(terms, f);
             scores_to_ds(f, s, dp, lse2, delta, [&](int nt, int e) {
               const int r = e >> 1, c = nt * 8 + 2 * t + (e & 1);
-              return tile_term<kMask, kBias>(terms + mask_rows[r] * Terms::kMaskPitch + c,
+              // one load for the thread's key pair (the same address for e and e ^ 1)
+              const uint32_t pair = kMask ? mask_pair(terms + mask_rows[r] * Terms::kMaskPitch + nt * 8 + 2 * t) : 0;
+              return tile_term<kMask, kBias>((e & 1) ? pair >> 8 : pair & 0xff,
                                              bias_tile + (rows[r] - row0) * Terms::kBiasPitch + c, kb[nt][e & 1]);
             });
           });
@@ -494,7 +505,9 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       ptx::cp_async_16(ptx::smem_addr(s_lse2 + buf * kBM + 4 * tid), p.lse2 + row_base + 4 * tid, 16);
     else if (tid < kBM / 2)
       ptx::cp_async_16(ptx::smem_addr(s_delta + buf * kBM + 4 * (tid - kBM / 4)), p.delta + row_base + 4 * (tid - kBM / 4), 16);
-    if (terms_bytes) Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, q0, key0, tid);
+    if (terms_bytes)
+      Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, q0, key0, tid,
+                                           mask_keeps_tile(f, active_row(f, b, h, q0 / kBwdBlockM), key0 / kBwdBlockN));
   };
 
   KeyInfo row_keys[2] = {};  // dynamic-mask mode: the records of this thread's two keys
@@ -553,16 +566,19 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       const unsigned char* terms = s_terms + buf * terms_bytes;
       const int mask_pitch = Terms::mask_bcast(f) ? 0 : Terms::kMaskPitch;
       const int kl[2] = {keys[0] - key0, keys[1] - key0};
-      with_terms(f.mask != nullptr, bias_term, [&](auto has_mask, auto bias_kind) {
+      const bool test_mask = f.mask && !mask_keeps_tile(f, active_row(f, b, h, q0 / kBwdBlockM), key0 / kBwdBlockN);
+      with_terms(test_mask, bias_term, [&](auto has_mask, auto bias_kind) {
         constexpr bool kMask = decltype(has_mask)::value;
         constexpr BiasTerm kBias = decltype(bias_kind)::value;
         float kb[2] = {0.f, 0.f};
-        if constexpr (kBias == BiasTerm::key) kb[0] = key_bias_at<T>(f, b, h, keys[0]), kb[1] = key_bias_at<T>(f, b, h, keys[1]);
+        if constexpr (kBias == BiasTerm::key)
+          for (int r = 0; r < 2; ++r)
+            kb[r] = f.bias_tiled ? Terms::template key_bias<T>(terms, f, kl[r]) : key_bias_at<T>(f, b, h, keys[r]);
         const T* bias_tile = Terms::template bias_tile<T>(terms, f);
         scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
           const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);
-          return tile_term<kMask, kBias>(terms + il * mask_pitch + kl[r], bias_tile + il * Terms::kBiasPitch + kl[r],
-                                         kb[r]);
+          return tile_term<kMask, kBias>(kMask ? terms[il * mask_pitch + kl[r]] : 0u,
+                                         bias_tile + il * Terms::kBiasPitch + kl[r], kb[r]);
         });
       });
     } else if (key_bias) {  // steps on the causal diagonal or the sequence ends

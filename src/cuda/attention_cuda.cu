@@ -195,11 +195,9 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
     k.f.active_k_tiles = plan.grid.k_tiles;
     k.f.mask_tiled = can_tile(p.mask, prob.mask);
   }
-  // The backward tiles a bias only when it has a query dim and q's dtype (score_terms_bwd.cuh);
-  // a query-broadcast bias is read once per key instead. The launch may still fall back to
-  // per-score reads where the tiles would not fit in shared memory.
-  if (prob.bias.present)
-    k.f.bias_tiled = prob.bias.size[2] > 1 && !k.f.bias_f32 && can_tile(p.bias, prob.bias);
+  // The backward tiles a bias with a query dim only in q's dtype (score_terms_bwd.cuh). The
+  // launch may still fall back to per-score reads where the tiles would not fit in shared memory.
+  if (prob.bias.present) k.f.bias_tiled = (prob.bias.size[2] == 1 || !k.f.bias_f32) && can_tile(p.bias, prob.bias);
   set_gradients(k, p.dout, p.dq, p.dk, p.dv);
   float* delta = reinterpret_cast<float*>(ws + plan.delta_off);
   float* lse2 = reinterpret_cast<float*>(ws + plan.lse2_off);

@@ -99,27 +99,6 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
                                              (bias_bcast ? 0 : row0 * p.bias_stride[2])) * bias_esize
                                       : nullptr;
   const int tile_rows_valid = min(Tile::kBlockM, p.Sq - row0);
-  // Mask and bias tiles for key tile `nb` join the same cp.async group as its K and V.
-  auto load_score_tiles = [&](int nb, int buf) {
-    const int key0 = nb * Tile::kBlockN, keys = min(Tile::kBlockN, p.Sk - key0);
-    if (p.mask_tiled)
-      load_bytes_tile_async<kThreads>(ptx::smem_addr(mask_tiles + buf * mask_bytes), Tile::mask_pitch(),
-                                      mask_src + key0, p.mask_stride[2], Tile::mask_rows(p), Tile::kBlockN,
-                                      mask_bcast ? 1 : tile_rows_valid, keys, tid);
-    if (p.bias_tiled)
-      load_bytes_tile_async<kThreads>(ptx::smem_addr(bias_tiles + buf * bias_bytes), Tile::bias_pitch(p),
-                                      bias_src + int64_t(key0) * bias_esize, p.bias_stride[2] * bias_esize,
-                                      Tile::bias_rows(p), Tile::kBlockN * bias_esize,
-                                      bias_bcast ? 1 : tile_rows_valid, keys * bias_esize, tid);
-  };
-
-  float o[kM][kDT][4];
-#pragma unroll
-  for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
-  OnlineSoftmax<kN, kDT> softmax[kM];
-
   // Key tiles the mask rules out entirely are skipped: no K, V or bias loads, no math. The
   // summary's key tiles are fwd_block_n wide; a kernel tile may span several.
   const uint8_t* active = nullptr;
@@ -145,6 +124,39 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
       while (nb < n_blocks && !tile_active(nb)) ++nb;
     return nb;
   };
+  // Whether the mask keeps every key of key tile nb: it then needs no mask tile nor test.
+  auto mask_keeps_tile = [&](int nb) {
+    if (!active) return false;
+    if (p.active_k_tiles == 1) return (active[0] & kTileAll) != 0;
+    bool all = true;
+#pragma unroll
+    for (int i = 0; i < kSummaryTiles; ++i) {
+      const int st = nb * kSummaryTiles + i;
+      all &= st >= p.active_k_tiles || (active[st] & kTileAll);
+    }
+    return all;
+  };
+  // Mask and bias tiles for key tile `nb` join the same cp.async group as its K and V.
+  auto load_score_tiles = [&](int nb, int buf) {
+    const int key0 = nb * Tile::kBlockN, keys = min(Tile::kBlockN, p.Sk - key0);
+    if (p.mask_tiled && !mask_keeps_tile(nb))
+      load_bytes_tile_async<kThreads>(ptx::smem_addr(mask_tiles + buf * mask_bytes), Tile::mask_pitch(),
+                                      mask_src + key0, p.mask_stride[2], Tile::mask_rows(p), Tile::kBlockN,
+                                      mask_bcast ? 1 : tile_rows_valid, keys, tid);
+    if (p.bias_tiled)
+      load_bytes_tile_async<kThreads>(ptx::smem_addr(bias_tiles + buf * bias_bytes), Tile::bias_pitch(p),
+                                      bias_src + int64_t(key0) * bias_esize, p.bias_stride[2] * bias_esize,
+                                      Tile::bias_rows(p), Tile::kBlockN * bias_esize,
+                                      bias_bcast ? 1 : tile_rows_valid, keys * bias_esize, tid);
+  };
+
+  float o[kM][kDT][4];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+  OnlineSoftmax<kN, kDT> softmax[kM];
+
 
   // K and the tile's mask/bias (or gathered key records) for key tile nb; V apart, as the
   // overlapped loop loads it one tile later than K.
@@ -176,7 +188,8 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
                            Tile::bias_pitch(p) / bias_esize,
                            row0,
                            mask_bcast,
-                           bias_bcast};
+                           bias_bcast,
+                           mask_keeps_tile(nb)};
     const KeyInfo* key_info = reinterpret_cast<const KeyInfo*>(info_tiles + buf * info_bytes);
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {

@@ -37,6 +37,8 @@ constexpr int staged_list_bytes(const KeyLists& l) {  // constexpr: callable fro
   return l.keys && l.max_listed <= kMaxStagedKeys ? (l.max_listed * 4 + 15) / 16 * 16 : 0;
 }
 
+constexpr uint8_t kTileSome = 1, kTileAll = 2;  // mask tile summary bits
+
 struct AttentionFwdParams {
   const void *q, *k, *v;
   void* out;
@@ -52,8 +54,9 @@ struct AttentionFwdParams {
   // Tiles of mask/bias stream through shared memory with K/V when their rows allow 16-byte
   // copies (key stride 1, aligned rows); otherwise each score reads global memory itself.
   bool mask_tiled, bias_tiled;
-  // Per (mask batch, mask head, query tile, key tile): nonzero if the mask keeps any key
-  // there (mask_tile_summary.cu). Null without a mask. Tiles of zero are skipped whole.
+  // Per (mask batch, mask head, query tile, key tile): kTileSome if the mask keeps any key
+  // there, | kTileAll if it keeps all (mask_tile_summary.cu). Null without a mask. Tiles of
+  // zero are skipped whole; tiles of all run as if unmasked.
   const uint8_t* tile_active;
   int active_batches, active_heads;    // the mask's own batch and head counts
   int active_q_tiles, active_k_tiles;  // 1 when the mask broadcasts over that dim

@@ -1,8 +1,11 @@
 // One pass over the mask: for each (mask batch, mask head, query tile, key tile) of the
-// forward's tile shape, whether any key is kept there. The forward skips tiles of zero
-// without loading K, V or bias for them.
+// kernels' tile shape, whether any key is kept there (kTileSome) and whether all are
+// (kTileAll). The kernels skip tiles of zero without loading K, V or bias for them, and take
+// tiles the mask keeps whole as if unmasked (no mask tile, no test per score): a block-sparse
+// mask then costs its active tiles' dense time.
 #include <cuda_runtime.h>
 
+#include "cuda/attention_fwd_params.hpp"
 #include "cuda/mask_tile_summary.hpp"
 
 namespace fdma::cuda {
@@ -16,14 +19,19 @@ __global__ void mask_tile_summary_kernel(const uint8_t* mask, int64_t s0, int64_
   const int r0 = qt * block_m, r1 = min(rows, r0 + block_m);
   const int k0 = kt * block_n, k1 = min(keys, k0 + block_n);
   const int width = k1 - k0;
-  bool any = false;
-  // Consecutive threads read consecutive keys: coalesced for contiguous masks.
-  for (int idx = threadIdx.x; idx < (r1 - r0) * width && !any; idx += blockDim.x) {
+  bool any = false, all = true;
+  // Consecutive threads read consecutive keys: coalesced for contiguous masks. A thread stops
+  // once it has seen both values.
+  for (int idx = threadIdx.x; idx < (r1 - r0) * width && (all || !any); idx += blockDim.x) {
     const int r = r0 + idx / width, j = k0 + idx % width;
-    any = mask[b * s0 + h * s1 + int64_t(r) * s2 + int64_t(j) * s3] != 0;
+    const bool keep = mask[b * s0 + h * s1 + int64_t(r) * s2 + int64_t(j) * s3] != 0;
+    any |= keep;
+    all &= keep;
   }
   any = __syncthreads_or(any);
-  if (threadIdx.x == 0) active[(int64_t(bh) * gridDim.y + qt) * gridDim.x + kt] = any;
+  all = __syncthreads_and(all);
+  if (threadIdx.x == 0)
+    active[(int64_t(bh) * gridDim.y + qt) * gridDim.x + kt] = any ? (all ? kTileSome | kTileAll : kTileSome) : 0;
 }
 
 }  // namespace

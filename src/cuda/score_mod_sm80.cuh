@@ -69,6 +69,7 @@ struct ScoreTiles {
   const void* bias;     // [rows][pitch] elements of the bias dtype
   int mask_pitch, bias_pitch, tile_row0;
   bool mask_bcast_rows, bias_bcast_rows;
+  bool mask_keeps_all;  // the mask keeps the whole tile (its summary): nothing to test
 };
 
 // Adds the bias (if any) to s and sets s to -inf where the mask hides the score. Each source
@@ -88,17 +89,28 @@ __device__ __forceinline__ void add_tile(float (&s)[kTilesN][4], int t, Load&& l
 
 // A bias row shared by all query rows (a [.., 1, Sk] bias): each thread's key pair is one
 // 4- or 8-byte load, added to both of its rows.
+// Two adjacent elements (an even index into a 16-byte aligned row) in one shared-memory load.
+__device__ __forceinline__ float2 load_pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 load_pair(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+
 template <class E, int kTilesN>
 __device__ __forceinline__ void add_key_row(float (&s)[kTilesN][4], const E* row, int t) {
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt) {
-    const float v0 = to_float(row[nt * 8 + 2 * t]), v1 = to_float(row[nt * 8 + 2 * t + 1]);
+    const float2 pair = load_pair(row + nt * 8 + 2 * t);
+    const float v0 = pair.x, v1 = pair.y;
     s[nt][0] += v0;
     s[nt][1] += v1;
     s[nt][2] += v0;
     s[nt][3] += v1;
   }
 }
+
+// Two adjacent mask bytes (an even offset into a 16-byte aligned tile row) in one load.
+__device__ __forceinline__ uint32_t mask_pair(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 
 template <class T, bool kGlobalTerms, int kTilesN>
 __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const AttentionFwdParams& p,
@@ -132,15 +144,18 @@ __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const 
       });
     }
   }
-  if (p.mask) {
+  if (p.mask && !tiles.mask_keeps_all) {
     if (tiles.mask) {
       const int r0 = tiles.mask_bcast_rows ? 0 : (rows[0] - tiles.tile_row0) * tiles.mask_pitch;
       const int r1 = tiles.mask_bcast_rows ? 0 : (rows[1] - tiles.tile_row0) * tiles.mask_pitch;
 #pragma unroll
       for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!tiles.mask[((e >> 1) ? r1 : r0) + nt * 8 + 2 * t + (e & 1)]) s[nt][e] = -INFINITY;
+        for (int r = 0; r < 2; ++r) {  // the thread's two adjacent keys of a row in one load
+          const uint32_t keep = mask_pair(tiles.mask + (r ? r1 : r0) + nt * 8 + 2 * t);
+          if (!(keep & 0xff)) s[nt][2 * r] = -INFINITY;
+          if (!(keep >> 8)) s[nt][2 * r + 1] = -INFINITY;
+        }
     } else if constexpr (kGlobalTerms) {
       const int64_t base = b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
       const int64_t r0 = base + int64_t(min(rows[0], p.Sq - 1)) * p.mask_stride[2];

@@ -1,10 +1,11 @@
-// The backward's mask and bias tiles. A window [queries][keys] of the mask (bytes) and of a
-// bias with a query dim (q's dtype) streams through shared memory with the step's other
-// operands (K/V in the dq kernel, Q/dO in the dk/dv kernel), so interior scores read their
-// additive term from shared memory instead of global memory per score (which made the
-// backward of a 4-D top-w mask 13x its forward; docs/perf-notes.md). Rows of a tile are
-// queries in both kernels; a query-broadcast mask has one row. A query-broadcast bias is not
-// tiled: the kernels hold its per-key values in registers (BiasTerm::key).
+// The backward's mask and bias tiles. A window [queries][keys] of the mask (bytes) and of the
+// bias streams through shared memory with the step's other operands (K/V in the dq kernel,
+// Q/dO in the dk/dv kernel), so interior scores read their additive term from shared memory
+// instead of global memory per score (which made the backward of a 4-D top-w mask 13x its
+// forward; docs/perf-notes.md). Rows of a tile are queries in both kernels; a query-broadcast
+// mask or bias has one row, whose per-key values the kernels then hold in registers
+// (BiasTerm::key; read from global memory per tile, those loads were half the dq kernel's
+// time with a per-key bias).
 #pragma once
 
 #include <type_traits>
@@ -18,26 +19,31 @@ namespace fdma::cuda {
 // Where a score's bias comes from on the tiled path.
 enum class BiasTerm : int { none = 0, key = 1, tile = 2 };
 
-// The host sets mask_tiled / bias_tiled for the backward (attention_cuda.cu: bias_tiled only
-// for a bias of q's dtype with a query dim) and clears them when the tiles would not fit.
+// The host sets mask_tiled / bias_tiled for the backward (attention_cuda.cu: a bias with a
+// query dim only in q's dtype) and clears them when the tiles would not fit.
 template <int kRows, int kKeys>
 struct TermTiles {
   static constexpr int kMaskPitch = kKeys + 16;  // bytes; the padding spreads rows over banks
-  static constexpr int kBiasPitch = kKeys + 8;   // elements of 2 bytes
+  static constexpr int kBiasPitch = kKeys + 8;   // elements of 2 bytes (a tile with a query dim)
   __host__ __device__ static bool mask_bcast(const AttentionFwdParams& p) { return p.mask_stride[2] == 0; }
+  __host__ __device__ static bool bias_bcast(const AttentionFwdParams& p) { return p.bias_stride[2] == 0; }
   __host__ __device__ static int mask_bytes(const AttentionFwdParams& p) {
     return p.mask_tiled ? (mask_bcast(p) ? 1 : kRows) * kMaskPitch : 0;
   }
-  __host__ __device__ static int bias_bytes(const AttentionFwdParams& p) { return p.bias_tiled ? kRows * kBiasPitch * 2 : 0; }
+  __host__ __device__ static int bias_bytes(const AttentionFwdParams& p) {
+    if (!p.bias_tiled) return 0;
+    return bias_bcast(p) ? kKeys * (p.bias_f32 ? 4 : 2) : kRows * kBiasPitch * 2;
+  }
   __host__ __device__ static int bytes(const AttentionFwdParams& p) { return mask_bytes(p) + bias_bytes(p); }
 
   // Issues the cp.async copies of queries [q0, q0 + kRows) x keys [key0, key0 + kKeys) of
-  // (b, h) into one buffer of bytes(p); rows and keys past the ends are zero-filled.
+  // (b, h) into one buffer of bytes(p); rows and keys past the ends are zero-filled. No mask
+  // tile where the mask keeps the whole tile (mask_all; the kernel then tests nothing).
   template <int kThreads, class T>
   __device__ static void load(unsigned char* smem, const AttentionFwdParams& p, int b, int h, int q0, int key0,
-                              int tid) {
+                              int tid, bool mask_all) {
     const int rows = min(kRows, p.Sq - q0), keys = min(kKeys, p.Sk - key0);
-    if (p.mask_tiled) {
+    if (p.mask_tiled && !mask_all) {
       const uint32_t dst = ptx::smem_addr(smem);
       const char* src = reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] +
                         head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] + key0;
@@ -45,30 +51,43 @@ struct TermTiles {
         load_bytes_window_async<kThreads, 1, kKeys>(dst, kMaskPitch, src, 0, 1, keys, tid);
       else
         load_bytes_window_async<kThreads, kRows, kKeys>(dst, kMaskPitch, src + q0 * p.mask_stride[2], p.mask_stride[2],
-                                                      rows, keys, tid);
+                                                        rows, keys, tid);
     }
     if (p.bias_tiled) {
-      const T* src = static_cast<const T*>(p.bias) + b * p.bias_stride[0] +
-                     head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] + q0 * p.bias_stride[2] + key0;
-      load_bytes_window_async<kThreads, kRows, kKeys * 2>(ptx::smem_addr(smem + mask_bytes(p)), kBiasPitch * 2,
-                                                        reinterpret_cast<const char*>(src), p.bias_stride[2] * 2,
-                                                        rows, keys * 2, tid);
+      const int esize = p.bias_f32 ? 4 : 2;
+      const uint32_t dst = ptx::smem_addr(smem + mask_bytes(p));
+      const char* src = static_cast<const char*>(p.bias) +
+                        (b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
+                         (bias_bcast(p) ? 0 : q0 * p.bias_stride[2]) + key0) * esize;
+      if (bias_bcast(p) && p.bias_f32)
+        load_bytes_window_async<kThreads, 1, kKeys * 4>(dst, 0, src, 0, 1, keys * 4, tid);
+      else if (bias_bcast(p))
+        load_bytes_window_async<kThreads, 1, kKeys * 2>(dst, 0, src, 0, 1, keys * 2, tid);
+      else
+        load_bytes_window_async<kThreads, kRows, kKeys * 2>(dst, kBiasPitch * 2, src, p.bias_stride[2] * 2, rows,
+                                                            keys * 2, tid);
     }
   }
-  // The bias tile of a buffer (valid when bias_tiled).
+  // The bias tile of a buffer with a query dim (bias_tiled, q's dtype).
   template <class T>
   __device__ static const T* bias_tile(const unsigned char* smem, const AttentionFwdParams& p) {
     return reinterpret_cast<const T*>(smem + mask_bytes(p));
   }
+  // Key kl's bias from a buffer's query-broadcast row (bias_tiled), in the bias's dtype.
+  template <class T>
+  __device__ static float key_bias(const unsigned char* smem, const AttentionFwdParams& p, int kl) {
+    const unsigned char* row = smem + mask_bytes(p);
+    return p.bias_f32 ? reinterpret_cast<const float*>(row)[kl] : to_float(reinterpret_cast<const T*>(row)[kl]);
+  }
 };
 
-// The additive term of one score on the tiled path: -inf where the mask tile hides it, else
-// the bias from its tile, the key's value in registers, or 0. `mask` and `bias` point at the
-// score's elements.
+// The additive term of one score on the tiled path: -inf where the mask hides it (`keep`, its
+// mask byte, read only with kMask), else the bias from its tile (`bias` points at the score's
+// element), the key's value in registers, or 0.
 template <bool kMask, BiasTerm kBias, class T>
-__device__ __forceinline__ float tile_term(const uint8_t* mask, const T* bias, float key_bias) {
+__device__ __forceinline__ float tile_term(uint32_t keep, const T* bias, float key_bias) {
   if constexpr (kMask)
-    if (!*mask) return -INFINITY;
+    if (!keep) return -INFINITY;
   if constexpr (kBias == BiasTerm::tile) return to_float(*bias);
   if constexpr (kBias == BiasTerm::key) return key_bias;
   return 0.f;

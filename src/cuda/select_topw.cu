@@ -62,15 +62,19 @@ __global__ void wavelet_flags_kernel(const int32_t* a, int64_t n, int bit, int32
     flags[t] = t < n ? ((a[t] >> bit) & 1) == 0 : 0;
 }
 
-// Stable partition of each row: zeros first, then ones, from the scanned flags.
+// Stable partition of each row: zeros first, then ones, from the scanned flags. It also flags
+// the next level's zeros (bit next_bit) at their new positions, which saves each level after
+// the first a flags kernel (launches dominate the selection at short lengths).
 __global__ void wavelet_partition_kernel(const int32_t* a, int64_t n, int Sk, int bit, const int32_t* rank0,
-                                         int32_t* out) {
+                                         int32_t* out, int next_bit, int32_t* next_flags) {
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row0 = t - t % Sk;
     const int32_t base = rank0[row0], zeros_before = rank0[t] - base, zeros = rank0[row0 + Sk] - base;
     const int64_t i = t - row0;
     const bool zero = ((a[t] >> bit) & 1) == 0;
-    out[row0 + (zero ? zeros_before : zeros + (i - zeros_before))] = a[t];
+    const int64_t dst = row0 + (zero ? zeros_before : zeros + (i - zeros_before));
+    out[dst] = a[t];
+    next_flags[dst] = ((a[t] >> next_bit) & 1) == 0;
   }
 }
 
@@ -154,18 +158,23 @@ cudaError_t causal_intervals(const TopwInputs& in, const TopwScratch& s, const W
                              int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
                              cudaStream_t stream) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  cudaError_t err = cudaMemcpyAsync(wv.a, s.idx_out, n * 4, cudaMemcpyDeviceToDevice, stream);
-  int32_t *cur = wv.a, *next = wv.b;
+  cudaError_t err = cudaSuccess;
+  // Level 0 reads the ranked indices in place (the queries read them again); the levels after
+  // alternate between a and b. The last level's partition would feed no level: skipped.
+  const int32_t* cur = s.idx_out;
+  int32_t* next = wv.a;
   for (int l = 0; l < wv.levels && err == cudaSuccess; ++l) {
     const int bit = wv.levels - 1 - l;
     int32_t* rank0 = wv.rank0 + int64_t(l) * (n + 1);
-    wavelet_flags_kernel<<<grid_for(n + 1, 256), 256, 0, stream>>>(cur, n, bit, wv.flags);
+    if (l == 0) wavelet_flags_kernel<<<grid_for(n + 1, 256), 256, 0, stream>>>(cur, n, bit, wv.flags);  // later: by the partition
     size_t temp = wv.scan_bytes;
     err = cub::DeviceScan::ExclusiveSum(wv.scan_temp, temp, wv.flags, rank0, n + 1, stream);
-    if (err != cudaSuccess) break;
-    wavelet_partition_kernel<<<grid_for(n, 256), 256, 0, stream>>>(cur, n, in.Sk, bit, rank0, next);
+    if (err != cudaSuccess || l + 1 == wv.levels) break;
+    // flags[n] stays 0 from level 0
+    wavelet_partition_kernel<<<grid_for(n, 256), 256, 0, stream>>>(cur, n, in.Sk, bit, rank0, next, bit - 1, wv.flags);
     err = cudaGetLastError();
-    std::swap(cur, next);
+    cur = next;
+    next = next == wv.a ? wv.b : wv.a;
   }
   if (err != cudaSuccess) return err;
   causal_intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, wv.rank0, wv.levels, w, Sq,

@@ -306,25 +306,29 @@ TEST(AttentionGpu, BackwardTermTilesEveryCombination) {
 }
 
 TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
-  // 64x64 blocks kept with probability 1/8 (elements inside with 1/2): most forward tiles
-  // hold no kept key and are skipped; rows whose blocks are all off must still give zeros.
+  // Blocks kept with probability 1/8, elements inside with 1/2: most tiles hold no kept key
+  // and are skipped; rows whose blocks are all off must still give zeros. Then 128x128 blocks
+  // kept whole (with probability 1/3; Sk = 896 so the mask's rows tile through shared memory):
+  // tiles the mask keeps whole run as unmasked, in the forward's and the backward's tiles.
   REQUIRE_GPU();
   uint64_t seed = 700;
-  for (int64_t D : {64, 128})
-    for (bool causal : {false, true}) {
-      AttnCase c = base(700, 900, 4, 2, D, causal, DType::bf16, seed++);
-      c.mask.present = true;
-      c.mask.b = false, c.mask.heads = 0;
-      AttnRun r(c);
-      std::mt19937_64 rng(seed);
-      std::bernoulli_distribution block_on(1.0 / 8), elem_on(0.5);
-      const int64_t nbq = (c.Sq + 63) / 64, nbk = (c.Sk + 63) / 64;
-      std::vector<char> on(nbq * nbk);
-      for (auto& x : on) x = block_on(rng);
-      for (int64_t i = 0; i < c.Sq; ++i)
-        for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / 64) * nbk + j / 64] && elem_on(rng));
-      auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
-      r.rp.keep.assign(full.begin(), full.end());
-      run_gpu(r, true);
-    }
+  for (double elem_p : {0.5, 1.0})
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true}) {
+        const int64_t blk = elem_p == 1.0 ? 128 : 64;
+        AttnCase c = base(700, elem_p == 1.0 ? 896 : 900, 4, 2, D, causal, DType::bf16, seed++);
+        c.mask.present = true;
+        c.mask.b = false, c.mask.heads = 0;
+        AttnRun r(c);
+        std::mt19937_64 rng(seed);
+        std::bernoulli_distribution block_on(elem_p == 1.0 ? 1.0 / 3 : 1.0 / 8), elem_on(elem_p);
+        const int64_t nbq = (c.Sq + blk - 1) / blk, nbk = (c.Sk + blk - 1) / blk;
+        std::vector<char> on(nbq * nbk);
+        for (auto& x : on) x = block_on(rng);
+        for (int64_t i = 0; i < c.Sq; ++i)
+          for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk] && elem_on(rng));
+        auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
+        r.rp.keep.assign(full.begin(), full.end());
+        run_gpu(r, true);
+      }
 }
