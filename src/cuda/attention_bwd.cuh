@@ -134,7 +134,7 @@ template <class Mma, int kHeadDim>
 struct BwdDqTile {
   static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);
   static constexpr int kQBytes = Mma::tile_bytes(kBlockM), kKVBytes = Mma::tile_bytes(kBlockN);
-  using Terms = TermTiles<kBlockM, kBlockN>;
+  using Terms = TermTiles<kBlockM, kBlockN, true>;
   // Q, dO, K x2, V x2, two tiles of gathered KeyInfo records (dynamic-mask mode), then the
   // mask/bias tiles x2 (sized at launch: none without them)
   static constexpr int kInfoOffset = 2 * kQBytes + 4 * kKVBytes;
@@ -412,7 +412,7 @@ struct BwdDkdvTile {
       (4 * kQBytes + 4 * kBlockM * 4 + Mma::kTileAlign - 1) / Mma::kTileAlign * Mma::kTileAlign;
   static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 8;
   // Then, per warp group, its mask/bias tiles x2 (sized at launch: none without them).
-  using Terms = TermTiles<kBlockM, kBlockN>;
+  using Terms = TermTiles<kBlockM, kBlockN, false>;
   __host__ __device__ static constexpr int terms_offset(int groups) { return kKVBytes + groups * kGroupBytes + kListBytes; }
   __host__ __device__ static int smem_bytes(int groups, const AttentionFwdParams& f) {
     return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * 2 * Terms::bytes(f);
@@ -572,8 +572,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
         constexpr BiasTerm kBias = decltype(bias_kind)::value;
         float kb[2] = {0.f, 0.f};
         if constexpr (kBias == BiasTerm::key)
-          for (int r = 0; r < 2; ++r)
-            kb[r] = f.bias_tiled ? Terms::template key_bias<T>(terms, f, kl[r]) : key_bias_at<T>(f, b, h, keys[r]);
+          for (int r = 0; r < 2; ++r) kb[r] = key_bias_at<T>(f, b, h, keys[r]);
         const T* bias_tile = Terms::template bias_tile<T>(terms, f);
         scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
           const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);

@@ -11,7 +11,7 @@
 namespace fdma::cuda {
 namespace {
 
-// grid: (key tiles, query tiles, mask batch * mask heads); one CTA ORs one tile.
+// grid: (key tiles, query tiles, mask batch * mask heads); one CTA summarises one tile.
 __global__ void mask_tile_summary_kernel(const uint8_t* mask, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
                                          int heads, int rows, int keys, int block_m, int block_n, uint8_t* active) {
   const int kt = blockIdx.x, qt = blockIdx.y, bh = blockIdx.z;
@@ -20,13 +20,30 @@ __global__ void mask_tile_summary_kernel(const uint8_t* mask, int64_t s0, int64_
   const int k0 = kt * block_n, k1 = min(keys, k0 + block_n);
   const int width = k1 - k0;
   bool any = false, all = true;
-  // Consecutive threads read consecutive keys: coalesced for contiguous masks. A thread stops
-  // once it has seen both values.
-  for (int idx = threadIdx.x; idx < (r1 - r0) * width && (all || !any); idx += blockDim.x) {
-    const int r = r0 + idx / width, j = k0 + idx % width;
-    const bool keep = mask[b * s0 + h * s1 + int64_t(r) * s2 + int64_t(j) * s3] != 0;
-    any |= keep;
-    all &= keep;
+  // The CTA stops as soon as it has seen both values (a partial tile); kept-whole and empty
+  // tiles are read to the end. Where key rows are contiguous and 16-byte aligned, each thread
+  // reads 16 keys at once; else consecutive threads read consecutive keys.
+  const uint8_t* base = mask + b * s0 + h * s1;
+  const bool wide = s3 == 1 && width % 16 == 0 && (reinterpret_cast<uintptr_t>(base) + r0 * s2 + k0) % 16 == 0 &&
+                    (r1 - r0 == 1 || s2 % 16 == 0);
+  const int per_thread = wide ? 16 : 1, per_row = width / per_thread, n = (r1 - r0) * per_row;
+  for (int i0 = 0; i0 < n; i0 += blockDim.x) {  // uniform trip count: the votes need every thread
+    const int idx = i0 + threadIdx.x;
+    if (idx < n) {
+      const int r = r0 + idx / per_row, c = idx % per_row;
+      if (wide) {
+        const uint4 v = *reinterpret_cast<const uint4*>(base + int64_t(r) * s2 + k0 + 16 * c);
+        for (const uint32_t w : {v.x, v.y, v.z, v.w}) {
+          any |= w != 0;
+          all &= ((w - 0x01010101u) & ~w & 0x80808080u) == 0;  // no zero byte in w
+        }
+      } else {
+        const bool keep = base[int64_t(r) * s2 + int64_t(k0 + c) * s3] != 0;
+        any |= keep;
+        all &= keep;
+      }
+    }
+    if (__syncthreads_or(any) && !__syncthreads_and(all)) break;
   }
   any = __syncthreads_or(any);
   all = __syncthreads_and(all);

@@ -3,9 +3,10 @@
 // Q/dO in the dk/dv kernel), so interior scores read their additive term from shared memory
 // instead of global memory per score (which made the backward of a 4-D top-w mask 13x its
 // forward; docs/perf-notes.md). Rows of a tile are queries in both kernels; a query-broadcast
-// mask or bias has one row, whose per-key values the kernels then hold in registers
-// (BiasTerm::key; read from global memory per tile, those loads were half the dq kernel's
-// time with a per-key bias).
+// mask has one row. A query-broadcast bias's per-key values the kernels hold in registers
+// (BiasTerm::key): the dq kernel reads them from a one-row tile (kKeyRow; from global memory
+// per tile, those loads stalled it), the dk/dv kernel, whose keys stay for all its steps,
+// from global memory (measured slower through the tile; docs/perf-notes.md).
 #pragma once
 
 #include <type_traits>
@@ -21,7 +22,7 @@ enum class BiasTerm : int { none = 0, key = 1, tile = 2 };
 
 // The host sets mask_tiled / bias_tiled for the backward (attention_cuda.cu: a bias with a
 // query dim only in q's dtype) and clears them when the tiles would not fit.
-template <int kRows, int kKeys>
+template <int kRows, int kKeys, bool kKeyRow>
 struct TermTiles {
   static constexpr int kMaskPitch = kKeys + 16;  // bytes; the padding spreads rows over banks
   static constexpr int kBiasPitch = kKeys + 8;   // elements of 2 bytes (a tile with a query dim)
@@ -30,8 +31,12 @@ struct TermTiles {
   __host__ __device__ static int mask_bytes(const AttentionFwdParams& p) {
     return p.mask_tiled ? (mask_bcast(p) ? 1 : kRows) * kMaskPitch : 0;
   }
+  // Whether the kernel tiles the bias (the host's choice, and a key row only with kKeyRow).
+  __host__ __device__ static bool bias_in_tiles(const AttentionFwdParams& p) {
+    return p.bias_tiled && (kKeyRow || !bias_bcast(p));
+  }
   __host__ __device__ static int bias_bytes(const AttentionFwdParams& p) {
-    if (!p.bias_tiled) return 0;
+    if (!bias_in_tiles(p)) return 0;
     return bias_bcast(p) ? kKeys * (p.bias_f32 ? 4 : 2) : kRows * kBiasPitch * 2;
   }
   __host__ __device__ static int bytes(const AttentionFwdParams& p) { return mask_bytes(p) + bias_bytes(p); }
@@ -53,7 +58,7 @@ struct TermTiles {
         load_bytes_window_async<kThreads, kRows, kKeys>(dst, kMaskPitch, src + q0 * p.mask_stride[2], p.mask_stride[2],
                                                         rows, keys, tid);
     }
-    if (p.bias_tiled) {
+    if (bias_in_tiles(p)) {
       const int esize = p.bias_f32 ? 4 : 2;
       const uint32_t dst = ptx::smem_addr(smem + mask_bytes(p));
       const char* src = static_cast<const char*>(p.bias) +
@@ -73,7 +78,7 @@ struct TermTiles {
   __device__ static const T* bias_tile(const unsigned char* smem, const AttentionFwdParams& p) {
     return reinterpret_cast<const T*>(smem + mask_bytes(p));
   }
-  // Key kl's bias from a buffer's query-broadcast row (bias_tiled), in the bias's dtype.
+  // Key kl's bias from a buffer's query-broadcast row (kKeyRow, bias_tiled), in the bias's dtype.
   template <class T>
   __device__ static float key_bias(const unsigned char* smem, const AttentionFwdParams& p, int kl) {
     const unsigned char* row = smem + mask_bytes(p);
@@ -115,7 +120,7 @@ __device__ __forceinline__ void with_terms(bool mask, BiasTerm bias, F&& f) {
 // reads them per score from global memory (score_add_at). `bias_term` is set when it can.
 __device__ __forceinline__ bool terms_on_chip(const AttentionFwdParams& p, BiasTerm& bias_term) {
   bias_term = !p.bias ? BiasTerm::none : p.bias_stride[2] == 0 ? BiasTerm::key : BiasTerm::tile;
-  return (!p.mask || p.mask_tiled) && (bias_term != BiasTerm::tile || p.bias_tiled);
+  return (!p.mask || p.mask_tiled) && (bias_term != BiasTerm::tile || p.bias_tiled);  // a tile has a query dim
 }
 
 }  // namespace fdma::cuda
