@@ -311,6 +311,19 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         __syncthreads();  // everyone is done with this buffer before it is refilled
         nb = nb_next;
       }
+      if (db_direct && (f.causal || active)) {
+        // dS is 0 on the tiles the walk skipped (masked whole, or past the causal diagonal):
+        // their dbias elements are written here, or they would keep whatever the buffer held.
+        const int rows_here = min(Tile::kBlockM, f.Sq - row0);
+        for (int kt = 0; kt * kBN < f.Sk; ++kt) {
+          if (kt < n_blocks && tile_is_active(f, active, kt * kBN / kBwdBlockN)) continue;  // walked
+          const int keys_here = min(kBN, f.Sk - kt * kBN);
+          for (int idx = tid; idx < rows_here * keys_here; idx += kBwdThreads) {
+            const int i = row0 + idx / keys_here, j = kt * kBN + idx % keys_here;
+            store_dbias<T>(p, dbias_offset(p, b, hb, i, j), 0.f);
+          }
+        }
+      }
 
       {  // dq rows
         T* dq_base = static_cast<T*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[2];

@@ -310,6 +310,7 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
   // and are skipped; rows whose blocks are all off must still give zeros. Then 128x128 blocks
   // kept whole (with probability 1/3; Sk = 896 so the mask's rows tile through shared memory):
   // tiles the mask keeps whole run as unmasked, in the forward's and the backward's tiles.
+  // With the partial blocks, a [B, H, Sq, Sk] bias too, whose gradient is written directly.
   REQUIRE_GPU();
   uint64_t seed = 700;
   for (double elem_p : {0.5, 1.0})
@@ -319,6 +320,7 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
         AttnCase c = base(700, elem_p == 1.0 ? 896 : 900, 4, 2, D, causal, DType::bf16, seed++);
         c.mask.present = true;
         c.mask.b = false, c.mask.heads = 0;
+        c.bias.present = elem_p < 1.0;  // zeros in dbias where the walk skips tiles
         AttnRun r(c);
         std::mt19937_64 rng(seed);
         std::bernoulli_distribution block_on(elem_p == 1.0 ? 1.0 / 3 : 1.0 / 8), elem_on(elem_p);
