@@ -2,7 +2,8 @@
 
 Usage (on a GPU machine with torch): python3 bench/bench_attention_bwd.py [--lib build/libfdma.so]
 Times one forward plus one backward (dq, dk, dv and, with a bias, dbias), beside SDPA and
-FlexAttention, for the cases in CASES (--cases picks them by prefix) (compiled; the bias as a captured tensor with a gradient). Medians of CUDA
+FlexAttention (compiled; the bias as a captured tensor with a gradient), for the cases in CASES
+(--cases picks them by prefix). Medians of CUDA
 events after warm-up. TF/s = 3.5 * 4*B*H*Sq*Sk*D / t (bwd = 2.5x fwd), halved for causal.
 Prints a markdown table last.
 """
@@ -35,7 +36,8 @@ def main():
     ap.add_argument("--lib", default="build/libfdma.so")
     ap.add_argument("--seqlens", default="4096,8192,16384")
     ap.add_argument("--flex", type=int, default=1, help="also time FlexAttention forward+backward")
-    ap.add_argument("--cases", default="dense,per-key", help="comma-separated case name prefixes, of: " + ", ".join(CASES))
+    ap.add_argument("--cases", default="dense,per-key",
+                    help="comma-separated case name prefixes, of: " + ", ".join(CASES))
     ap.add_argument("--causal", default="0,1", help="comma-separated 0/1")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)

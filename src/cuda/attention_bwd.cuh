@@ -260,7 +260,8 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
                        [&](int nt, int e) { return interval_add(tile_info[col(nt, e) - key0], rows[e >> 1]); });
         } else if (terms_tiled && interior) {  // mask/bias from this tile's shared copies, key biases in registers
           const unsigned char* terms = s_terms + buf * terms_bytes;
-          const int mask_rows[2] = {Terms::mask_bcast(f) ? 0 : rows[0] - row0, Terms::mask_bcast(f) ? 0 : rows[1] - row0};
+          const bool mb = Terms::mask_bcast(f);
+          const int mask_rows[2] = {mb ? 0 : rows[0] - row0, mb ? 0 : rows[1] - row0};
           const bool test_mask = f.mask && !mask_keeps_tile(f, active, nb * kBN / kBwdBlockN);
           with_terms(test_mask, bias_term, [&](auto has_mask, auto bias_kind) {
             constexpr bool kMask = decltype(has_mask)::value;
@@ -426,7 +427,9 @@ struct BwdDkdvTile {
   static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 8;
   // Then, per warp group, its mask/bias tiles x2 (sized at launch: none without them).
   using Terms = TermTiles<kBlockM, kBlockN, false>;
-  __host__ __device__ static constexpr int terms_offset(int groups) { return kKVBytes + groups * kGroupBytes + kListBytes; }
+  __host__ __device__ static constexpr int terms_offset(int groups) {
+    return kKVBytes + groups * kGroupBytes + kListBytes;
+  }
   __host__ __device__ static int smem_bytes(int groups, const AttentionFwdParams& f) {
     return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * 2 * Terms::bytes(f);
   }
@@ -568,8 +571,8 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     auto query = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
     // Dynamic-mask mode: where the warp's 16 keys are all kept by the step's queries, no
     // interval test per score.
-    const bool keys_cover_step = gather && __all_sync(0xffffffffu, row_keys[0].begin <= q0 && row_keys[0].end >= q0 + kBM &&
-                                                                       row_keys[1].begin <= q0 && row_keys[1].end >= q0 + kBM);
+    auto covers = [&](const KeyInfo& key) { return key.begin <= q0 && key.end >= q0 + kBM; };
+    const bool keys_cover_step = gather && __all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]));
     if (keys_cover_step) {
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
     } else if (gather) {  // each thread's two keys keep their records in registers

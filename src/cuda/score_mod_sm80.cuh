@@ -94,7 +94,9 @@ __device__ __forceinline__ float2 load_pair(const float* p) { return *reinterpre
 __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
-__device__ __forceinline__ float2 load_pair(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+__device__ __forceinline__ float2 load_pair(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
 
 template <class E, int kTilesN>
 __device__ __forceinline__ void add_key_row(float (&s)[kTilesN][4], const E* row, int t) {

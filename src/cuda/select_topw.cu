@@ -166,7 +166,8 @@ cudaError_t causal_intervals(const TopwInputs& in, const TopwScratch& s, const W
   for (int l = 0; l < wv.levels && err == cudaSuccess; ++l) {
     const int bit = wv.levels - 1 - l;
     int32_t* rank0 = wv.rank0 + int64_t(l) * (n + 1);
-    if (l == 0) wavelet_flags_kernel<<<grid_for(n + 1, 256), 256, 0, stream>>>(cur, n, bit, wv.flags);  // later: by the partition
+    if (l == 0)  // the later levels' flags come from the partition kernel
+      wavelet_flags_kernel<<<grid_for(n + 1, 256), 256, 0, stream>>>(cur, n, bit, wv.flags);
     size_t temp = wv.scan_bytes;
     err = cub::DeviceScan::ExclusiveSum(wv.scan_temp, temp, wv.flags, rank0, n + 1, stream);
     if (err != cudaSuccess || l + 1 == wv.levels) break;
