@@ -21,7 +21,7 @@ constexpr int bwd_dkdv_chunk(int head_dim) { return head_dim <= 128 ? head_dim :
 enum class DbiasOwner : int { none = 0, rows = 1, columns = 2 };
 
 struct AttentionBwdParams {
-  AttentionFwdParams f;  // its tile_active is the 64 x 64 summary; mask/bias are read per score
+  AttentionFwdParams f;  // its tile_active is the 64 x 64 summary; mask_tiled/bias_tiled: score_terms_bwd.cuh
   const void* dout;
   void *dq, *dk, *dv;
   int64_t dout_stride[3], dq_stride[3], dk_stride[3], dv_stride[3];
