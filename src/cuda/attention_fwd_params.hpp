@@ -16,7 +16,7 @@ struct KeyInfo {
   int32_t pad;  // 16 bytes: one cp.async per key
 };
 struct KeyLists {
-  const int32_t* keys;  // per (b * Hk + hk, query tile): key indices, increasing
+  const int32_t* keys;  // per (b * Hk + hk, query tile): key indices (dma_lists.hpp: order)
   int64_t keys_bh_stride, keys_tile_stride;  // elements; tile stride 0: one list for all tiles
   const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
   int count_tiles;                           // 1 when every tile shares the list

@@ -2,7 +2,8 @@
 //   key records: per key {begin, end, bias};
 //   kept list:   per (batch, KV head) the keys with a non-empty interval, in index order;
 //   tile lists:  causal only, per query tile of block_m rows the kept keys some row of the tile
-//                keeps (at most min(w, Sk) + block_m of them; design.md 2.2), in index order.
+//                keeps (at most min(w, Sk) + block_m of them; design.md 2.2): those kept by
+//                every row of the tile first, then the others, each part in index order.
 //                Non-causal selections keep the same keys for every query, so every tile
 //                reads the kept list itself.
 // Everything lives in the caller's workspace; no host synchronization.
