@@ -21,6 +21,7 @@
 #include "cuda/attention_bwd_params.hpp"
 #include "cuda/bwd_mma_sm80.cuh"
 #include "cuda/bwd_mma_sm90.cuh"
+#include "cuda/cta_order.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/score_terms_bwd.cuh"
@@ -33,8 +34,10 @@ constexpr int kBwdThreads = 128;  // 4 warps, 16 rows (dq) or 16 keys (dk/dv) ea
 // Dynamic-mask mode, dk/dv kernel: the kept keys of a (batch, KV head), in index order, are cut
 // into windows of kBwdWindow; a window is ranked by the end of each key's query interval and
 // split into groups of 64 keys with similar intervals, one CTA each, so a CTA walks only the
-// queries its keys' intervals span.
-constexpr int kBwdWindow = 256;
+// queries its keys' intervals span. Wider windows give tighter groups: at S = 128K, w = 2048 the
+// CTAs compute 1.71x the kept pairs with windows of 256 and 1.27x with 1024
+// (bench/simulate_dkdv_groups.py).
+constexpr int kBwdWindow = 1024;
 
 // Dense index of dbias element (b, bias head hb, i, j) in the fp32 reduction slots, and its
 // offset in the dbias tensor (whose strides are 0 on size-1 dims).
@@ -52,6 +55,40 @@ __device__ __forceinline__ void store_dbias(const AttentionBwdParams& p, int64_t
     static_cast<float*>(p.dbias)[off] = value;
   else
     static_cast<T*>(p.dbias)[off] = T(value);
+}
+
+// Writes zeros to dbias[b, hb, i, k0:k1) for the rows i in [row0, row0 + rows): the dq kernel's
+// dS on the tiles its walk skipped. Where a row's keys are contiguous, each warp takes a row
+// and its lanes store 16 bytes each (2-byte stores with the full index math made these zeros
+// cost 15% of a causal 4-D bias backward; docs/perf-notes.md).
+template <class T>
+__device__ __forceinline__ void zero_dbias_keys(const AttentionBwdParams& p, int b, int64_t hb, int row0, int rows,
+                                                int k0, int k1, int tid) {
+  if (p.dbias_stride[3] != 1) {
+    const int keys = k1 - k0;
+    for (int64_t idx = tid; idx < int64_t(rows) * keys; idx += kBwdThreads)
+      store_dbias<T>(p, dbias_offset(p, b, hb, row0 + int(idx / keys), k0 + int(idx % keys)), 0.f);
+    return;
+  }
+  const int esize = p.dbias_f32 ? 4 : 2, warp = tid / 32, lane = tid % 32;
+  auto zero_element = [&](char* c) {
+    if (esize == 4)
+      *reinterpret_cast<float*>(c) = 0.f;
+    else
+      *reinterpret_cast<uint16_t*>(c) = 0;
+  };
+  for (int r = warp; r < rows; r += kBwdThreads / 32) {
+    char* row = static_cast<char*>(p.dbias) + dbias_offset(p, b, hb, row0 + r, 0) * esize;
+    char *lo = row + int64_t(k0) * esize, *hi = row + int64_t(k1) * esize;
+    // [lo, body) and [tail, hi) element by element, [body, tail) in aligned 16-byte stores
+    char* body = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(lo) + 15) & ~uintptr_t(15));
+    char* tail = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(hi) & ~uintptr_t(15));
+    if (body > hi) body = hi;
+    if (tail < body) tail = body;
+    for (char* c = lo + lane * esize; c < body; c += 32 * esize) zero_element(c);
+    for (char* c = body + lane * 16; c < tail; c += 32 * 16) *reinterpret_cast<uint4*>(c) = make_uint4(0, 0, 0, 0);
+    for (char* c = tail + lane * esize; c < hi; c += 32 * esize) zero_element(c);
+  }
 }
 
 // Mask tile summary row for (b, h) and query tile qt (64 x 64 tiles), or null without a mask.
@@ -136,11 +173,19 @@ struct BwdDqTile {
   static constexpr int kQBytes = Mma::tile_bytes(kBlockM), kKVBytes = Mma::tile_bytes(kBlockN);
   using Terms = TermTiles<kBlockM, kBlockN, true>;
   // Q, dO, K x2, V x2, two tiles of gathered KeyInfo records (dynamic-mask mode), then the
-  // mask/bias tiles x2 (sized at launch: none without them)
+  // mask/bias tiles x2 (sized at launch: none without them), then the staged key list.
   static constexpr int kInfoOffset = 2 * kQBytes + 4 * kKVBytes;
   static constexpr int kTermsOffset = kInfoOffset + 2 * kBlockN * 16;
+  // Dynamic-mask mode: the query tile's key list is copied to shared memory once, so that the
+  // gathered row loads take their indices from there, not from a global read each (long
+  // scoreboard stalls: 3.0 cycles per issue at 128K). Up to a length that keeps two CTAs per SM
+  // for D = 128; longer lists are read from global memory.
+  static constexpr int kMaxStagedKeys = 3072;
+  __host__ __device__ static int list_bytes(const AttentionFwdParams& f) {
+    return f.lists.keys && f.lists.max_listed <= kMaxStagedKeys ? (f.lists.max_listed * 4 + 15) / 16 * 16 : 0;
+  }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& f) {
-    return align_slack<Mma::kTileAlign>() + kTermsOffset + 2 * Terms::bytes(f);
+    return align_slack<Mma::kTileAlign>() + kTermsOffset + 2 * Terms::bytes(f) + list_bytes(f);
   }
 };
 
@@ -152,7 +197,8 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
   unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
   const AttentionFwdParams& f = p.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int m_block = f.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const CtaTile cta = cta_tile(f.causal && f.lists.keys == nullptr);  // causal: the last query tiles see the most keys
+  const int m_block = f.causal ? gridDim.x - 1 - cta.x : cta.x;
   const int row0 = m_block * Tile::kBlockM, warp_row0 = row0 + 16 * warp;
   const int rows[2] = {warp_row0 + g, warp_row0 + g + 8};
   const bool gather = f.lists.keys != nullptr;  // dynamic-mask mode (KeyLists)
@@ -175,7 +221,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
 
   for (int bi = 0; bi < p.rows_batches_per_block; ++bi)
     for (int hi = 0; hi < p.rows_heads_per_block; ++hi) {
-      const int b = blockIdx.z * p.rows_batches_per_block + bi, h = blockIdx.y * p.rows_heads_per_block + hi;
+      const int b = blockIdx.z * p.rows_batches_per_block + bi, h = cta.y * p.rows_heads_per_block + hi;
       const int hk = h / f.G;
       const int64_t hb = head_index(f.bias_head_mode, h, f.G);
       const T* q = static_cast<const T*>(f.q) + b * f.q_stride[0] + h * f.q_stride[2];
@@ -225,6 +271,12 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
       if (nb < n_blocks) {
         Mma::template load_rows<Tile::kBlockM>(s_q, q, f.q_stride[1], row0, f.Sq, f.D, tid);
         Mma::template load_rows<Tile::kBlockM>(s_do, dout, p.dout_stride[1], row0, f.Sq, f.D, tid);
+        if (gather && n_listed * 4 <= Tile::list_bytes(f)) {
+          int32_t* s_list = reinterpret_cast<int32_t*>(s_terms + 2 * terms_bytes);
+          for (int i = tid; i < n_listed; i += kBwdThreads) s_list[i] = list[i];
+          __syncthreads();
+          list = s_list;
+        }
         load_kv(nb, 0);
         ptx::cp_async_commit();
       }
@@ -315,14 +367,18 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
       if (db_direct && (f.causal || active)) {
         // dS is 0 on the tiles the walk skipped (masked whole, or past the causal diagonal):
         // their dbias elements are written here, or they would keep whatever the buffer held.
-        const int rows_here = min(Tile::kBlockM, f.Sq - row0);
-        for (int kt = 0; kt * kBN < f.Sk; ++kt) {
-          if (kt < n_blocks && tile_is_active(f, active, kt * kBN / kBwdBlockN)) continue;  // walked
-          const int keys_here = min(kBN, f.Sk - kt * kBN);
-          for (int idx = tid; idx < rows_here * keys_here; idx += kBwdThreads) {
-            const int i = row0 + idx / keys_here, j = kt * kBN + idx % keys_here;
-            store_dbias<T>(p, dbias_offset(p, b, hb, i, j), 0.f);
+        // One call per run of skipped tiles.
+        const int rows_here = min(Tile::kBlockM, f.Sq - row0), n_tiles = (f.Sk + kBN - 1) / kBN;
+        auto walked = [&](int kt) { return kt < n_blocks && tile_is_active(f, active, kt * kBN / kBwdBlockN); };
+        for (int kt = 0; kt < n_tiles;) {
+          if (walked(kt)) {
+            ++kt;
+            continue;
           }
+          int end = kt + 1;
+          while (end < n_tiles && !walked(end)) ++end;
+          zero_dbias_keys<T>(p, b, hb, row0, rows_here, kt * kBN, min(end * kBN, f.Sk), tid);
+          kt = end;
         }
       }
 
@@ -368,9 +424,9 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
     attention_bwd_dq_body<T, kHeadDim, Mma>(p);
 }
 
-// Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). Window x / 4 of the kept keys is
+// Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). Window x / 16 of the kept keys is
 // ranked by (interval end descending, index ascending), a total order, so each key lands in
-// exactly one group; group x % 4 takes ranks [64 (x % 4), +64). Fills keys (index or -1),
+// exactly one group; group x % 16 takes ranks [64 (x % 16), +64). Fills keys (index or -1),
 // their KeyInfo records, the queries they span [q_lo, q_hi), and the group's size; returns
 // false (uniformly) for an empty group.
 __device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, int b, int hk, int x, int32_t* keys,
@@ -390,16 +446,36 @@ __device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, in
     window[i] = kept_keys[i];
     ends[i] = info[window[i]].end;
   }
+  // Whole 16-byte reads below: pad with INT_MIN, which no kept key's end (>= 1) ties or passes.
+  const int n_pad = (n_window + 3) & ~3;
+  if (threadIdx.x < n_pad - n_window) ends[n_window + threadIdx.x] = INT_MIN;
   __shared__ int range[2];
   if (threadIdx.x == 0) range[0] = INT_MAX, range[1] = INT_MIN;
   __syncthreads();
-  for (int i = threadIdx.x; i < n_window; i += blockDim.x) {
-    int rank = 0;
-    for (int o = 0; o < n_window; ++o) rank += ends[o] > ends[i] || (ends[o] == ends[i] && o < i);
-    if (rank >= g0 && rank < g0 + n_group) {
-      const KeyInfo ki = info[window[i]];
-      keys[rank - g0] = window[i];
-      kinfo[rank - g0] = ki;
+  // A key's rank = the keys before it in the order; each thread ranks 4 keys per pass, one
+  // broadcast read per 4 ends.
+  for (int base = 0; base < n_window; base += 4 * blockDim.x) {
+    int mine[4], my_end[4], rank[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      mine[s] = base + threadIdx.x + s * blockDim.x;
+      my_end[s] = mine[s] < n_window ? ends[mine[s]] : INT_MIN;
+      rank[s] = 0;
+    }
+    for (int o = 0; o < n_pad; o += 4) {
+      const int4 e4 = *reinterpret_cast<const int4*>(ends + o);
+      const int other[4] = {e4.x, e4.y, e4.z, e4.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) rank[s] += other[c] > my_end[s] || (other[c] == my_end[s] && o + c < mine[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if (mine[s] >= n_window || rank[s] < g0 || rank[s] >= g0 + n_group) continue;
+      const KeyInfo ki = info[window[mine[s]]];
+      keys[rank[s] - g0] = window[mine[s]];
+      kinfo[rank[s] - g0] = ki;
       atomicMin(&range[0], ki.begin);  // integer min/max: the same result in any order
       atomicMax(&range[1], ki.end);
     }
@@ -455,8 +531,11 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const AttentionFwdParams& f = p.f;
   const int n_groups = blockDim.x / kBwdThreads, wg = threadIdx.x / kBwdThreads;
   const int tid = threadIdx.x % kBwdThreads, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int key0 = blockIdx.x * Tile::kBlockN;
-  const int hk = blockIdx.y / Tile::kChunks, chunk = blockIdx.y % Tile::kChunks, b = blockIdx.z;
+  // Causal or dynamic mask: the first key groups walk the most queries (cta_order.cuh).
+  const CtaTile cta = cta_tile(f.causal || f.lists.keys != nullptr);
+  const int x = cta.x, head_chunk = cta.y;
+  const int key0 = x * Tile::kBlockN;
+  const int hk = head_chunk / Tile::kChunks, chunk = head_chunk % Tile::kChunks, b = blockIdx.z;
   const int col0 = chunk * Tile::kChunk;  // this CTA's columns of dk and dv
   const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
 
@@ -478,7 +557,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior steps read no global terms
   int q_lo = 0, q_hi = f.Sq, n_group = 0;
   if (gather) {
-    if (!gather_key_group(f, b, hk, blockIdx.x, s_keys, s_kinfo, reinterpret_cast<int32_t*>(s_kinfo + Tile::kBlockN),
+    if (!gather_key_group(f, b, hk, x, s_keys, s_kinfo, reinterpret_cast<int32_t*>(s_kinfo + Tile::kBlockN),
                           q_lo, q_hi, n_group))
       return;  // past the (batch, KV head)'s kept keys
     if (wg == 0) {

@@ -16,6 +16,7 @@
 
 #include "cuda/arch_dispatch.cuh"
 #include "cuda/attention_fwd_params.hpp"
+#include "cuda/cta_order.cuh"
 #include "cuda/fwd_mma_sm80.cuh"
 #include "cuda/fwd_mma_sm90.cuh"
 #include "cuda/kernel_table.hpp"
@@ -62,9 +63,10 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  // Causal blocks near the end see the most keys: launch them first so the tail is short.
-  const int m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  // Causal blocks near the end see the most keys: every head's start first (cta_order.cuh).
+  const CtaTile cta = cta_tile(p.causal && !kGather);
+  const int m_block = p.causal ? gridDim.x - 1 - cta.x : cta.x;
+  const int h = cta.y, b = blockIdx.z, hk = h / p.G;
   const int row0 = m_block * Tile::kBlockM;
   const int warp_row0 = row0 + Mma::warp_row_offset(warp);
 

@@ -295,12 +295,22 @@ TEST(DmaGpu, HeadDims) {
 }
 
 TEST(DmaGpu, LongCausalRowsAcrossManyWindows) {
-  // Sk far above the 256-key windows of the dk/dv kernel and w far below Sk: many groups,
-  // long and short intervals mixed.
+  // w far below Sk: many groups of the dk/dv kernel, long and short intervals mixed.
   REQUIRE_GPU();
   DmaCase c;
   c.B = 1, c.Sq = 1500, c.Sk = 2000, c.H = 2, c.Hk = 1, c.D = 64, c.w = 100, c.causal = true, c.seed = 990;
   c.dtype = DType::bf16, c.padding = true;
+  DmaRun r(c);
+  run_gpu_dma(r);
+}
+
+TEST(DmaGpu, CausalKeptKeysSpanSeveralWindows) {
+  // About w (1 + ln(Sk / w)) = 2270 kept keys: three of the dk/dv kernel's 1024-key windows,
+  // the last one partial.
+  REQUIRE_GPU();
+  DmaCase c;
+  c.B = 1, c.Sq = 5000, c.Sk = 5000, c.H = 2, c.Hk = 1, c.D = 64, c.w = 800, c.causal = true, c.seed = 993;
+  c.dtype = DType::bf16;
   DmaRun r(c);
   run_gpu_dma(r);
 }
