@@ -47,12 +47,16 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
   flags[e] = end > begin;
 }
 
-__global__ void kept_list_kernel(DmaListShape s, const int32_t* flags, const int32_t* positions, int32_t* kept,
-                                 int32_t* kept_count) {
+__global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int32_t* flags, const int32_t* positions,
+                                 int32_t* kept, int2* kept_span, int32_t* kept_count) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= s.keys()) return;
   const int64_t bh = e / s.Sk, row0 = bh * s.Sk;
-  if (flags[e]) kept[row0 + (positions[e] - positions[row0])] = int32_t(e - row0);
+  if (flags[e]) {
+    const int64_t at = row0 + (positions[e] - positions[row0]);
+    kept[at] = int32_t(e - row0);
+    if (kept_span) kept_span[at] = make_int2(info[e].begin, info[e].end);
+  }
   if (e == row0) kept_count[bh] = positions[row0 + s.Sk] - positions[row0];
 }
 
@@ -71,49 +75,63 @@ __global__ void kept_list_kernel(DmaListShape s, const int32_t* flags, const int
 constexpr int kTileThreads = 256;
 constexpr int kMaxPartialKeys = 2 * 128;  // 2 * the largest block_m of the kernels (128)
 __global__ void __launch_bounds__(kTileThreads)
-    tile_lists_kernel(DmaListShape s, const KeyInfo* info, const int32_t* kept, const int32_t* kept_count,
+    tile_lists_kernel(DmaListShape s, const int32_t* kept, const int2* kept_span, const int32_t* kept_count,
                       int32_t* tile_keys, int32_t* tile_count) {
   const int t = blockIdx.x;
   const int64_t bh = blockIdx.y;
   const int row_lo = t * s.block_m, row_hi = min(s.Sq, row_lo + s.block_m);
   const int64_t last_key = int64_t(row_hi) - 1 + (s.Sk - s.Sq);  // causal limit of the tile's last row
   const int32_t* keys = kept + bh * s.Sk;
-  const KeyInfo* rec = info + bh * s.Sk;
+  const int2* spans = kept_span + bh * s.Sk;  // (begin, end) in kept order: coalesced, no record lookup
   const int n = kept_count[bh];
   const int64_t cap = s.cap();
   int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
-  __shared__ int warp_totals[2][kTileThreads / 32];
+  __shared__ int warp_totals[kTileThreads / 32];
   __shared__ int32_t partial[kMaxPartialKeys];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // One pass; with split, partial keys go to shared memory. Returns the two counts.
+  // One pass; with split, partial keys go to shared memory. Each thread takes 4 consecutive
+  // candidates per step (4 loads in flight; the scan was latency-bound at one), and one warp
+  // scan of the two classes' counts, packed in 16-bit halves, places them in order.
+  constexpr int kPer = 4;
   auto compact = [&](bool split, int& n_cover, int& n_partial) {
     n_cover = n_partial = 0;
-    for (int base = 0; base < n; base += kTileThreads) {
+    for (int base = 0; base < n; base += kPer * kTileThreads) {
       if (keys[base] > last_key) break;  // uniform: every later key is past the tile too
-      const int i = base + threadIdx.x;
-      int j = -1;
-      bool take = false, covers = true;
-      if (i < n) {
-        j = keys[i];
-        const KeyInfo r = rec[j];
-        take = j <= last_key && r.begin < row_hi && r.end > row_lo;
-        covers = !split || (r.begin <= row_lo && r.end >= row_hi);
-      }
-      const unsigned ballot[2] = {__ballot_sync(0xffffffffu, take && covers),
-                                  __ballot_sync(0xffffffffu, take && !covers)};
-      if (lane == 0) warp_totals[0][warp] = __popc(ballot[0]), warp_totals[1][warp] = __popc(ballot[1]);
-      __syncthreads();
-      int before[2] = {n_cover, n_partial}, total[2] = {0, 0};
-      for (int w = 0; w < kTileThreads / 32; ++w)
-        for (int c = 0; c < 2; ++c) {
-          before[c] += w < warp ? warp_totals[c][w] : 0;
-          total[c] += warp_totals[c][w];
+      int j[kPer], cls[kPer], packed = 0;  // class 0 covers the tile, 1 partial, -1 not taken
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int i = base + kPer * threadIdx.x + u;
+        cls[u] = -1;
+        if (i < n) {
+          j[u] = keys[i];
+          const int2 span = spans[i];
+          if (j[u] <= last_key && span.x < row_hi && span.y > row_lo)
+            cls[u] = !split || (span.x <= row_lo && span.y >= row_hi) ? 0 : 1;
         }
-      const int c = covers ? 0 : 1, pos = before[c] + __popc(ballot[c] & ((1u << lane) - 1));
-      if (take && covers && pos < cap) out[pos] = j;
-      if (take && !covers && pos < kMaxPartialKeys) partial[pos] = j;
-      n_cover += total[0];
-      n_partial += total[1];
+        packed += cls[u] == 0 ? 1 : cls[u] == 1 ? 1 << 16 : 0;
+      }
+      int inclusive = packed;
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
+        if (lane >= o) inclusive += v;
+      }
+      if (lane == 31) warp_totals[warp] = inclusive;
+      __syncthreads();
+      int before = inclusive - packed, total = 0;
+      for (int w = 0; w < kTileThreads / 32; ++w) {
+        before += w < warp ? warp_totals[w] : 0;
+        total += warp_totals[w];
+      }
+      int pos[2] = {n_cover + (before & 0xffff), n_partial + (before >> 16)};
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        if (cls[u] == 0 && pos[0] < cap) out[pos[0]] = j[u];
+        if (cls[u] == 1 && pos[1] < kMaxPartialKeys) partial[pos[1]] = j[u];
+        if (cls[u] >= 0) ++pos[cls[u]];
+      }
+      n_cover += total & 0xffff;
+      n_partial += total >> 16;
       __syncthreads();
     }
   };
@@ -155,7 +173,7 @@ __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZe
 size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
   size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
-  if (s.causal) bytes += align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
+  if (s.causal) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
   return bytes + align_up(scan_temp_bytes(n));
 }
 
@@ -174,6 +192,7 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
   c.kept = reinterpret_cast<int32_t*>(take(n * 4));
   c.kept_count = reinterpret_cast<int32_t*>(take(bh * 4));
   if (s.causal) {
+    c.kept_span = reinterpret_cast<int2*>(take(n * 8));
     c.tile_keys = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * s.cap() * 4));
     c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
   }
@@ -191,14 +210,16 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   size_t scan_bytes = c.scan_bytes;
   err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
   if (err != cudaSuccess) return err;
-  kept_list_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.flags, c.positions, c.kept, c.kept_count);
+  kept_list_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.flags, c.positions, c.kept,
+                                                           s.causal ? c.kept_span : nullptr, c.kept_count);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   lists.info = c.info;
   lists.kept = c.kept;
   lists.kept_count = c.kept_count;
   if (s.causal) {
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
-    tile_lists_kernel<<<grid, kTileThreads, 0, stream>>>(s, c.info, c.kept, c.kept_count, c.tile_keys, c.tile_count);
+    tile_lists_kernel<<<grid, kTileThreads, 0, stream>>>(s, c.kept, c.kept_span, c.kept_count, c.tile_keys,
+                                                         c.tile_count);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
     lists.keys = c.tile_keys;
     lists.keys_bh_stride = int64_t(s.q_tiles()) * s.cap();

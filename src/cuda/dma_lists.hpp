@@ -32,6 +32,7 @@ struct DmaListScratch {
   KeyInfo* info;                 // [B * Hk * Sk]
   int32_t *flags, *positions;    // [B * Hk * Sk + 1] each
   int32_t *kept, *kept_count;    // [B * Hk * Sk], [B * Hk]
+  int2* kept_span;                  // causal: [B * Hk * Sk], (begin, end) of each kept key, kept order
   int32_t *tile_keys, *tile_count;  // causal: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
   void* scan_temp;
   size_t scan_bytes;
