@@ -1,7 +1,8 @@
 """Load balance of the dynamic-mask dk/dv kernel, simulated on the CPU (numpy): the causal
 top-w selection of random scores (key j is kept by queries [j, end_j) while fewer than w
 visible keys outrank it, ties to the lower index), then the kernel's grouping: windows of
-kept keys ranked by interval end, groups of 64 keys, each walking the 64-query steps its
+kept keys (ordered by interval end, ranked by index; or, as before, in index order
+ranked by end), groups of 64 keys, each walking the 64-query steps its
 keys span for each of the G query heads. Prints, per window size, the share of computed pairs
 that are kept pairs, and the longest CTA against the average per SM (docs/perf-notes.md).
 
@@ -41,12 +42,16 @@ def causal_intervals(scores, w):
     return np.arange(n), end
 
 
-def group_spans(begin, end, window, block_m):
-    """(lo, hi) query range walked by each CTA's group of keys, in block_m tiles."""
+def group_spans(begin, end, window, block_m, by_end):
+    """(lo, hi) query range walked by each CTA's group of keys, in block_m tiles. by_end: the
+    kept keys ordered by end (latest first, then index), windows ranked by index (the kernel);
+    else windows of kept keys in index order ranked by end (the kernel before)."""
     kept = np.nonzero(end > begin)[0]
+    if by_end:
+        kept = kept[np.lexsort((kept, -end[kept]))]
     for w0 in range(0, len(kept), window):
         win = kept[w0:w0 + window]
-        order = np.lexsort((np.arange(len(win)), -end[win]))
+        order = np.argsort(win, kind="stable") if by_end else np.lexsort((np.arange(len(win)), -end[win]))
         for g0 in range(0, len(win), GROUP):
             grp = win[order[g0:g0 + GROUP]]
             yield begin[grp].min() // block_m * block_m, end[grp].max()
@@ -61,12 +66,14 @@ def main():
     begin, end = causal_intervals(scores, W)
     useful = int((end - begin).sum())
     print("S", args.seqlen, "; kept keys", int((end > begin).sum()), "; kept pairs", useful)
-    for window in map(int, args.windows.split(",")):
-        spans = list(group_spans(begin, end, window, STEP))
-        work = sum(GROUP * -(-(hi - lo) // STEP) * STEP for lo, hi in spans)
-        steps = np.array([G * -(-(hi - lo) // STEP) for lo, hi in spans])
-        print(f"window {window}: kept pairs / computed pairs = {useful / work:.3f}; CTAs per KV head {len(steps)}; "
-              f"longest CTA {steps.max()} steps; average per SM (132 SMs, {HK} KV heads) {steps.sum() * HK / 132:.0f}")
+    for by_end, windows in ((False, args.windows), (True, "256")):
+        for window in map(int, windows.split(",")):
+            spans = list(group_spans(begin, end, window, STEP, by_end))
+            work = sum(GROUP * -(-(hi - lo) // STEP) * STEP for lo, hi in spans)
+            steps = np.array([G * -(-(hi - lo) // STEP) for lo, hi in spans])
+            print(f"{'by end, ' if by_end else 'index order, '}window {window}: kept pairs / computed pairs = "
+                  f"{useful / work:.3f}; CTAs per KV head {len(steps)}; longest CTA {steps.max()} steps; "
+                  f"average per SM (132 SMs, {HK} KV heads) {steps.sum() * HK / 132:.0f}")
 
 
 if __name__ == "__main__":

@@ -31,13 +31,13 @@
 namespace fdma::cuda {
 
 constexpr int kBwdThreads = 128;  // 4 warps, 16 rows (dq) or 16 keys (dk/dv) each
-// Dynamic-mask mode, dk/dv kernel: the kept keys of a (batch, KV head), in index order, are cut
-// into windows of kBwdWindow; a window is ranked by the end of each key's query interval and
-// split into groups of 64 keys with similar intervals, one CTA each, so a CTA walks only the
-// queries its keys' intervals span. Wider windows give tighter groups: at S = 128K, w = 2048 the
-// CTAs compute 1.71x the kept pairs with windows of 256 and 1.27x with 1024
-// (bench/simulate_dkdv_groups.py).
-constexpr int kBwdWindow = 1024;
+// Dynamic-mask mode, dk/dv kernel: the kept keys of a (batch, KV head), ordered by the end of
+// their query interval, are cut into windows of kBwdWindow; a window is ranked by key index
+// (where the intervals begin) and split into groups of 64 keys with similar intervals, one CTA
+// each, so a CTA walks only the queries its keys' intervals span. At S = 128K, w = 2048 the CTAs
+// compute 1.20x the kept pairs this way; windows of 256 or 1024 kept keys in index order ranked
+// by end gave 1.71x and 1.27x (bench/simulate_dkdv_groups.py).
+constexpr int kBwdWindow = 256;
 
 // Dense index of dbias element (b, bias head hb, i, j) in the fp32 reduction slots, and its
 // offset in the dbias tensor (whose strides are 0 on size-1 dims).
@@ -424,11 +424,13 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const Att
     attention_bwd_dq_body<T, kHeadDim, Mma>(p);
 }
 
-// Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). Window x / 16 of the kept keys is
-// ranked by (interval end descending, index ascending), a total order, so each key lands in
-// exactly one group; group x % 16 takes ranks [64 (x % 16), +64). Fills keys (index or -1),
-// their KeyInfo records, the queries they span [q_lo, q_hi), and the group's size; returns
-// false (uniformly) for an empty group.
+// Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). The kept keys ordered by interval
+// end (lists.kept_by_end: latest end first, then index) are cut into windows of kBwdWindow;
+// window x / 4 is ranked by key index (the order of the intervals' begins), so each key lands
+// in exactly one group, and group x % 4 takes ranks [64 (x % 4), +64): keys whose intervals end
+// close together and begin close together. Fills keys (index or -1), their KeyInfo records,
+// the queries they span [q_lo, q_hi), and the group's size; returns false (uniformly) for an
+// empty group.
 __device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, int b, int hk, int x, int32_t* keys,
                                                  KeyInfo* kinfo, int32_t* window, int& q_lo, int& q_hi,
                                                  int& n_group) {
@@ -439,42 +441,38 @@ __device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, in
   const int n_window = min(kBwdWindow, kept - w0);
   if (n_window <= g0) return false;
   n_group = min(kGroup, n_window - g0);
-  const int32_t* kept_keys = f.lists.kept + bh * f.Sk + w0;
+  const int32_t* by_end = f.lists.kept_by_end + bh * f.Sk + w0;
   const KeyInfo* info = f.lists.info + bh * f.Sk;
-  int32_t* ends = window + kBwdWindow;  // window holds indices, ends their interval ends
-  for (int i = threadIdx.x; i < n_window; i += blockDim.x) {
-    window[i] = kept_keys[i];
-    ends[i] = info[window[i]].end;
-  }
-  // Whole 16-byte reads below: pad with INT_MIN, which no kept key's end (>= 1) ties or passes.
+  for (int i = threadIdx.x; i < n_window; i += blockDim.x) window[i] = by_end[i];
+  // Whole 16-byte reads below: pad with INT_MAX, which no key index reaches.
   const int n_pad = (n_window + 3) & ~3;
-  if (threadIdx.x < n_pad - n_window) ends[n_window + threadIdx.x] = INT_MIN;
+  if (threadIdx.x < n_pad - n_window) window[n_window + threadIdx.x] = INT_MAX;
   __shared__ int range[2];
   if (threadIdx.x == 0) range[0] = INT_MAX, range[1] = INT_MIN;
   __syncthreads();
-  // A key's rank = the keys before it in the order; each thread ranks 4 keys per pass, one
-  // broadcast read per 4 ends.
+  // A key's rank = the window's keys with a lower index; each thread ranks 4 keys per pass, one
+  // broadcast read per 4 indices.
   for (int base = 0; base < n_window; base += 4 * blockDim.x) {
-    int mine[4], my_end[4], rank[4];
+    int mine[4], rank[4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      mine[s] = base + threadIdx.x + s * blockDim.x;
-      my_end[s] = mine[s] < n_window ? ends[mine[s]] : INT_MIN;
+      const int i = base + threadIdx.x + s * blockDim.x;
+      mine[s] = i < n_window ? window[i] : INT_MAX;
       rank[s] = 0;
     }
     for (int o = 0; o < n_pad; o += 4) {
-      const int4 e4 = *reinterpret_cast<const int4*>(ends + o);
-      const int other[4] = {e4.x, e4.y, e4.z, e4.w};
+      const int4 w4 = *reinterpret_cast<const int4*>(window + o);
+      const int other[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
       for (int c = 0; c < 4; ++c)
 #pragma unroll
-        for (int s = 0; s < 4; ++s) rank[s] += other[c] > my_end[s] || (other[c] == my_end[s] && o + c < mine[s]);
+        for (int s = 0; s < 4; ++s) rank[s] += other[c] < mine[s];
     }
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      if (mine[s] >= n_window || rank[s] < g0 || rank[s] >= g0 + n_group) continue;
-      const KeyInfo ki = info[window[mine[s]]];
-      keys[rank[s] - g0] = window[mine[s]];
+      if (mine[s] == INT_MAX || rank[s] < g0 || rank[s] >= g0 + n_group) continue;
+      const KeyInfo ki = info[mine[s]];
+      keys[rank[s] - g0] = mine[s];
       kinfo[rank[s] - g0] = ki;
       atomicMin(&range[0], ki.begin);  // integer min/max: the same result in any order
       atomicMax(&range[1], ki.end);

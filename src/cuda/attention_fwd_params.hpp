@@ -22,8 +22,10 @@ struct KeyLists {
   int count_tiles;                           // 1 when every tile shares the list
   int max_listed;                            // causal tile lists: the most keys one holds (0: unknown)
   const KeyInfo* info;                       // [B * Hk, Sk]
-  // dk/dv: the kept keys of each (b, hk) in index order, grouped in windows (bwd kernel).
+  // dk/dv: the kept keys of each (b, hk) in index order, and the same keys ordered by interval
+  // end (descending, then index), which the dk/dv kernel cuts into windows (attention_bwd.cuh).
   const int32_t *kept, *kept_count;  // [B * Hk, Sk], [B * Hk]
+  const int32_t* kept_by_end;        // [B * Hk, Sk]: the first kept_count of each row are set
   void* dscores;  // optional [B, Hk, Sk] gradient of the scores (float32 or q's dtype)
   bool dscores_f32;
   int64_t dscores_stride[3];

@@ -105,7 +105,8 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
   l.select = align_up(topw_workspace(in, nullptr)) + (prob.causal ? align_up(wavelet_workspace(in, nullptr)) : 0);
   l.intervals = align_up(size_t(d.B * d.Hk * d.Sk) * 4);
   const int block_m = pass == Pass::forward ? fwd_block_m(head_dim_bucket(int(d.D))) : kBwdBlockM;
-  l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal, block_m};
+  l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal, block_m,
+                         pass == Pass::backward};
   l.lists = align_up(dma_lists_workspace(l.shape));
   const int64_t sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
   l.rows = pass == Pass::backward ? align_up(size_t(d.B * d.H * sq_pad) * 4) : 0;

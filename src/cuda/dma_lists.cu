@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include "cuda/dma_lists.hpp"
@@ -19,6 +20,22 @@ size_t scan_temp_bytes(int64_t n) {
   size_t bytes = 0;
   cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
                                 int(n + 1));
+  return bytes;
+}
+
+// The by-end sort: key = row (b * Hk + hk) in the top bits, then 2^31 - 1 - interval end (so
+// the latest end comes first; keys past the row's kept count get 2^31 - 1 and come last), value
+// = key index. The sort is stable and its input in index order: equal ends stay in index order.
+int end_sort_bits(int64_t rows) {
+  int bits = 1;
+  while ((int64_t(1) << bits) < rows) ++bits;
+  return 31 + bits;
+}
+size_t end_sort_temp_bytes(int64_t n, int64_t rows) {
+  size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int(n), 0,
+                                  end_sort_bits(rows));
   return bytes;
 }
 
@@ -58,6 +75,18 @@ __global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int3
     if (kept_span) kept_span[at] = make_int2(info[e].begin, info[e].end);
   }
   if (e == row0) kept_count[bh] = positions[row0 + s.Sk] - positions[row0];
+}
+
+__global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32_t* kept, const int32_t* kept_count,
+                                uint64_t* keys, int32_t* vals) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= s.keys()) return;
+  const int64_t bh = e / s.Sk;
+  const bool is_kept = e - bh * s.Sk < kept_count[bh];
+  const int32_t j = is_kept ? kept[e] : -1;
+  const uint32_t order = is_kept ? uint32_t(0x7fffffff - info[bh * s.Sk + j].end) : 0x7fffffffu;
+  keys[e] = uint64_t(bh) << 31 | order;
+  vals[e] = j;
 }
 
 // One CTA per (query tile, batch * KV head): the kept keys whose interval meets the tile's
@@ -174,6 +203,7 @@ size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
   size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
   if (s.causal) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
+  if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(n, bh));
   return bytes + align_up(scan_temp_bytes(n));
 }
 
@@ -196,6 +226,14 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
     c.tile_keys = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * s.cap() * 4));
     c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
   }
+  if (s.by_end) {
+    c.end_keys_in = reinterpret_cast<uint64_t*>(take(n * 8));
+    c.end_keys_out = reinterpret_cast<uint64_t*>(take(n * 8));
+    c.end_vals_in = reinterpret_cast<int32_t*>(take(n * 4));
+    c.kept_by_end = reinterpret_cast<int32_t*>(take(n * 4));
+    c.sort_bytes = end_sort_temp_bytes(n, bh);
+    c.sort_temp = take(c.sort_bytes);
+  }
   c.scan_bytes = scan_temp_bytes(n);
   c.scan_temp = take(c.scan_bytes);
   return c;
@@ -216,6 +254,17 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   lists.info = c.info;
   lists.kept = c.kept;
   lists.kept_count = c.kept_count;
+  lists.kept_by_end = nullptr;
+  if (s.by_end) {
+    end_keys_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.kept, c.kept_count, c.end_keys_in,
+                                                            c.end_vals_in);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    size_t sort_bytes = c.sort_bytes;
+    err = cub::DeviceRadixSort::SortPairs(c.sort_temp, sort_bytes, c.end_keys_in, c.end_keys_out, c.end_vals_in,
+                                          c.kept_by_end, int(n), 0, end_sort_bits(int64_t(s.B) * s.Hk), stream);
+    if (err != cudaSuccess) return err;
+    lists.kept_by_end = c.kept_by_end;
+  }
   if (s.causal) {
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
     tile_lists_kernel<<<grid, kTileThreads, 0, stream>>>(s, c.kept, c.kept_span, c.kept_count, c.tile_keys,

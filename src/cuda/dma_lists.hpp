@@ -5,7 +5,9 @@
 //                keeps (at most min(w, Sk) + block_m of them; design.md 2.2): those kept by
 //                every row of the tile first, then the others, each part in index order.
 //                Non-causal selections keep the same keys for every query, so every tile
-//                reads the kept list itself.
+//                reads the kept list itself;
+//   by end:      backward only, per (batch, KV head) the kept keys ordered by interval end
+//                (descending, then index), one device-wide radix sort.
 // Everything lives in the caller's workspace; no host synchronization.
 #pragma once
 
@@ -23,6 +25,7 @@ struct DmaListShape {
   int64_t window;
   bool causal;
   int block_m;  // query rows per tile of the kernel that reads the lists
+  bool by_end;  // also order the kept keys by interval end (the backward's dk/dv kernel)
   __host__ __device__ int q_tiles() const { return (Sq + block_m - 1) / block_m; }
   __host__ __device__ int64_t cap() const { return (window < Sk ? window : Sk) + block_m; }
   __host__ __device__ int64_t keys() const { return int64_t(B) * Hk * Sk; }
@@ -36,6 +39,11 @@ struct DmaListScratch {
   int32_t *tile_keys, *tile_count;  // causal: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
   void* scan_temp;
   size_t scan_bytes;
+  // by_end: sort keys (row, interval end) and values (key index), in and out, and sort scratch
+  uint64_t *end_keys_in, *end_keys_out;
+  int32_t *end_vals_in, *kept_by_end;
+  void* sort_temp;
+  size_t sort_bytes;
 };
 
 // Workspace bytes for the pieces above (256-byte aligned, in that order).
