@@ -305,7 +305,7 @@ TEST(DmaGpu, LongCausalRowsAcrossManyWindows) {
 }
 
 TEST(DmaGpu, CausalKeptKeysSpanSeveralWindows) {
-  // About w (1 + ln(Sk / w)) = 2270 kept keys: three of the dk/dv kernel's 1024-key windows,
+  // About w (1 + ln(Sk / w)) = 2270 kept keys: nine of the dk/dv kernel's 256-key windows,
   // the last one partial.
   REQUIRE_GPU();
   DmaCase c;
