@@ -26,9 +26,13 @@ __device__ __forceinline__ int64_t head_index(int mode, int h, int G) { return m
 // softcap(scale * qk), the part of a score before the bias. kSoftcap is the uniform
 // `softcap > 0`, fixed per loop by the caller: evaluated per score, both branches of it were
 // issued for every score (tanhf included) and the unrolled loops overflowed the instruction cache.
+// Under softcap the divisions by softcap are products with its reciprocal, the same expression
+// for every score so the compiler computes it once: a division per score was about 10
+// instructions plus a slow-path call (SASS of the backward: ~30 instructions per score
+// against 8 without softcap).
 template <bool kSoftcap>
 __device__ __forceinline__ float capped_score(const AttentionFwdParams& p, float qk) {
-  if constexpr (kSoftcap) return p.softcap * tanhf(qk * p.scale / p.softcap);
+  if constexpr (kSoftcap) return p.softcap * tanhf(qk * (p.scale * (1.f / p.softcap)));
   return qk * p.scale;
 }
 
@@ -36,7 +40,7 @@ __device__ __forceinline__ float capped_score(const AttentionFwdParams& p, float
 template <bool kSoftcap>
 __device__ __forceinline__ float capped_slope(const AttentionFwdParams& p, float capped) {
   if constexpr (kSoftcap) {
-    const float t = capped / p.softcap;
+    const float t = capped * (1.f / p.softcap);
     return p.scale * (1.f - t * t);
   }
   return p.scale;
