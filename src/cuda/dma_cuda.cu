@@ -126,15 +126,11 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   auto* end = reinterpret_cast<int32_t*>(base + l.select + l.intervals);
   const int64_t Sk = prob.dims.Sk, Hk = prob.dims.Hk;
   const int64_t stride[3] = {Hk * Sk, Sk, 1};
-  check_cuda(topw_sort(in, s, stream), op, "sort");
-  if (prob.causal) {
-    const WaveletScratch wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
-    check_cuda(causal_intervals(in, s, wv, prob.window, int(prob.dims.Sq), begin, stride, end, stride, stream), op,
-               "causal intervals");
-  } else {
-    check_cuda(topw_intervals(in, s, prob.window, int(prob.dims.Sq), begin, stride, end, stride, stream), op,
-               "intervals");
-  }
+  WaveletScratch wv{};
+  if (prob.causal) wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
+  check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, int(prob.dims.Sq), begin, stride, end,
+                              stride, stream),
+             op, "selection");
   DmaListInputs li{};
   li.begin = begin, li.end = end;
   li.scores = p.key_scores.data;
@@ -172,18 +168,15 @@ void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const TopwScratch s = carve_topw(p.workspace, in);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  check_cuda(topw_sort(in, s, stream), "select", "sort");
   int64_t bs[3], es[3];
   for (int d = 0; d < 3; ++d) bs[d] = p.keep_begin.stride[d], es[d] = p.keep_end.stride[d];
   auto* begin = static_cast<int32_t*>(p.keep_begin.data);
   auto* end = static_cast<int32_t*>(p.keep_end.data);
-  if (prob.causal) {
-    const WaveletScratch wv = carve_wavelet(static_cast<char*>(p.workspace) + align_up(topw_workspace(in, nullptr)), in);
-    check_cuda(causal_intervals(in, s, wv, prob.window, int(prob.Sq), begin, bs, end, es, stream), "select",
-               "causal intervals");
-  } else {
-    check_cuda(topw_intervals(in, s, prob.window, int(prob.Sq), begin, bs, end, es, stream), "select", "intervals");
-  }
+  WaveletScratch wv{};
+  if (prob.causal)
+    wv = carve_wavelet(static_cast<char*>(p.workspace) + align_up(topw_workspace(in, nullptr)), in);
+  check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, int(prob.Sq), begin, bs, end, es, stream),
+             "select", "selection");
 }
 
 size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {

@@ -1,44 +1,27 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/rank_key.cuh"
+#include "cuda/select_rows.cuh"
 #include "cuda/select_topw.cuh"
 
 namespace fdma::cuda {
+
+int rank_bits(const TopwInputs& in);
+
 namespace {
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-__device__ __forceinline__ float load_score(const void* p, int dtype, int64_t off) {
-  switch (dtype) {
-    case 2: return __half2float(static_cast<const __half*>(p)[off]);
-    case 3: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-    default: return static_cast<const float*>(p)[off];
-  }
-}
-
-// Order-preserving map of a float to uint32, with NaN mapped to 1 (below -inf, which maps to
-// 0x007fffff; 0 is left for padding) and -0.0 to +0.0's value: they compare equal, so they
-// must tie (and fall back to the index).
-__device__ __forceinline__ uint32_t sortable(float f) {
-  if (isnan(f)) return 1u;
-  if (f == 0.f) f = 0.f;
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 __global__ void rank_keys_kernel(TopwInputs in, uint64_t* keys, int32_t* idx) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
-    const int j = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
-    const float s = load_score(in.scores, in.score_dtype,
-                               b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
-    const bool exists = !in.padding || in.padding[b * in.padding_stride[0] + j * in.padding_stride[1]] != 0;
-    const uint64_t inv_index = (uint64_t(1) << in.index_bits) - 1 - uint64_t(j);
-    const uint64_t inv_row = (uint64_t(1) << in.row_bits) - 1 - uint64_t(row);
-    keys[t] = (inv_row << (32 + in.index_bits)) | (uint64_t(exists ? sortable(s) : 0u) << in.index_bits) | inv_index;
+    const int j = int(t % in.Sk), row = int(t / in.Sk);
+    keys[t] = rank_key(in, row, score_bits(in, row / in.Hk, row % in.Hk, j), j);
     idx[t] = j;
   }
 }
@@ -154,32 +137,123 @@ WaveletScratch carve_wavelet(void* base, const TopwInputs& in) {
   return w;
 }
 
-cudaError_t causal_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch& wv, int64_t w, int Sq,
-                             int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
-                             cudaStream_t stream) {
+namespace {
+
+// The wavelet levels by kernels over all rows: per level one device-wide scan of the zero
+// flags and one stable partition. Level 0 reads the ranked indices in place (the queries read
+// them again); the levels after alternate between a and b. The last level's partition would
+// feed no level: skipped.
+cudaError_t wavelet_levels(const TopwInputs& in, const TopwScratch& s, const WaveletScratch& wv, cudaStream_t stream) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  cudaError_t err = cudaSuccess;
-  // Level 0 reads the ranked indices in place (the queries read them again); the levels after
-  // alternate between a and b. The last level's partition would feed no level: skipped.
   const int32_t* cur = s.idx_out;
   int32_t* next = wv.a;
-  for (int l = 0; l < wv.levels && err == cudaSuccess; ++l) {
+  for (int l = 0; l < wv.levels; ++l) {
     const int bit = wv.levels - 1 - l;
     int32_t* rank0 = wv.rank0 + int64_t(l) * (n + 1);
     if (l == 0)  // the later levels' flags come from the partition kernel
       wavelet_flags_kernel<<<grid_for(n + 1, 256), 256, 0, stream>>>(cur, n, bit, wv.flags);
     size_t temp = wv.scan_bytes;
-    err = cub::DeviceScan::ExclusiveSum(wv.scan_temp, temp, wv.flags, rank0, n + 1, stream);
-    if (err != cudaSuccess || l + 1 == wv.levels) break;
+    const cudaError_t err = cub::DeviceScan::ExclusiveSum(wv.scan_temp, temp, wv.flags, rank0, n + 1, stream);
+    if (err != cudaSuccess || l + 1 == wv.levels) return err;
     // flags[n] stays 0 from level 0
     wavelet_partition_kernel<<<grid_for(n, 256), 256, 0, stream>>>(cur, n, in.Sk, bit, rank0, next, bit - 1, wv.flags);
-    err = cudaGetLastError();
+    if (const cudaError_t launch = cudaGetLastError(); launch != cudaSuccess) return launch;
     cur = next;
     next = next == wv.a ? wv.b : wv.a;
   }
-  if (err != cudaSuccess) return err;
-  causal_intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, wv.rank0, wv.levels, w, Sq,
-                                                                begin, bs[0], bs[1], bs[2], end, es[0], es[1], es[2]);
+  return cudaGetLastError();
+}
+
+// How a selection runs (select_rows.cuh has the per-row kernels):
+//   shared: one CTA per row, the wavelet sequence in shared memory (Sk <= kSharedRowMaxKeys),
+//           and the rank sort there too up to kRowThreads * 16 keys;
+//   global: the device-wide sort, then one CTA per row builds the wavelet through global memory;
+//   levels: the device-wide sort, then kernels per wavelet level over all rows.
+// Measured on the H100 (docs/perf-notes.md, eighth session): shared is the fastest wherever it
+// fits; past 32K keys global wins from about SMs / 5 rows on (32 rows of 64K keys: 0.77 against
+// 0.85 ms) and levels below (16 rows: 0.53 against 0.60 ms; 4 rows of 128K: 0.40 against
+// 0.91 ms). The environment's
+// FDMA_SELECT_PATH=shared|global|levels forces one where it applies (A/B runs and tests).
+enum class SelectPath { shared, global, levels };
+
+// Shared memory select_row_kernel needs for a row of Sk keys (select_rows.cuh).
+size_t select_row_bytes(int Sk) {
+  if (Sk <= kRowThreads * 4) return select_row_smem<4>();
+  if (Sk <= kRowThreads * 16) return select_row_smem<16>();
+  return select_row_smem<0>();
+}
+
+SelectPath select_path(const TopwInputs& in) {
+  int device = 0, sms = 1, smem_optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // a failed query is an answer (the device-wide path), not the caller's error
+    sms = 1, smem_optin = 0;
+  }
+  // GPUs with less shared memory per block (99 KB on sm_86/89) take rows up to 16K keys here.
+  const bool fits_shared = in.Sk <= kSharedRowMaxKeys && select_row_bytes(in.Sk) <= size_t(smem_optin);
+  if (const char* env = std::getenv("FDMA_SELECT_PATH")) {
+    if (std::strcmp(env, "shared") == 0 && fits_shared) return SelectPath::shared;
+    if (std::strcmp(env, "global") == 0) return SelectPath::global;
+    if (std::strcmp(env, "levels") == 0) return SelectPath::levels;
+  }
+  if (fits_shared) return SelectPath::shared;
+  return int64_t(in.B) * in.Hk * 5 >= sms ? SelectPath::global : SelectPath::levels;
+}
+
+template <int kSortItems>
+cudaError_t launch_select_row(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
+                              cudaStream_t stream) {
+  constexpr size_t smem = select_row_smem<kSortItems>();
+  const auto kernel = select_row_kernel<kSortItems>;
+  if (const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      err != cudaSuccess)
+    return err;
+  kernel<<<in.B * in.Hk, kRowThreads, smem, stream>>>(in, levels, s.keys_out, s.idx_out, rank0);
+  return cudaGetLastError();
+}
+
+// The device-wide rank sort: every row at once, ranks in keys_out/idx_out.
+cudaError_t device_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  rank_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_in, s.idx_in);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  size_t temp = s.cub_bytes;
+  return cub::DeviceRadixSort::SortPairsDescending(s.cub_temp, temp, s.keys_in, s.keys_out, s.idx_in, s.idx_out, n, 0,
+                                                   rank_bits(in), stream);
+}
+
+// Ranks (and for causal, the wavelet matrix in wv) by `path`.
+cudaError_t rank_rows(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, SelectPath path,
+                      cudaStream_t stream) {
+  int32_t* rank0 = wv ? wv->rank0 : nullptr;
+  const int levels = wv ? wv->levels : 0;
+  if (path == SelectPath::shared && in.Sk <= kRowThreads * 4) return launch_select_row<4>(in, s, levels, rank0, stream);
+  if (path == SelectPath::shared && in.Sk <= kRowThreads * 16)
+    return launch_select_row<16>(in, s, levels, rank0, stream);
+  if (const cudaError_t err = device_sort(in, s, stream); err != cudaSuccess || !wv) return err;
+  if (path == SelectPath::shared) return launch_select_row<0>(in, s, levels, rank0, stream);
+  if (path == SelectPath::levels) return wavelet_levels(in, s, *wv, stream);
+  wavelet_rows_kernel<<<in.B * in.Hk, kRowThreads, 0, stream>>>(s.idx_out, in.B * in.Hk, in.Sk, levels, rank0, wv->a,
+                                                                 wv->b);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, int64_t w, int Sq,
+                             int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
+                             cudaStream_t stream) {
+  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  if (const cudaError_t err = rank_rows(in, s, wv, select_path(in), stream); err != cudaSuccess) return err;
+  if (wv)
+    causal_intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, wv->rank0, wv->levels, w,
+                                                                  Sq, begin, bs[0], bs[1], bs[2], end, es[0], es[1],
+                                                                  es[2]);
+  else
+    intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, w, Sq, begin, bs[0], bs[1],
+                                                           bs[2], end, es[0], es[1], es[2]);
   return cudaGetLastError();
 }
 
@@ -214,24 +288,6 @@ TopwScratch carve_topw(void* base, const TopwInputs& in) {
   topw_workspace(in, &s.cub_bytes);
   s.cub_temp = p;
   return s;
-}
-
-cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream) {
-  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  rank_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_in, s.idx_in);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  size_t temp = s.cub_bytes;
-  return cub::DeviceRadixSort::SortPairsDescending(s.cub_temp, temp, s.keys_in, s.keys_out, s.idx_in, s.idx_out, n, 0,
-                                                   rank_bits(in), stream);
-}
-
-cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w, int Sq, int32_t* begin,
-                           const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3], cudaStream_t stream) {
-  const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, w, Sq, begin, bs[0], bs[1], bs[2],
-                                                         end, es[0], es[1], es[2]);
-  return cudaGetLastError();
 }
 
 }  // namespace fdma::cuda

@@ -47,20 +47,11 @@ struct TopwScratch {
 size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes);
 TopwScratch carve_topw(void* base, const TopwInputs& in);
 
-// Sorts every row (one sort for all); afterwards idx_out[row * Sk + t] is the t-th ranked key of the row, and
-// it is kept iff t < w and rank_key_exists(keys_out[row * Sk + t]).
-cudaError_t topw_sort(const TopwInputs& in, const TopwScratch& s, cudaStream_t stream);
-
-// The selection as intervals, non-causal: kept keys get [0, Sq), others (0, 0).
-cudaError_t topw_intervals(const TopwInputs& in, const TopwScratch& s, int64_t w, int Sq, int32_t* begin,
-                           const int64_t (&begin_stride)[3], int32_t* end, const int64_t (&end_stride)[3],
-                           cudaStream_t stream);
-
-// Causal selection. After topw_sort, key j at rank position r is kept by queries
+// Causal selection. Once ranked, key j at rank position r is kept by queries
 // [max(0, j - off), x - off) (off = Sk - Sq), where x is the w-th smallest index among the r
 // keys ranked above it (none if r < w: kept to the end). A wavelet matrix over the ranked
 // indices answers "w-th smallest of a prefix" for every key in parallel in O(log Sk); its
-// levels are built by one device-wide scan and one stable partition each.
+// levels are built level by level, by a CTA per row or by device-wide kernels (select_rows.cuh).
 struct WaveletScratch {
   int levels;
   int32_t* rank0;          // [levels][n + 1]: zeros before position t at each level (global scan)
@@ -70,7 +61,12 @@ struct WaveletScratch {
 };
 size_t wavelet_workspace(const TopwInputs& in, size_t* scan_bytes);
 WaveletScratch carve_wavelet(void* base, const TopwInputs& in);
-cudaError_t causal_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch& wv, int64_t w, int Sq,
+
+// The selection as per-key query intervals [begin, end) (strided [B, Hk, Sk] int32): ranks
+// every row, then non-causal (wv null): [0, Sq) for the kept keys, (0, 0) for the others;
+// causal: through the wavelet matrix in wv. Ranks land in s.keys_out/s.idx_out: idx_out[row *
+// Sk + t] is the t-th ranked key of the row, kept iff t < w and rank_key_exists(keys_out[...]).
+cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, int64_t w, int Sq,
                              int32_t* begin, const int64_t (&begin_stride)[3], int32_t* end,
                              const int64_t (&end_stride)[3], cudaStream_t stream);
 

@@ -3,6 +3,8 @@
 // outputs and gradients with the precision rule of test_attention_gpu.cpp. Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "device_tensor.hpp"
 #include "dma_case.hpp"
 
@@ -245,6 +247,33 @@ TEST(SelectGpu, CausalLongRow) {
   pad.fill_bool(rng, 0.95);
   run_gpu_select(scores, &pad, 131072, 2048, true);
   run_gpu_select(scores, nullptr, 100000, 2048, true);  // Sq < Sk: a prefill chunk after a cache
+}
+
+// The selection runs one of three ways (select_topw.cu: a CTA per row in shared memory, sorting
+// there up to 16384 keys; a device-wide sort, then a CTA per row through global memory; or
+// kernels per wavelet level), chosen by row length and count; FDMA_SELECT_PATH forces one.
+// Each must give the CPU's selection, on rows around the kernels' limits (4096 and 16384 keys
+// sorted in a CTA, 16384-key chunks, 32768 keys in shared memory).
+TEST(SelectGpu, EveryPathMatchesTheCpu) {
+  REQUIRE_GPU();
+  struct EnvGuard {
+    ~EnvGuard() { unsetenv("FDMA_SELECT_PATH"); }
+  } guard;
+  std::mt19937_64 rng(91);
+  for (const char* path : {"shared", "global", "levels"}) {
+    SCOPED_TRACE(path);
+    setenv("FDMA_SELECT_PATH", path, 1);
+    for (int64_t Sk : {1, 2, 33, 4096, 4097, 16384, 16385, 32768, 40000}) {
+      HostTensor scores(DType::bf16, {2, 3, Sk}), pad(DType::boolean, {2, Sk});
+      scores.fill_uniform(rng, -2, 2);  // bf16: many ties
+      pad.fill_bool(rng, 0.9);
+      for (int64_t w : {int64_t(1), int64_t(7), int64_t(2048)}) {
+        run_gpu_select(scores, &pad, Sk, w, true);
+        run_gpu_select(scores, nullptr, (Sk + 1) / 2, w, true);  // Sq < Sk
+        run_gpu_select(scores, &pad, Sk, w, false);
+      }
+    }
+  }
 }
 
 TEST(DmaGpu, AllKeysPaddedGivesZeros) {
