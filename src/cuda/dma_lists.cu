@@ -77,14 +77,16 @@ __global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int3
   if (e == row0) kept_count[bh] = positions[row0 + s.Sk] - positions[row0];
 }
 
-__global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32_t* kept, const int32_t* kept_count,
-                                uint64_t* keys, int32_t* vals) {
+__global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32_t* kept, const int2* kept_span,
+                                const int32_t* kept_count, uint64_t* keys, int32_t* vals) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= s.keys()) return;
   const int64_t bh = e / s.Sk;
   const bool is_kept = e - bh * s.Sk < kept_count[bh];
   const int32_t j = is_kept ? kept[e] : -1;
-  const uint32_t order = is_kept ? uint32_t(0x7fffffff - info[bh * s.Sk + j].end) : 0x7fffffffu;
+  // Causal lists have each kept key's end in kept order (coalesced); else its record.
+  const int32_t end = !is_kept ? 0 : kept_span ? kept_span[e].y : info[bh * s.Sk + j].end;
+  const uint32_t order = is_kept ? uint32_t(0x7fffffff - end) : 0x7fffffffu;
   keys[e] = uint64_t(bh) << 31 | order;
   vals[e] = j;
 }
@@ -256,8 +258,8 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   lists.kept_count = c.kept_count;
   lists.kept_by_end = nullptr;
   if (s.by_end) {
-    end_keys_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.kept, c.kept_count, c.end_keys_in,
-                                                            c.end_vals_in);
+    end_keys_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.kept, s.causal ? c.kept_span : nullptr,
+                                                            c.kept_count, c.end_keys_in, c.end_vals_in);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
     size_t sort_bytes = c.sort_bytes;
     err = cub::DeviceRadixSort::SortPairs(c.sort_temp, sort_bytes, c.end_keys_in, c.end_keys_out, c.end_vals_in,
