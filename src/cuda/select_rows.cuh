@@ -24,68 +24,92 @@ __host__ __device__ inline int32_t zeros_of_bit(int Sk, int bit) {
 }
 
 constexpr int kRowThreads = 1024, kRowItems = 16, kRowChunk = kRowThreads * kRowItems;
-constexpr int kRowCounts = kRowItems * (kRowThreads / 32);  // (item, warp) zero counts per chunk
-// One padding slot per 32 counts: the scanning warp's lanes each read a run of kRowItems.
-__device__ __forceinline__ int padded_count(int e) { return e + (e >> 5); }
-constexpr int kRowCountSlots = kRowCounts + kRowCounts / 32 + 1;  // the chunk's total last
+constexpr int kRowWarps = kRowThreads / 32;
+// Zero counts per (warp, item), a row of kRowCountStride per warp: 16-byte aligned rows for
+// the threads' vector reads, and the scanning warp's lane pairs 2-way on a bank at most.
+constexpr int kRowCountStride = 20;
+constexpr int kRowCountSlots = kRowWarps * kRowCountStride + 1;  // the chunk's total last
+
+// One chunk of kRowChunk positions of wavelet_level; kFull: the chunk lies inside the row, so
+// no position needs a bound check.
+template <bool kFull, class T>
+__device__ __forceinline__ void wavelet_chunk(const T* src, T* dst, int Sk, int bit, bool last, int32_t offset,
+                                              int32_t* r, int32_t* counts, int base, int32_t zeros, int32_t& carry) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t lanes_below = (1u << lane) - 1;
+  const T* s = src + base + tid;
+  uint32_t v[kRowItems];
+#pragma unroll
+  for (int i = 0; i < kRowItems; ++i)  // every load before the first ballot: one round trip
+    v[i] = kFull || base + i * kRowThreads + tid < Sk ? uint32_t(s[i * kRowThreads]) : 0u;
+  uint32_t below[kRowItems / 4] = {};  // zeros of lower lanes per item, a byte each
+  uint32_t zero_items = 0;
+  int32_t own_count = 0;  // lane i keeps item i's warp count: one store per lane below
+#pragma unroll
+  for (int i = 0; i < kRowItems; ++i) {
+    const bool zero = (kFull || base + i * kRowThreads + tid < Sk) && ((v[i] >> bit) & 1) == 0;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, zero);
+    below[i / 4] |= uint32_t(__popc(ballot & lanes_below)) << (8 * (i % 4));
+    zero_items |= uint32_t(zero) << i;
+    if (lane == i) own_count = __popc(ballot);
+  }
+  if (lane < kRowItems) counts[warp * kRowCountStride + lane] = own_count;
+  __syncthreads();
+  if (warp == 0) {  // position order is item-major: lane L scans item L / 2, warps 16 (L % 2) + k
+    constexpr int kPerLane = kRowItems * kRowWarps / 32;
+    static_assert(kPerLane * 2 == kRowWarps, "a lane pair covers one item's warps");
+    const int item = lane / 2, warp0 = (lane % 2) * kPerLane;
+    int32_t c[kPerLane], sum = 0;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) c[k] = counts[(warp0 + k) * kRowCountStride + item], sum += c[k];
+    int32_t inclusive = sum;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
+      if (lane >= off) inclusive += t;
+    }
+    int32_t run = inclusive - sum;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) counts[(warp0 + k) * kRowCountStride + item] = run, run += c[k];
+    if (lane == 31) counts[kRowWarps * kRowCountStride] = inclusive;
+  }
+  __syncthreads();
+  int32_t* rp = r + base + tid;
+  const int4* before = reinterpret_cast<const int4*>(counts + warp * kRowCountStride);
+#pragma unroll
+  for (int q = 0; q < kRowItems / 4; ++q) {
+    const int4 b4 = before[q];  // the same address for the whole warp: a broadcast
+    const int32_t warp_before[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = q * 4 + e, p = base + i * kRowThreads + tid;
+      if (!kFull && p >= Sk) continue;
+      const int32_t zb = carry + warp_before[e] + int32_t((below[q] >> (8 * e)) & 0xff);
+      rp[i * kRowThreads] = offset + zb;
+      if (!last) dst[(zero_items >> i) & 1 ? zb : zeros + (p - zb)] = T(v[i]);
+    }
+  }
+  carry += counts[kRowWarps * kRowCountStride];
+  __syncthreads();  // the counts are rewritten by the next chunk; dst is read by the next level
+}
 
 // One level of one row's wavelet matrix by the whole CTA: r[p] = offset + zeros (bit clear)
 // before position p, and unless `last`, the row stably partitioned by the bit from src into
-// dst. Positions are striped over the chunk (item i of thread t is base + i * kRowThreads + t)
-// so global loads and stores coalesce; ballots count each warp's zeros per item and one warp
-// scans the counts in position order. Ends on a barrier: dst is complete for the next level.
+// dst. Positions are striped over each chunk (item i of thread t is base + i * kRowThreads +
+// t), so a warp's zeros, and its ones, land contiguous in dst and global accesses coalesce;
+// ballots count each warp's zeros per item and one warp scans the counts in position order.
+// (Runs of 16 consecutive positions per thread cut the instructions by a third but scattered
+// the partition's stores: twice the time, docs/perf-notes.md.) Ends on a barrier.
 template <class T>
 __device__ void wavelet_level(const T* src, T* dst, int Sk, int bit, bool last, int32_t offset, int32_t* r,
                               int32_t* counts) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int kWarps = kRowThreads / 32, kPerLane = kRowCounts / 32;
   const int32_t zeros = zeros_of_bit(Sk, bit);
-  const uint32_t lanes_below = (1u << lane) - 1;
   int32_t carry = 0;  // zeros before the chunk
   for (int base = 0; base < Sk; base += kRowChunk) {
-    uint32_t v[kRowItems];
-#pragma unroll
-    for (int i = 0; i < kRowItems; ++i) {  // every load before the first ballot: one round trip
-      const int p = base + i * kRowThreads + tid;
-      v[i] = p < Sk ? uint32_t(src[p]) : 0u;
-    }
-    uint32_t below[kRowItems / 4] = {};  // zeros of lower lanes per item, a byte each (registers)
-    uint32_t zero_items = 0;
-#pragma unroll
-    for (int i = 0; i < kRowItems; ++i) {
-      const bool zero = base + i * kRowThreads + tid < Sk && ((v[i] >> bit) & 1) == 0;
-      const uint32_t ballot = __ballot_sync(0xffffffffu, zero);
-      below[i / 4] |= uint32_t(__popc(ballot & lanes_below)) << (8 * (i % 4));
-      zero_items |= uint32_t(zero) << i;
-      if (lane == 0) counts[padded_count(i * kWarps + warp)] = __popc(ballot);
-    }
-    __syncthreads();
-    if (warp == 0) {
-      int32_t c[kPerLane], sum = 0;
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) c[k] = counts[padded_count(lane * kPerLane + k)], sum += c[k];
-      int32_t inclusive = sum;
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
-        if (lane >= off) inclusive += t;
-      }
-      int32_t run = inclusive - sum;
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) counts[padded_count(lane * kPerLane + k)] = run, run += c[k];
-      if (lane == 31) counts[padded_count(kRowCounts)] = inclusive;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kRowItems; ++i) {
-      const int p = base + i * kRowThreads + tid;
-      if (p >= Sk) continue;
-      const int32_t zb = carry + counts[padded_count(i * kWarps + warp)] + int32_t((below[i / 4] >> (8 * (i % 4))) & 0xff);
-      r[p] = offset + zb;
-      if (!last) dst[(zero_items >> i) & 1 ? zb : zeros + (p - zb)] = T(v[i]);
-    }
-    carry += counts[padded_count(kRowCounts)];
-    __syncthreads();  // the counts are rewritten by the next chunk; dst is read by the next level
+    if (base + kRowChunk <= Sk)
+      wavelet_chunk<true>(src, dst, Sk, bit, last, offset, r, counts, base, zeros, carry);
+    else
+      wavelet_chunk<false>(src, dst, Sk, bit, last, offset, r, counts, base, zeros, carry);
   }
 }
 
@@ -94,7 +118,7 @@ __device__ void wavelet_level(const T* src, T* dst, int Sk, int bit, bool last, 
 __global__ void __launch_bounds__(kRowThreads)
     wavelet_rows_kernel(const int32_t* ranked, int rows, int Sk, int levels, int32_t* rank0, int32_t* buf_a,
                         int32_t* buf_b) {
-  __shared__ int32_t counts[kRowCountSlots];
+  __shared__ __align__(16) int32_t counts[kRowCountSlots];
   const int row = blockIdx.x;
   const int64_t n = int64_t(rows) * Sk, row0 = int64_t(row) * Sk;
   const int32_t* src = ranked + row0;
