@@ -180,9 +180,9 @@ struct BwdDqTile {
   // gathered row loads take their indices from there, not from a global read each (long
   // scoreboard stalls: 3.0 cycles per issue at 128K). Up to a length that keeps two CTAs per SM
   // for D = 128; longer lists are read from global memory.
-  static constexpr int kMaxStagedKeys = 3072;
+  static constexpr int kMaxListedKeys = 3072;
   __host__ __device__ static int list_bytes(const AttentionFwdParams& f) {
-    return f.lists.keys && f.lists.max_listed <= kMaxStagedKeys ? (f.lists.max_listed * 4 + 15) / 16 * 16 : 0;
+    return f.lists.keys && f.lists.max_listed <= kMaxListedKeys ? (f.lists.max_listed * 4 + 15) / 16 * 16 : 0;
   }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& f) {
     return align_slack<Mma::kTileAlign>() + kTermsOffset + 2 * Terms::bytes(f) + list_bytes(f);
@@ -498,7 +498,10 @@ struct BwdDkdvTile {
   static constexpr int kKVBytes = 2 * Mma::tile_bytes(kBlockN);
   static constexpr int kGroupBytes =
       (4 * kQBytes + 4 * kBlockM * 4 + Mma::kTileAlign - 1) / Mma::kTileAlign * Mma::kTileAlign;
-  static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 8;
+  // keys and records of the group, then the window's key indices (kBwdWindow % 4 == 0: the
+  // 16-byte reads' padding stays inside)
+  static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 4;
+  static_assert(kBwdWindow % 4 == 0, "the window is read in whole 16-byte pieces");
   // Then, per warp group, its mask/bias tiles x2 (sized at launch: none without them).
   using Terms = TermTiles<kBlockM, kBlockN, false>;
   __host__ __device__ static constexpr int terms_offset(int groups) {
