@@ -1,9 +1,11 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/arch_dispatch.cuh"
 #include "cuda/rank_key.cuh"
 #include "cuda/select_rows.cuh"
 #include "cuda/select_topw.cuh"
@@ -183,14 +185,31 @@ size_t select_row_bytes(int Sk) {
   return select_row_smem<0>();
 }
 
-SelectPath select_path(const TopwInputs& in) {
-  int device = 0, sms = 1, smem_optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    cudaGetLastError();  // a failed query is an answer (the device-wide path), not the caller's error
-    sms = 1, smem_optin = 0;
+// The current device's SM count and opt-in shared memory per block, queried once per device.
+struct DeviceLimits {
+  int sms = 1, smem_optin = 0;  // what a failed query answers: the device-wide paths
+};
+DeviceLimits device_limits() {
+  static std::atomic<uint64_t> cached[kMaxDevices] = {};  // sms << 32 | smem_optin; 0 unknown
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
   }
+  if (device < kMaxDevices)
+    if (const uint64_t c = cached[device].load(std::memory_order_relaxed)) return {int(c >> 32), int(c & 0xffffffffu)};
+  DeviceLimits l;
+  if (cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // a failed query is an answer, not the caller's error
+    return {};
+  }
+  if (device < kMaxDevices) cached[device].store(uint64_t(l.sms) << 32 | uint32_t(l.smem_optin));
+  return l;
+}
+
+SelectPath select_path(const TopwInputs& in) {
+  const auto [sms, smem_optin] = device_limits();
   // GPUs with less shared memory per block (99 KB on sm_86/89) take rows up to 16K keys here.
   const bool fits_shared = in.Sk <= kSharedRowMaxKeys && select_row_bytes(in.Sk) <= size_t(smem_optin);
   if (const char* env = std::getenv("FDMA_SELECT_PATH")) {
