@@ -29,6 +29,7 @@ constexpr int kRowWarps = kRowThreads / 32;
 // the threads' vector reads, and the scanning warp's lane pairs 2-way on a bank at most.
 constexpr int kRowCountStride = 20;
 constexpr int kRowCountSlots = kRowWarps * kRowCountStride + 1;  // the chunk's total last
+constexpr size_t kRowCountBytes = (kRowCountSlots * 4 + 15) / 16 * 16;
 
 // One chunk of kRowChunk positions of wavelet_level; kFull: the chunk lies inside the row, so
 // no position needs a bound check.
@@ -140,14 +141,13 @@ constexpr int kSharedRowMaxKeys = 32768;
 // buffers, which alias the sort's storage once the sort is done.
 template <int kSortItems>
 constexpr size_t select_row_smem() {
-  constexpr size_t counts = (kRowCountSlots * 4 + 15) / 16 * 16;
   constexpr size_t seq = size_t(2) * (kSortItems ? kRowThreads * kSortItems : kSharedRowMaxKeys) * 2;
   if constexpr (kSortItems > 0) {
     using Sort = cub::BlockRadixSort<uint32_t, kRowThreads, kSortItems, uint16_t>;
     constexpr size_t sort = sizeof(typename Sort::TempStorage);
-    return counts + (sort > seq ? sort : seq);
+    return kRowCountBytes + (sort > seq ? sort : seq);
   } else {
-    return counts + seq;
+    return kRowCountBytes + seq;
   }
 }
 
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kRowThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kCap = kSortItems ? kRowThreads * kSortItems : kSharedRowMaxKeys;
   auto* counts = reinterpret_cast<int32_t*>(smem);
-  auto* seq = reinterpret_cast<uint16_t*>(smem + (kRowCountSlots * 4 + 15) / 16 * 16);  // [2][kCap]
+  auto* seq = reinterpret_cast<uint16_t*>(smem + kRowCountBytes);  // [2][kCap]
   const int row = blockIdx.x, tid = threadIdx.x, rows = in.B * in.Hk, Sk = in.Sk;
   const int64_t n = int64_t(rows) * Sk, row0 = int64_t(row) * Sk;
   if constexpr (kSortItems > 0) {

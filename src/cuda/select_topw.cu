@@ -174,15 +174,20 @@ cudaError_t wavelet_levels(const TopwInputs& in, const TopwScratch& s, const Wav
 // Measured on the H100 (docs/perf-notes.md, eighth session): shared is the fastest wherever it
 // fits; past 32K keys global wins from about SMs / 5 rows on (32 rows of 64K keys: 0.77 against
 // 0.85 ms) and levels below (16 rows: 0.53 against 0.60 ms; 4 rows of 128K: 0.40 against
-// 0.91 ms). The environment's
-// FDMA_SELECT_PATH=shared|global|levels forces one where it applies (A/B runs and tests).
+// 0.91 ms). FDMA_SELECT_PATH=shared|global|levels in the environment forces one where it
+// applies (A/B runs and tests).
 enum class SelectPath { shared, global, levels };
+
+// Keys per thread of the in-CTA rank sort for a row of Sk keys; 0: sorted device-wide first.
+int row_sort_items(int Sk) { return Sk <= kRowThreads * 4 ? 4 : Sk <= kRowThreads * 16 ? 16 : 0; }
 
 // Shared memory select_row_kernel needs for a row of Sk keys (select_rows.cuh).
 size_t select_row_bytes(int Sk) {
-  if (Sk <= kRowThreads * 4) return select_row_smem<4>();
-  if (Sk <= kRowThreads * 16) return select_row_smem<16>();
-  return select_row_smem<0>();
+  switch (row_sort_items(Sk)) {
+    case 4: return select_row_smem<4>();
+    case 16: return select_row_smem<16>();
+    default: return select_row_smem<0>();
+  }
 }
 
 // The current device's SM count and opt-in shared memory per block, queried once per device.
@@ -248,8 +253,8 @@ cudaError_t rank_rows(const TopwInputs& in, const TopwScratch& s, const WaveletS
                       cudaStream_t stream) {
   int32_t* rank0 = wv ? wv->rank0 : nullptr;
   const int levels = wv ? wv->levels : 0;
-  if (path == SelectPath::shared && in.Sk <= kRowThreads * 4) return launch_select_row<4>(in, s, levels, rank0, stream);
-  if (path == SelectPath::shared && in.Sk <= kRowThreads * 16)
+  if (path == SelectPath::shared && row_sort_items(in.Sk) == 4) return launch_select_row<4>(in, s, levels, rank0, stream);
+  if (path == SelectPath::shared && row_sort_items(in.Sk) == 16)
     return launch_select_row<16>(in, s, levels, rank0, stream);
   if (const cudaError_t err = device_sort(in, s, stream); err != cudaSuccess || !wv) return err;
   if (path == SelectPath::shared) return launch_select_row<0>(in, s, levels, rank0, stream);
