@@ -4,6 +4,9 @@ over exactly w keys per query), FlexAttention compiled with an O(N) mask_mod for
 selection (built from our select op's intervals), and SDPA efficient with the selection as a
 dense additive bias (where it fits).
 
+Ours keeps the forward's selection for the backward (keep_begin/keep_end, as the Python
+autograd path does); "selecting twice" times the backward selecting again.
+
 Usage: python3 bench/bench_dma_causal.py [--lib build/libfdma.so] [--seqlens 4096,...] [--json out.json]
 bf16, B1 H16 Hk4 D128 w2048. Useful TF/s count kept (query, key) pairs only:
 fwd 4*H*D*pairs, fwd+bwd 3.5x that. Medians of CUDA events; a markdown table last.
@@ -65,13 +68,20 @@ def main():
         p.dout, p.dq, p.dk, p.dv, p.dkey_scores = view(dout), view(dq), view(dk), view(dv), view(dscores)
         p.window, p.causal, p.add_scores = w, 1, 1
         p.stream = torch.cuda.current_stream().cuda_stream
+        # pr selects in both passes; p (as the Python autograd path) keeps the forward's
+        # selection in keep_begin/keep_end for the backward.
+        pr = _abi.DmaParams.from_buffer_copy(p)
+        keep = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
+        p.keep_begin, p.keep_end = view(keep[0]), view(keep[1])
         sizes = []
-        for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
-            n = ctypes.c_size_t(0)
-            ok(lib, lib.fdma_dma_workspace_size(ctypes.byref(p), ps, ctypes.byref(n)))
-            sizes.append(n.value)
+        for params in (p, pr):
+            for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
+                n = ctypes.c_size_t(0)
+                ok(lib, lib.fdma_dma_workspace_size(ctypes.byref(params), ps, ctypes.byref(n)))
+                sizes.append(n.value)
         ws = torch.empty(max(sizes), device=dev, dtype=torch.uint8)
         p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+        pr.workspace, pr.workspace_bytes = ws.data_ptr(), ws.numel()
 
         def ours_fwd():
             ok(lib, lib.fdma_dma_fwd(ctypes.byref(p)))
@@ -79,6 +89,10 @@ def main():
         def ours_fwdbwd():
             ok(lib, lib.fdma_dma_fwd(ctypes.byref(p)))
             ok(lib, lib.fdma_dma_bwd(ctypes.byref(p)))
+
+        def ours_fwdbwd_reselect():
+            ok(lib, lib.fdma_dma_fwd(ctypes.byref(pr)))
+            ok(lib, lib.fdma_dma_bwd(ctypes.byref(pr)))
 
         begin = torch.empty(B, Hk, S, device=dev, dtype=torch.int32)
         end = torch.empty_like(begin)
@@ -100,6 +114,7 @@ def main():
         t = {}
         try_time("flash-dma fwd", ours_fwd, t)
         try_time("flash-dma fwd+bwd", ours_fwdbwd, t)
+        try_time("flash-dma fwd+bwd selecting twice", ours_fwdbwd_reselect, t)
         try_time("select", select, t)
         del sws
         torch.cuda.empty_cache()
@@ -177,11 +192,14 @@ def main():
                          t, iters=3)
             except Exception as e:  # noqa: BLE001
                 print("  FlexAttention failed:", str(e).splitlines()[0][:160], flush=True)
+        # Workspace of each pass (the backward given the forward's selection), and that
+        # selection (8 bytes per key) held between them.
         res = {"S": S, "pairs": pairs, "times_ms": t, "workspace_fwd": sizes[0], "workspace_bwd": sizes[1],
+               "workspace_bwd_selecting": sizes[3], "kept_selection": keep.numel() * 4,
                "select_workspace": sbytes.value, "max_abs_diff_vs_sdpa": err}
         results.append(res)
         print(json.dumps(res), flush=True)
-        del q, k, v, dout, out, dq, dk, dv, ws, qt, kt, vt, kw_, vw_
+        del q, k, v, dout, out, dq, dk, dv, ws, keep, qt, kt, vt, kw_, vw_
         torch.cuda.empty_cache()
 
     if args.json:
@@ -190,9 +208,9 @@ def main():
                        "results": results}, f, indent=1)
     print(f"\n{torch.cuda.get_device_name()}, bf16, causal top-w, B{B} H{H} Hk{Hk} D{D} w{w}; "
           "ms fwd / fwd+bwd (useful TF/s of fwd+bwd)")
-    print("| S | flash-dma | selection (share of fwd) | floor | dense cuDNN causal | FlexAttention (+ block mask) |"
-          " SDPA + dense bias | workspace fwd / bwd MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| S | flash-dma | fwd+bwd selecting twice | selection (share of fwd) | floor | dense cuDNN causal |"
+          " FlexAttention (+ block mask) | SDPA + dense bias | workspace fwd / bwd MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         t, S = r["times_ms"], r["S"]
         flops = 4 * D * r["pairs"]
@@ -210,7 +228,9 @@ def main():
         flex = cell("flex")
         if t.get("flex block mask"):
             flex += f" (+{t['flex block mask']:.1f})"
-        print(f"| {S} | {cell('flash-dma')} | {share} | {cell('floor')} | {cell('cudnn')} | {flex} | "
+        twice = t.get("flash-dma fwd+bwd selecting twice")
+        twice = f"{twice:.2f}" if twice else "-"
+        print(f"| {S} | {cell('flash-dma')} | {twice} | {share} | {cell('floor')} | {cell('cudnn')} | {flex} | "
               f"{cell('sdpa+bias')} | {r['workspace_fwd'] / 1e6:.0f} / {r['workspace_bwd'] / 1e6:.0f} |")
 
 

@@ -33,10 +33,15 @@ def main():
     p.dout, p.dq, p.dk, p.dv, p.dkey_scores = view(dout), view(dq), view(dk), view(dv), view(ds)
     p.window, p.causal, p.add_scores = w, args.causal, 1
     p.stream = torch.cuda.current_stream().cuda_stream
-    n = ctypes.c_size_t(0)
-    assert lib.fdma_dma_workspace_size(ctypes.byref(p), 1, ctypes.byref(n)) == 0
-    ws = torch.empty(n.value, device=dev, dtype=torch.uint8)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), n.value
+    keep = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)  # the forward's selection, for the backward
+    p.keep_begin, p.keep_end = view(keep[0]), view(keep[1])
+    sizes = []
+    for pass_ in (0, 1):
+        n = ctypes.c_size_t(0)
+        assert lib.fdma_dma_workspace_size(ctypes.byref(p), pass_, ctypes.byref(n)) == 0
+        sizes.append(n.value)
+    ws = torch.empty(max(sizes), device=dev, dtype=torch.uint8)
+    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
     assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
     assert lib.fdma_dma_bwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
     torch.cuda.synchronize()

@@ -32,6 +32,8 @@ struct DmaCase {
 struct DmaRun {
   DmaCase c;
   HostTensor q, k, v, scores, pad, out, lse, dout, dq, dk, dv, dscores;
+  HostTensor keep_begin, keep_end;  // the selection's intervals, passed when with_intervals
+  bool with_intervals = false;
   ref::Problem rp;
 
   explicit DmaRun(const DmaCase& cs) : c(cs) {
@@ -64,6 +66,22 @@ struct DmaRun {
     dk = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm);
     dv = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm);
     dscores = HostTensor(c.score_dtype, {c.B, c.Hk, c.Sk});
+    keep_begin = HostTensor(DType::i32, {c.B, c.Hk, c.Sk}, {2, 0, 1});  // strided, as a caller's view may be
+    keep_end = HostTensor(DType::i32, {c.B, c.Hk, c.Sk});
+  }
+
+  // The selection as select_keys computes it on the CPU: (begin, end) values.
+  std::pair<std::vector<double>, std::vector<double>> cpu_selection() const {
+    HostTensor b(DType::i32, {c.B, c.Hk, c.Sk}), e(DType::i32, {c.B, c.Hk, c.Sk});
+    SelectParams p;
+    p.key_scores = scores.view();
+    if (c.padding) p.key_padding = pad.view();
+    p.num_queries = c.Sq, p.window = c.w, p.causal = c.causal;
+    p.keep_begin = b.view(), p.keep_end = e.view();
+    std::vector<unsigned char> ws(select_workspace_size(p));
+    p.workspace = ws.data(), p.workspace_bytes = ws.size();
+    select_keys(p);
+    return {b.values(), e.values()};
   }
 
   // Reference keep-mask and bias from brute-force selection over the current scores.
@@ -97,6 +115,7 @@ struct DmaRun {
     p.softcap = c.softcap;
     p.out = out.view(), p.lse = lse.view();
     p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view(), p.dkey_scores = dscores.view();
+    if (with_intervals) p.keep_begin = keep_begin.view(), p.keep_end = keep_end.view();
     return p;
   }
 

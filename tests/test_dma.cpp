@@ -95,3 +95,55 @@ TEST(DynamicMaskAttention, DeterministicAcrossThreadCounts) {
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(results[0], results[2]);
 }
+
+// keep_begin/keep_end: the forward writes its selection there (exactly select_keys'), and a
+// backward given them computes bitwise what it computes when it selects again.
+TEST(DynamicMaskAttention, BackwardReusesTheForwardsSelection) {
+  uint64_t seed = 300;
+  for (bool causal : {true, false})
+    for (bool padding : {false, true}) {
+      DmaCase c;
+      c.B = 2, c.Sq = 70, c.Sk = 90, c.H = 4, c.Hk = 2, c.D = 16, c.w = 11, c.seed = seed++;
+      c.causal = causal, c.padding = padding, c.ties = padding;
+      SCOPED_TRACE(c.str());
+      DmaRun r(c);
+      r.forward();
+      const auto out_selecting = r.out.bytes();
+      r.backward();
+      const std::vector<std::vector<unsigned char>> grads_selecting = {r.dq.bytes(), r.dk.bytes(), r.dv.bytes(),
+                                                                       r.dscores.bytes()};
+      r.with_intervals = true;
+      r.keep_begin.poison();
+      r.keep_end.poison();
+      r.forward();
+      EXPECT_TRUE(r.out.bytes() == out_selecting);
+      const auto [begin, end] = r.cpu_selection();
+      EXPECT_EQ(r.keep_begin.values(), begin);
+      EXPECT_EQ(r.keep_end.values(), end);
+      r.backward();
+      r.check_backward();
+      EXPECT_TRUE(r.dq.bytes() == grads_selecting[0]);
+      EXPECT_TRUE(r.dk.bytes() == grads_selecting[1]);
+      EXPECT_TRUE(r.dv.bytes() == grads_selecting[2]);
+      EXPECT_TRUE(r.dscores.bytes() == grads_selecting[3]);
+    }
+}
+
+// Intervals that are no selection's (out of range, reversed, more keys than w per query)
+// give wrong gradients but run within bounds: they are clamped to the queries that exist.
+TEST(DynamicMaskAttention, MadeUpIntervalsStayInBounds) {
+  DmaCase c;
+  c.B = 1, c.Sq = 50, c.Sk = 300, c.H = 2, c.Hk = 1, c.D = 16, c.w = 3, c.seed = 310;  // lists of w + 64 keys
+  DmaRun r(c);
+  r.forward();
+  r.with_intervals = true;
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> any(-100, 200);
+  for (int64_t i = 0; i < r.keep_begin.numel(); ++i) {
+    r.keep_begin.set(i, i % 3 ? any(rng) : -7);
+    r.keep_end.set(i, i % 3 ? any(rng) : 1000);  // every third key kept by every query
+  }
+  r.backward();  // no crash; every gradient written
+  for (HostTensor* t : {&r.dq, &r.dk, &r.dv, &r.dscores})
+    for (int64_t i = 0; i < t->numel(); ++i) ASSERT_FALSE(std::isnan(t->get(i))) << i;
+}

@@ -169,14 +169,35 @@ TEST(Validation, DynamicMaskAttention) {
                      p.key_padding = p.key_scores;
                      p.key_padding.ndim = 2;
                    }, inv, "key_padding"});
+  // keep_begin/keep_end (the forward writes them, the backward reads them): both or neither,
+  // [B, Hk, Sk] int32, and in the forward apart from every input.
+  const Tensor kb = r.keep_begin.view(), ke = r.keep_end.view();
+  std::vector<Bad<DmaParams>> interval_cases = {
+      {"keep_begin alone", [kb](DmaParams& p) { p.keep_begin = kb; }, inv, "keep_begin and keep_end go together"},
+      {"keep_end alone", [ke](DmaParams& p) { p.keep_end = ke; }, inv, "keep_begin and keep_end go together"},
+      {"keep_end dtype", [kb, ke](DmaParams& p) {
+         p.keep_begin = kb, p.keep_end = ke;
+         p.keep_end.dtype = FDMA_FLOAT32;
+       }, inv, "keep_end has dtype float32"},
+      {"keep_begin shape", [kb, ke](DmaParams& p) {
+         p.keep_begin = kb, p.keep_end = ke;
+         p.keep_begin.shape[2] = 7;
+       }, inv, "keep_begin.shape[2] = 7, expected Sk = 6"},
+  };
+  for (auto& bad : interval_cases) cases.push_back(bad);
+  cases.push_back({"keep_end over the scores", [kb](DmaParams& p) {
+                     p.keep_begin = kb, p.keep_end = p.key_scores;
+                     p.keep_end.dtype = FDMA_INT32;
+                   }, inv, "output keep_end overlaps input key_scores"});
   for (auto& bad : cases)
     expect_rejected<DmaParams>(
-        bad, fwd, {&r.out, &r.lse}, [](const DmaParams& p) { dma_forward(p); },
+        bad, fwd, {&r.out, &r.lse, &r.keep_begin, &r.keep_end}, [](const DmaParams& p) { dma_forward(p); },
         [](const DmaParams* p) { return fdma_dma_fwd(p); });
 
   auto bcases = common_backward_cases<DmaParams>();
   bcases.push_back({"dscores dtype", [](DmaParams& p) { p.dkey_scores.dtype = FDMA_FLOAT64; }, inv, "dkey_scores has dtype float64"});
   bcases.push_back({"dscores shape", [](DmaParams& p) { p.dkey_scores.shape[1] = 1; }, inv, "dkey_scores.shape[1] = 1, expected Hk = 2"});
+  for (auto& bad : interval_cases) bcases.push_back(bad);
   for (auto& bad : bcases)
     expect_rejected<DmaParams>(
         bad, fwd, {&r.dq, &r.dk, &r.dv, &r.dscores}, [](const DmaParams& p) { dma_backward(p); },

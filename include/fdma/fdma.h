@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct layout or a function signature changes. */
-#define FDMA_ABI_VERSION 1
+#define FDMA_ABI_VERSION 2
 #define FDMA_MAX_DIMS 4
 #define FDMA_MAX_HEAD_DIM 256
 
@@ -107,7 +107,13 @@ typedef struct fdma_select_params {
 
 /* dynamic_mask_attention (design.md 2.2). Same layouts as attention; key_scores
  * [B, Hk, Sk] in float32 or q's dtype; dkey_scores (optional in backward) has the shape
- * and dtype of key_scores. */
+ * and dtype of key_scores.
+ *   keep_begin, keep_end: optional [B, Hk, Sk] int32, both or neither: the selection's
+ *     intervals, as fdma_select writes them. The forward writes its selection there; the
+ *     backward reads it from there instead of selecting again (saving the selection's time
+ *     and workspace). They must hold what the forward, or fdma_select with the same
+ *     key_scores, key_padding, Sq, window and causal, wrote: other intervals are clamped to
+ *     the queries that exist, so they give wrong gradients but never an access out of bounds. */
 typedef struct fdma_dma_params {
   fdma_tensor q, k, v, key_scores, key_padding;
   int64_t window;
@@ -117,6 +123,7 @@ typedef struct fdma_dma_params {
   int32_t deterministic;
   fdma_tensor out, lse;
   fdma_tensor dout, dq, dk, dv, dkey_scores;
+  fdma_tensor keep_begin, keep_end;
   int32_t backend;
   void* stream;
   void* workspace;

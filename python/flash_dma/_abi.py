@@ -1,4 +1,4 @@
-"""ctypes mirror of include/fdma/fdma.h (C ABI version 1).
+"""ctypes mirror of include/fdma/fdma.h (C ABI version 2).
 
 The structs here must match the C header field for field; `load_library` refuses a library
 whose fdma_abi_version() differs from ABI_VERSION.
@@ -6,7 +6,7 @@ whose fdma_abi_version() differs from ABI_VERSION.
 import ctypes
 import os
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_DIMS = 4
 
 # fdma_dtype
@@ -55,6 +55,7 @@ class DmaParams(ctypes.Structure):
         ("scale", ctypes.c_double), ("softcap", ctypes.c_double), ("deterministic", ctypes.c_int32),
         ("out", Tensor), ("lse", Tensor),
         ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor), ("dkey_scores", Tensor),
+        ("keep_begin", Tensor), ("keep_end", Tensor),
         ("backend", ctypes.c_int32), ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
     ]

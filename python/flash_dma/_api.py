@@ -58,9 +58,9 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
         raise TypeError(f"{what}: key_padding_mask must be torch.bool (True = the key exists), "
                         f"got {key_padding_mask.dtype}")
-    out, lse = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size, bool(is_causal),
-                                           bool(add_scores), float(softmax_scale or 0.0), float(softcap or 0.0),
-                                           bool(deterministic))
+    out, lse, _, _ = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size,
+                                                 bool(is_causal), bool(add_scores), float(softmax_scale or 0.0),
+                                                 float(softcap or 0.0), bool(deterministic))
     return (out, lse) if return_lse else out
 
 

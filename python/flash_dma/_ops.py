@@ -120,12 +120,12 @@ torch.library.register_autograd("flash_dma::attention_fwd", _attention_backward,
 # --- dynamic_mask_attention ----------------------------------------------------------------
 
 def _dma(pass_, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic, out, lse,
-         dout=None, dq=None, dk=None, dv=None, dkey_scores=None):
+         keep_begin, keep_end, dout=None, dq=None, dk=None, dv=None, dkey_scores=None):
     lib = library()
     params, key = pack(_abi.DmaParams,
                        (("q", q), ("k", k), ("v", v), ("key_scores", key_scores), ("key_padding", key_padding),
                         ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv),
-                        ("dkey_scores", dkey_scores)),
+                        ("dkey_scores", dkey_scores), ("keep_begin", keep_begin), ("keep_end", keep_end)),
                        window=window, causal=causal, add_scores=add_scores, scale=scale, softcap=softcap,
                        deterministic=deterministic)
     forward = pass_ == _abi.PASS_FORWARD
@@ -133,51 +133,66 @@ def _dma(pass_, q, k, v, key_scores, key_padding, window, causal, add_scores, sc
          q.device, "dynamic_mask_attention" if forward else "dynamic_mask_attention backward")
 
 
+def _intervals_like(key_scores):
+    return (torch.empty(key_scores.shape, dtype=torch.int32, device=key_scores.device),
+            torch.empty(key_scores.shape, dtype=torch.int32, device=key_scores.device))
+
+
+# The forward also returns its selection (keep_begin, keep_end: 8 bytes per key), which
+# autograd saves so that the backward does not select again.
 @torch.library.custom_op("flash_dma::dma_fwd", mutates_args=())
 def dma_fwd(q: Tensor, k: Tensor, v: Tensor, key_scores: Tensor, key_padding: Optional[Tensor], window: int,
-            causal: bool, add_scores: bool, scale: float, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+            causal: bool, add_scores: bool, scale: float, softcap: float,
+            deterministic: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     out, lse = _out_and_lse(q)
+    keep_begin, keep_end = _intervals_like(key_scores)
     _dma(_abi.PASS_FORWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
-         deterministic, out, lse)
-    return out, lse
+         deterministic, out, lse, keep_begin, keep_end)
+    return out, lse, keep_begin, keep_end
 
 
 @dma_fwd.register_fake
 def _(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic):
     B, Sq, H, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
+    lse = q.new_empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
+    return (q.new_empty(q.shape), lse, key_scores.new_empty(key_scores.shape, dtype=torch.int32),
+            key_scores.new_empty(key_scores.shape, dtype=torch.int32))
 
 
+# keep_begin/keep_end: the forward's selection, or None to select again.
 @torch.library.custom_op("flash_dma::dma_bwd", mutates_args=())
 def dma_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, key_scores: Tensor, key_padding: Optional[Tensor],
-            out: Tensor, lse: Tensor, window: int, causal: bool, add_scores: bool, scale: float, softcap: float,
+            out: Tensor, lse: Tensor, keep_begin: Optional[Tensor], keep_end: Optional[Tensor], window: int,
+            causal: bool, add_scores: bool, scale: float, softcap: float,
             deterministic: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv, dscores = _grad_like(q), _grad_like(k), _grad_like(v), _grad_like(key_scores)
     _dma(_abi.PASS_BACKWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
-         deterministic, out, lse, dout, dq, dk, dv, dscores)
+         deterministic, out, lse, keep_begin, keep_end, dout, dq, dk, dv, dscores)
     return dq, dk, dv, dscores
 
 
 @dma_bwd.register_fake
-def _(dout, q, k, v, key_scores, key_padding, out, lse, window, causal, add_scores, scale, softcap, deterministic):
+def _(dout, q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end, window, causal, add_scores, scale,
+      softcap, deterministic):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), key_scores.new_empty(key_scores.shape)
 
 
 def _dma_setup(ctx, inputs, output):
     q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, key_scores, key_padding, out, lse)
+    out, lse, keep_begin, keep_end = output
+    ctx.save_for_backward(q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end)
     ctx.args = (window, causal, add_scores, scale, softcap, deterministic)
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(lse, keep_begin, keep_end)
 
 
-def _dma_backward(ctx, dout, _dlse):
-    q, k, v, key_scores, key_padding, out, lse = ctx.saved_tensors
+def _dma_backward(ctx, dout, _dlse, _dbegin, _dend):
+    q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end = ctx.saved_tensors
     window, causal, add_scores, scale, softcap, deterministic = ctx.args
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    dq, dk, dv, dscores = torch.ops.flash_dma.dma_bwd(dout, q, k, v, key_scores, key_padding, out, lse, window, causal,
-                                                      add_scores, scale, softcap, deterministic)
+    dq, dk, dv, dscores = torch.ops.flash_dma.dma_bwd(dout, q, k, v, key_scores, key_padding, out, lse, keep_begin,
+                                                      keep_end, window, causal, add_scores, scale, softcap,
+                                                      deterministic)
     return dq, dk, dv, (dscores if ctx.needs_input_grad[3] else None), None, None, None, None, None, None, None
 
 

@@ -422,6 +422,20 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
     io.output(p.dkey_scores, "dkey_scores");
     prob.has_dscores = true;
   }
+  if (p.keep_begin.data || p.keep_end.data) {
+    if (!p.keep_begin.data || !p.keep_end.data) c.bad("keep_begin and keep_end go together: give both or neither");
+    for (auto [t, name] : {std::pair{&p.keep_begin, "keep_begin"}, std::pair{&p.keep_end, "keep_end"}}) {
+      check_key_scores(c, *t, name, d.B, d.Hk, d.Sk);
+      c.dtype_in(*t, name, {DType::i32}, "int32");
+      if (pass == Pass::forward) {  // the forward writes the selection there
+        c.no_self_overlap(*t, name);
+        io.output(*t, name);
+      } else {
+        io.input(*t, name);
+      }
+    }
+    prob.has_intervals = true;
+  }
   c.no_overlap(io.outputs, io.inputs);
   prob.backend = c.backend(p.backend, io.ptrs);
   return prob;

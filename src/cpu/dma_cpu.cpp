@@ -43,11 +43,17 @@ struct DmaCommon {
     list = a.take<int32_t>(workers * list_len);
   }
 
-  void prepare(const fdma_dma_params& p, const DmaProblem& prob, int workers) {
+  // Packs K, V and the scores, and gets the selection: the caller's intervals in a backward
+  // that is given them, else selected here (and written to the caller's, if given).
+  void prepare(const fdma_dma_params& p, const DmaProblem& prob, int workers, Pass pass) {
     const Dims& d = prob.dims;
     pack_bshd(p.k, K);
     pack_bshd(p.v, V);
     pack_3d(p.key_scores, scores);
+    if (prob.has_intervals && pass == Pass::backward) {
+      read_intervals(p, prob);
+      return;
+    }
     detail::parallel_for(
         d.B * d.Hk, 1,
         [&](int64_t lo, int64_t hi, int w) {
@@ -61,6 +67,36 @@ struct DmaCommon {
           }
         },
         workers);
+    if (prob.has_intervals) write_intervals(p, prob);
+  }
+
+  // Caller-given intervals, clamped to the queries that exist: intervals that are not a
+  // selection's give wrong results, never an access out of bounds.
+  void read_intervals(const fdma_dma_params& p, const DmaProblem& prob) {
+    const Dims& d = prob.dims;
+    const auto* kb = static_cast<const int32_t*>(p.keep_begin.data);
+    const auto* ke = static_cast<const int32_t*>(p.keep_end.data);
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t hk = 0; hk < d.Hk; ++hk)
+        for (int64_t j = 0; j < d.Sk; ++j) {
+          const int64_t e = (b * d.Hk + hk) * d.Sk + j;
+          const int64_t lo = std::clamp<int64_t>(kb[offset3(p.keep_begin, b, hk, j)], 0, d.Sq);
+          begin[e] = int32_t(lo);
+          end[e] = int32_t(std::clamp<int64_t>(ke[offset3(p.keep_end, b, hk, j)], lo, d.Sq));
+        }
+  }
+
+  void write_intervals(const fdma_dma_params& p, const DmaProblem& prob) const {
+    const Dims& d = prob.dims;
+    auto* kb = static_cast<int32_t*>(p.keep_begin.data);
+    auto* ke = static_cast<int32_t*>(p.keep_end.data);
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t hk = 0; hk < d.Hk; ++hk)
+        for (int64_t j = 0; j < d.Sk; ++j) {
+          const int64_t e = (b * d.Hk + hk) * d.Sk + j;
+          kb[offset3(p.keep_begin, b, hk, j)] = begin[e];
+          ke[offset3(p.keep_end, b, hk, j)] = end[e];
+        }
   }
 
   // Keys of row r = (b, hk) kept by any query in [i0, i1), in increasing order. Causal keys
@@ -71,7 +107,9 @@ struct DmaCommon {
     const int32_t* b = begin + r * d.Sk;
     const int32_t* e = end + r * d.Sk;
     int64_t n = 0;
-    for (int64_t j = 0; j < stop; ++j)
+    // A selection's tile keeps at most list_len keys; the bound only matters for intervals a
+    // caller made up (read_intervals).
+    for (int64_t j = 0; j < stop && n < list_len; ++j)
       if (b[j] < e[j] && b[j] < i1 && e[j] > i0) out[n++] = static_cast<int32_t>(j);
     return n;
   }
@@ -127,7 +165,7 @@ void forward_impl(const fdma_dma_params& p, const DmaProblem& prob) {
   const int workers = detail::num_threads();
   Arena arena(p.workspace);
   DmaForwardLayout<Acc> L(arena, prob, workers);
-  L.prepare(p, prob, workers);
+  L.prepare(p, prob, workers, Pass::forward);
   const ScoreFn<Acc> f{Acc(prob.scale), Acc(prob.softcap)};
   const int64_t G = d.G(), D = d.D, tiles = num_tiles(d);
   detail::parallel_for(
@@ -161,7 +199,7 @@ void backward_impl(const fdma_dma_params& p, const DmaProblem& prob) {
   const int workers = detail::num_threads();
   Arena arena(p.workspace);
   DmaBackwardLayout<Acc> L(arena, prob, workers);
-  L.prepare(p, prob, workers);
+  L.prepare(p, prob, workers, Pass::backward);
   pack_bshd(p.q, L.Q);
   pack_bshd(p.dout, L.dO);
   const ScoreFn<Acc> f{Acc(prob.scale), Acc(prob.softcap)};

@@ -86,7 +86,8 @@ void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::Dm
 }
 
 // Workspace: the selection's scratch, the intervals, the key lists and (backward) the
-// delta/lse2 rows, each 256-byte aligned.
+// delta/lse2 rows, each 256-byte aligned. Caller-given intervals (keep_begin/keep_end) need
+// no interval space, and a backward given them selects nothing: no selection scratch.
 struct DmaLayout {
   size_t select, intervals, lists, rows;
   size_t kv_gathered, bias_gathered;  // non-causal forward: the kept keys' K, V and biases
@@ -102,8 +103,10 @@ int64_t gathered_slots(const detail::DmaProblem& prob) {
 DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass pass) {
   const detail::Dims& d = prob.dims;
   DmaLayout l;
-  l.select = align_up(topw_workspace(in, nullptr)) + (prob.causal ? align_up(wavelet_workspace(in, nullptr)) : 0);
-  l.intervals = align_up(size_t(d.B * d.Hk * d.Sk) * 4);
+  const bool selects = !(prob.has_intervals && pass == Pass::backward);
+  l.select = selects ? align_up(topw_workspace(in, nullptr)) + (prob.causal ? align_up(wavelet_workspace(in, nullptr)) : 0)
+                     : 0;
+  l.intervals = prob.has_intervals ? 0 : align_up(size_t(d.B * d.Hk * d.Sk) * 4);
   const int block_m = pass == Pass::forward ? fwd_block_m(head_dim_bucket(int(d.D))) : kBwdBlockM;
   l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal, block_m,
                          pass == Pass::backward};
@@ -117,22 +120,33 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
   return l;
 }
 
-// Selection and key lists into the workspace; returns the lists for the kernels.
+// Selection (unless a backward is given the forward's) and key lists into the workspace;
+// returns the lists for the kernels.
 KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, const TopwInputs& in,
-                         const DmaLayout& l, cudaStream_t stream) {
+                         const DmaLayout& l, Pass pass, cudaStream_t stream) {
   char* base = static_cast<char*>(p.workspace);
-  const TopwScratch s = carve_topw(base, in);
-  auto* begin = reinterpret_cast<int32_t*>(base + l.select);
-  auto* end = reinterpret_cast<int32_t*>(base + l.select + l.intervals);
   const int64_t Sk = prob.dims.Sk, Hk = prob.dims.Hk;
-  const int64_t stride[3] = {Hk * Sk, Sk, 1};
-  WaveletScratch wv{};
-  if (prob.causal) wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
-  check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, int(prob.dims.Sq), begin, stride, end,
-                              stride, stream),
-             op, "selection");
+  int32_t *begin, *end;
+  int64_t bs[3] = {Hk * Sk, Sk, 1}, es[3] = {Hk * Sk, Sk, 1};
+  if (prob.has_intervals) {
+    begin = static_cast<int32_t*>(p.keep_begin.data);
+    end = static_cast<int32_t*>(p.keep_end.data);
+    for (int d = 0; d < 3; ++d) bs[d] = p.keep_begin.stride[d], es[d] = p.keep_end.stride[d];
+  } else {
+    begin = reinterpret_cast<int32_t*>(base + l.select);
+    end = reinterpret_cast<int32_t*>(base + l.select + l.intervals);
+  }
+  if (!(prob.has_intervals && pass == Pass::backward)) {
+    const TopwScratch s = carve_topw(base, in);
+    WaveletScratch wv{};
+    if (prob.causal) wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
+    check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, int(prob.dims.Sq), begin, bs, end, es,
+                                stream),
+               op, "selection");
+  }
   DmaListInputs li{};
   li.begin = begin, li.end = end;
+  for (int d = 0; d < 3; ++d) li.begin_stride[d] = bs[d], li.end_stride[d] = es[d];
   li.scores = p.key_scores.data;
   li.score_dtype = p.key_scores.dtype;
   for (int d = 0; d < 3; ++d) li.score_stride[d] = p.key_scores.stride[d];
@@ -193,7 +207,7 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::forward);
-  const KeyLists lists = select_and_list(op, p, prob, in, l, stream);
+  const KeyLists lists = select_and_list(op, p, prob, in, l, Pass::forward, stream);
   if (prob.causal) {
     run_forward_kernel(kernel_params(p, prob, lists), prob.dtype, p.stream);
     return;
@@ -237,7 +251,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const detail::Dims& d = prob.dims;
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::backward);
-  KeyLists lists = select_and_list(op, p, prob, in, l, stream);
+  KeyLists lists = select_and_list(op, p, prob, in, l, Pass::backward, stream);
   // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
   // kernel writes float32 or T. Scores not added to the scores have a zero gradient.
   if (p.dkey_scores.data && prob.add_scores) {

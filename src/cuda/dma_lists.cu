@@ -56,7 +56,10 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
     return;
   }
   const int j = int(e % s.Sk), hk = int(e / s.Sk % s.Hk), b = int(e / s.Sk / s.Hk);
-  const int32_t begin = in.begin[e], end = in.end[e];
+  // Clamped to the queries that exist: a caller's intervals that are not a selection's give
+  // wrong results, never a query row out of bounds in the kernels.
+  const int32_t begin = min(max(in.begin[b * in.begin_stride[0] + hk * in.begin_stride[1] + j * in.begin_stride[2]], 0), s.Sq);
+  const int32_t end = min(max(in.end[b * in.end_stride[0] + hk * in.end_stride[1] + j * in.end_stride[2]], begin), s.Sq);
   float bias = 0.f;
   if (in.add_scores && end > begin)
     bias = load_score(in, b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);

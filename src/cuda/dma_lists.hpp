@@ -51,7 +51,8 @@ size_t dma_lists_workspace(const DmaListShape& s);
 DmaListScratch carve_dma_lists(void* base, const DmaListShape& s);
 
 struct DmaListInputs {
-  const int32_t *begin, *end;  // [B * Hk * Sk] contiguous intervals from the selection
+  const int32_t *begin, *end;  // [B, Hk, Sk] intervals from the selection (or the caller)
+  int64_t begin_stride[3], end_stride[3];
   const void* scores;          // key_scores [B, Hk, Sk]
   int score_dtype;             // fdma_dtype
   int64_t score_stride[3];

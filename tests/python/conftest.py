@@ -8,6 +8,20 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("FDMA_LIBRARY", os.path.join(ROOT, "build", "libfdma.so"))
+# A fresh inductor cache per run: inductor's on-disk cache does not key on a custom op's
+# schema, so code compiled against an older build's ops would be replayed.
+_INDUCTOR_DIR = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    _INDUCTOR_DIR = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="fdma_inductor_")
+
+
+def pytest_unconfigure(config):
+    if _INDUCTOR_DIR:
+        import shutil
+
+        shutil.rmtree(_INDUCTOR_DIR, ignore_errors=True)
 
 
 def pytest_addoption(parser):
