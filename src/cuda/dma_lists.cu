@@ -23,19 +23,26 @@ size_t scan_temp_bytes(int64_t n) {
   return bytes;
 }
 
-// The by-end sort: key = row (b * Hk + hk) in the top bits, then 2^31 - 1 - interval end (so
-// the latest end comes first; keys past the row's kept count get 2^31 - 1 and come last), value
-// = key index. The sort is stable and its input in index order: equal ends stay in index order.
-int end_sort_bits(int64_t rows) {
+// The by-end sort: key = row (b * Hk + hk) in the top bits, then Sq - interval end (so the
+// latest end comes first; keys past the row's kept count get Sq + 1 and come last), value =
+// key index. The sort is stable and its input in index order: equal ends stay in index order.
+// Only the bits that can differ are sorted: at 16K queries and 4 rows 17, three 8-bit passes
+// where a 31-bit end field took five.
+__host__ __device__ int end_order_bits(int Sq) {
   int bits = 1;
-  while ((int64_t(1) << bits) < rows) ++bits;
-  return 31 + bits;
+  while ((int64_t(1) << bits) < int64_t(Sq) + 2) ++bits;
+  return bits;
 }
-size_t end_sort_temp_bytes(int64_t n, int64_t rows) {
+int end_sort_bits(const DmaListShape& s) {
+  int bits = 0;
+  while ((int64_t(1) << bits) < int64_t(s.B) * s.Hk) ++bits;
+  return bits + end_order_bits(s.Sq);
+}
+size_t end_sort_temp_bytes(const DmaListShape& s) {
   size_t bytes = 0;
   cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
-                                  static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int(n), 0,
-                                  end_sort_bits(rows));
+                                  static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int(s.keys()), 0,
+                                  end_sort_bits(s));
   return bytes;
 }
 
@@ -89,8 +96,8 @@ __global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32
   const int32_t j = is_kept ? kept[e] : -1;
   // Causal lists have each kept key's end in kept order (coalesced); else its record.
   const int32_t end = !is_kept ? 0 : kept_span ? kept_span[e].y : info[bh * s.Sk + j].end;
-  const uint32_t order = is_kept ? uint32_t(0x7fffffff - end) : 0x7fffffffu;
-  keys[e] = uint64_t(bh) << 31 | order;
+  const uint32_t order = is_kept ? uint32_t(s.Sq - end) : uint32_t(s.Sq + 1);  // end in [0, Sq] (records clamp)
+  keys[e] = uint64_t(bh) << end_order_bits(s.Sq) | order;
   vals[e] = j;
 }
 
@@ -208,7 +215,7 @@ size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
   size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
   if (s.causal) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
-  if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(n, bh));
+  if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(s));
   return bytes + align_up(scan_temp_bytes(n));
 }
 
@@ -236,7 +243,7 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
     c.end_keys_out = reinterpret_cast<uint64_t*>(take(n * 8));
     c.end_vals_in = reinterpret_cast<int32_t*>(take(n * 4));
     c.kept_by_end = reinterpret_cast<int32_t*>(take(n * 4));
-    c.sort_bytes = end_sort_temp_bytes(n, bh);
+    c.sort_bytes = end_sort_temp_bytes(s);
     c.sort_temp = take(c.sort_bytes);
   }
   c.scan_bytes = scan_temp_bytes(n);
@@ -266,7 +273,7 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
     size_t sort_bytes = c.sort_bytes;
     err = cub::DeviceRadixSort::SortPairs(c.sort_temp, sort_bytes, c.end_keys_in, c.end_keys_out, c.end_vals_in,
-                                          c.kept_by_end, int(n), 0, end_sort_bits(int64_t(s.B) * s.Hk), stream);
+                                          c.kept_by_end, int(n), 0, end_sort_bits(s), stream);
     if (err != cudaSuccess) return err;
     lists.kept_by_end = c.kept_by_end;
   }
