@@ -111,12 +111,14 @@ __device__ __forceinline__ bool mask_keeps_tile(const AttentionFwdParams& f, con
 struct ScoreGrad {
   float pr, ds, dqk;
 };
-template <bool kSoftcap>
+// kKept: the score is a kept key's (dynamic-mask tiles whose keys all cover the rows), whose
+// term is its bias, added as the forward adds it, with no hidden-score select.
+template <bool kSoftcap, bool kKept>
 __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, float qk, float add, float lse2, float dp,
                                                 float delta) {
   constexpr float kLog2e = 1.4426950408889634f;
   const float c = capped_score<kSoftcap>(f, qk);
-  const float pr = ptx::exp2_approx(fmaf(add_visible(c, add), kLog2e, -lse2));
+  const float pr = ptx::exp2_approx(fmaf(kKept ? c + add : add_visible(c, add), kLog2e, -lse2));
   const float ds = pr * (dp - delta);
   return {pr, ds, ds * capped_slope<kSoftcap>(f, c)};
 }
@@ -127,7 +129,7 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, flo
 // case (one loop with every case inlined per score overflowed the instruction cache: ncu "no
 // instruction" stalls, docs/perf-notes.md). Rows are queries: dp becomes dS, s becomes
 // dS * d(capped)/d(qk).
-template <int kTilesN, class Add>
+template <bool kKept = false, int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float (&s)[kTilesN][4],
                                              float (&dp)[kTilesN][4], const float (&lse2)[2], const float (&delta)[2],
                                              Add&& add_at) {
@@ -138,7 +140,7 @@ __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float 
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const ScoreGrad g =
-            score_grad<decltype(softcap)::value>(f, s[nt][e], add_at(nt, e), lse2[r], dp[nt][e], delta[r]);
+            score_grad<decltype(softcap)::value, kKept>(f, s[nt][e], add_at(nt, e), lse2[r], dp[nt][e], delta[r]);
         dp[nt][e] = g.ds;
         s[nt][e] = g.dqk;
       }
@@ -148,7 +150,7 @@ __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float 
 // The transposed case of the dk/dv kernel: rows are keys, columns the step's queries
 // nt * 8 + 2t + (e & 1), with lse2 and delta in shared memory. st becomes P^T, dpt becomes
 // dS^T * d(capped)/d(qk), db[r] += dS^T.
-template <int kTilesN, class Add>
+template <bool kKept = false, int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                  float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
                                                  const float* delta, int t, Add&& add_at) {
@@ -159,7 +161,7 @@ __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, fl
       for (int e = 0; e < 4; ++e) {
         const int il = nt * 8 + 2 * t + (e & 1);
         const ScoreGrad g =
-            score_grad<decltype(softcap)::value>(f, st[nt][e], add_at(nt, e), lse2[il], dpt[nt][e], delta[il]);
+            score_grad<decltype(softcap)::value, kKept>(f, st[nt][e], add_at(nt, e), lse2[il], dpt[nt][e], delta[il]);
         db[e >> 1] += g.ds;
         st[nt][e] = g.pr;
         dpt[nt][e] = g.dqk;
@@ -306,7 +308,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
           for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
             for (int c = 0; c < 2; ++c) kb[nt][c] = tile_info[nt * 8 + 2 * t + c].bias;
-          scores_to_ds(f, s, dp, lse2, delta, [&](int nt, int e) { return kb[nt][e & 1]; });
+          scores_to_ds<true>(f, s, dp, lse2, delta, [&](int nt, int e) { return kb[nt][e & 1]; });
         } else if (gather) {
           scores_to_ds(f, s, dp, lse2, delta,
                        [&](int nt, int e) { return interval_add(tile_info[col(nt, e) - key0], rows[e >> 1]); });
@@ -654,7 +656,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     auto covers = [&](const KeyInfo& key) { return key.begin <= q0 && key.end >= q0 + kBM; };
     const bool keys_cover_step = gather && __all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]));
     if (keys_cover_step) {
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
+      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
     } else if (gather) {  // each thread's two keys keep their records in registers
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
                        [&](int nt, int e) { return interval_add(row_keys[e >> 1], query(nt, e)); });

@@ -238,13 +238,15 @@ __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const
   const int g = lane / 4, t = lane % 4;
   cap_scores(s, p);
   if (keys_cover_rows<kTilesN>(keys, row0, lane)) {
+    // Every key here is kept by every row: its score is capped + bias as on the CPU, with
+    // no hidden-score select.
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float bias = keys[nt * 8 + 2 * t + c].bias;  // one load for both rows
-        s[nt][c] = add_visible(s[nt][c], bias);
-        s[nt][c + 2] = add_visible(s[nt][c + 2], bias);
+        s[nt][c] += bias;
+        s[nt][c + 2] += bias;
       }
     return;
   }
