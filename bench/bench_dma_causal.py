@@ -71,8 +71,8 @@ def main():
         # pr selects in both passes; p (as the Python autograd path) keeps the forward's
         # selection in keep_begin/keep_end for the backward.
         pr = _abi.DmaParams.from_buffer_copy(p)
-        keep = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
-        p.keep_begin, p.keep_end = view(keep[0]), view(keep[1])
+        kept_sel = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
+        p.keep_begin, p.keep_end = view(kept_sel[0]), view(kept_sel[1])
         sizes = []
         for params in (p, pr):
             for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
@@ -195,11 +195,11 @@ def main():
         # Workspace of each pass (the backward given the forward's selection), and that
         # selection (8 bytes per key) held between them.
         res = {"S": S, "pairs": pairs, "times_ms": t, "workspace_fwd": sizes[0], "workspace_bwd": sizes[1],
-               "workspace_bwd_selecting": sizes[3], "kept_selection": keep.numel() * 4,
+               "workspace_bwd_selecting": sizes[3], "kept_selection": kept_sel.numel() * 4,
                "select_workspace": sbytes.value, "max_abs_diff_vs_sdpa": err}
         results.append(res)
         print(json.dumps(res), flush=True)
-        del q, k, v, dout, out, dq, dk, dv, ws, keep, qt, kt, vt, kw_, vw_
+        del q, k, v, dout, out, dq, dk, dv, ws, kept_sel, qt, kt, vt, kw_, vw_
         torch.cuda.empty_cache()
 
     if args.json:
