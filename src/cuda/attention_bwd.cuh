@@ -111,8 +111,9 @@ __device__ __forceinline__ bool mask_keeps_tile(const AttentionFwdParams& f, con
 struct ScoreGrad {
   float pr, ds, dqk;
 };
-// kKept: the score is a kept key's (dynamic-mask tiles whose keys all cover the rows), whose
-// term is its bias, added as the forward adds it, with no hidden-score select.
+// kKept: the score is visible for certain (a dynamic-mask tile whose keys all cover the rows,
+// or an interior tile without a mask test), so its term is its bias alone, added as the
+// forward adds it, with no hidden-score select.
 template <bool kSoftcap, bool kKept>
 __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, float qk, float add, float lse2, float dp,
                                                 float delta) {
@@ -329,7 +330,9 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
                             : f.bias_tiled      ? Terms::template key_bias<T>(terms, f, nt * 8 + 2 * t + c)
                                                 : key_bias_at<T>(f, b, h, key0 + nt * 8 + 2 * t + c);
             const T* bias_tile = Terms::template bias_tile<T>(terms, f);
-            scores_to_ds(f, s, dp, lse2, delta, [&](int nt, int e) {
+            // Interior and no mask test: every score is visible and its term is the bias,
+            // added as the forward adds it (no hidden-score select).
+            scores_to_ds<!kMask>(f, s, dp, lse2, delta, [&](int nt, int e) {
               const int r = e >> 1, c = nt * 8 + 2 * t + (e & 1);
               // one load for the thread's key pair (the same address for e and e ^ 1)
               const uint32_t pair = kMask ? mask_pair(terms + mask_rows[r] * Terms::kMaskPitch + nt * 8 + 2 * t) : 0;
@@ -672,7 +675,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
         if constexpr (kBias == BiasTerm::key)
           for (int r = 0; r < 2; ++r) kb[r] = key_bias_at<T>(f, b, h, keys[r]);
         const T* bias_tile = Terms::template bias_tile<T>(terms, f);
-        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+        scores_to_p_ds_t<!kMask>(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {  // as in the dq kernel
           const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);
           return tile_term<kMask, kBias>(kMask ? terms[il * mask_pitch + kl[r]] : 0u,
                                          bias_tile + il * Terms::kBiasPitch + kl[r], kb[r]);
