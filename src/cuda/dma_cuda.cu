@@ -89,6 +89,7 @@ void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::Dm
 // delta/lse2 rows, each 256-byte aligned. Caller-given intervals (keep_begin/keep_end) need
 // no interval space, and a backward given them selects nothing: no selection scratch.
 struct DmaLayout {
+  bool selects;  // false: a backward given the forward's intervals
   size_t select, intervals, lists, rows;
   size_t kv_gathered, bias_gathered;  // non-causal forward: the kept keys' K, V and biases
   DmaListShape shape;
@@ -103,8 +104,8 @@ int64_t gathered_slots(const detail::DmaProblem& prob) {
 DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass pass) {
   const detail::Dims& d = prob.dims;
   DmaLayout l;
-  const bool selects = !(prob.has_intervals && pass == Pass::backward);
-  l.select = selects ? align_up(topw_workspace(in, nullptr)) + (prob.causal ? align_up(wavelet_workspace(in, nullptr)) : 0)
+  l.selects = !(prob.has_intervals && pass == Pass::backward);
+  l.select = l.selects ? align_up(topw_workspace(in, nullptr)) + (prob.causal ? align_up(wavelet_workspace(in, nullptr)) : 0)
                      : 0;
   l.intervals = prob.has_intervals ? 0 : align_up(size_t(d.B * d.Hk * d.Sk) * 4);
   const int block_m = pass == Pass::forward ? fwd_block_m(head_dim_bucket(int(d.D))) : kBwdBlockM;
@@ -123,7 +124,7 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
 // Selection (unless a backward is given the forward's) and key lists into the workspace;
 // returns the lists for the kernels.
 KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, const TopwInputs& in,
-                         const DmaLayout& l, Pass pass, cudaStream_t stream) {
+                         const DmaLayout& l, cudaStream_t stream) {
   char* base = static_cast<char*>(p.workspace);
   const int64_t Sk = prob.dims.Sk, Hk = prob.dims.Hk;
   int32_t *begin, *end;
@@ -136,7 +137,7 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
     begin = reinterpret_cast<int32_t*>(base + l.select);
     end = reinterpret_cast<int32_t*>(base + l.select + l.intervals);
   }
-  if (!(prob.has_intervals && pass == Pass::backward)) {
+  if (l.selects) {
     const TopwScratch s = carve_topw(base, in);
     WaveletScratch wv{};
     if (prob.causal) wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
@@ -207,7 +208,7 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::forward);
-  const KeyLists lists = select_and_list(op, p, prob, in, l, Pass::forward, stream);
+  const KeyLists lists = select_and_list(op, p, prob, in, l, stream);
   if (prob.causal) {
     run_forward_kernel(kernel_params(p, prob, lists), prob.dtype, p.stream);
     return;
@@ -251,7 +252,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const detail::Dims& d = prob.dims;
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::backward);
-  KeyLists lists = select_and_list(op, p, prob, in, l, Pass::backward, stream);
+  KeyLists lists = select_and_list(op, p, prob, in, l, stream);
   // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
   // kernel writes float32 or T. Scores not added to the scores have a zero gradient.
   if (p.dkey_scores.data && prob.add_scores) {
