@@ -70,6 +70,18 @@ struct DmaRun {
     keep_end = HostTensor(DType::i32, {c.B, c.Hk, c.Sk});
   }
 
+  // Intervals that are no selection's, passed from now on: random in [-2 Sq, 4 Sq] (out of
+  // range and reversed ones among them), and every third key kept by every query.
+  void make_up_intervals(uint64_t seed) {
+    with_intervals = true;
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int64_t> any(-2 * c.Sq, 4 * c.Sq);
+    for (int64_t i = 0; i < keep_begin.numel(); ++i) {
+      keep_begin.set(i, i % 3 ? double(any(rng)) : -7.0);
+      keep_end.set(i, i % 3 ? double(any(rng)) : 20.0 * c.Sq);
+    }
+  }
+
   // The selection as select_keys computes it on the CPU: (begin, end) values.
   std::pair<std::vector<double>, std::vector<double>> cpu_selection() const {
     HostTensor b(DType::i32, {c.B, c.Hk, c.Sk}), e(DType::i32, {c.B, c.Hk, c.Sk});

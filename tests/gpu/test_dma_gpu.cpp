@@ -427,13 +427,7 @@ TEST(DmaGpu, MadeUpIntervalsStayInBounds) {
     c.dtype = DType::bf16;
     DmaRun r(c);
     r.forward();
-    r.with_intervals = true;
-    std::mt19937_64 rng(6);
-    std::uniform_int_distribution<int> any(-500, 1000);
-    for (int64_t i = 0; i < r.keep_begin.numel(); ++i) {
-      r.keep_begin.set(i, i % 3 ? any(rng) : -7);
-      r.keep_end.set(i, i % 3 ? any(rng) : 5000);  // every third key kept by every query
-    }
+    r.make_up_intervals(6);
     GpuDma gpu(r);
     gpu.run(Pass::backward);
     for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {&gpu.dscores, &r.dscores}}) {
