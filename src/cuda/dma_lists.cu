@@ -187,22 +187,25 @@ __global__ void __launch_bounds__(kTileThreads)
 }
 
 __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
-  // One warp per key; D * elem_bytes is a multiple of 16 (D % 8 == 0, 16-bit elements).
-  const int64_t key = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (key >= s.keys()) return;
+  // One thread per 16-byte chunk of a key's dk and dv rows (D * elem_bytes is a multiple of
+  // 16); the key's first chunk also does its dscores entry. A warp per key left half its lanes
+  // idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K (perf-notes).
+  const int chunks = z.D * z.elem_bytes / 16;
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= s.keys() * chunks) return;
+  const int64_t key = e / chunks;
+  const int c = int(e % chunks);
   const KeyInfo r = info[key];
   const bool kept = r.end > r.begin;
   if (kept && !z.dscores_all) return;
   const int j = int(key % s.Sk), hk = int(key / s.Sk % s.Hk), b = int(key / s.Sk / s.Hk);
-  const int chunks = kept ? 0 : z.D * z.elem_bytes / 16;
-  char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
-  char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;
-  for (int c = lane; c < chunks; c += 32) {
+  if (!kept) {
+    char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
+    char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;
     reinterpret_cast<int4*>(dk)[c] = make_int4(0, 0, 0, 0);
     reinterpret_cast<int4*>(dv)[c] = make_int4(0, 0, 0, 0);
   }
-  if (z.dscores && lane == 0) {
+  if (z.dscores && c == 0) {
     char* ds = static_cast<char*>(z.dscores) +
                (b * z.dscores_stride[0] + hk * z.dscores_stride[1] + j * z.dscores_stride[2]) * z.dscores_bytes;
     for (int i = 0; i < z.dscores_bytes; ++i) ds[i] = 0;
@@ -330,7 +333,7 @@ cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const
 }
 
 cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream) {
-  zero_unkept_kernel<<<blocks_for(s.keys() * 32, 256), 256, 0, stream>>>(s, info, z);
+  zero_unkept_kernel<<<blocks_for(s.keys() * (z.D * z.elem_bytes / 16), 256), 256, 0, stream>>>(s, info, z);
   return cudaGetLastError();
 }
 
