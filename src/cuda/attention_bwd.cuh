@@ -111,15 +111,15 @@ __device__ __forceinline__ bool mask_keeps_tile(const AttentionFwdParams& f, con
 struct ScoreGrad {
   float pr, ds, dqk;
 };
-// kKept: the score is visible for certain (a dynamic-mask tile whose keys all cover the rows,
+// kVisible: the score is visible for certain (a dynamic-mask tile whose keys all cover the rows,
 // or an interior tile without a mask test), so its term is its bias alone, added as the
 // forward adds it, with no hidden-score select.
-template <bool kSoftcap, bool kKept>
+template <bool kSoftcap, bool kVisible>
 __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, float qk, float add, float lse2, float dp,
                                                 float delta) {
   constexpr float kLog2e = 1.4426950408889634f;
   const float c = capped_score<kSoftcap>(f, qk);
-  const float pr = ptx::exp2_approx(fmaf(kKept ? c + add : add_visible(c, add), kLog2e, -lse2));
+  const float pr = ptx::exp2_approx(fmaf(kVisible ? c + add : add_visible(c, add), kLog2e, -lse2));
   const float ds = pr * (dp - delta);
   return {pr, ds, ds * capped_slope<kSoftcap>(f, c)};
 }
@@ -130,7 +130,7 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, flo
 // case (one loop with every case inlined per score overflowed the instruction cache: ncu "no
 // instruction" stalls, docs/perf-notes.md). Rows are queries: dp becomes dS, s becomes
 // dS * d(capped)/d(qk).
-template <bool kKept = false, int kTilesN, class Add>
+template <bool kVisible = false, int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float (&s)[kTilesN][4],
                                              float (&dp)[kTilesN][4], const float (&lse2)[2], const float (&delta)[2],
                                              Add&& add_at) {
@@ -141,7 +141,7 @@ __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float 
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const ScoreGrad g =
-            score_grad<decltype(softcap)::value, kKept>(f, s[nt][e], add_at(nt, e), lse2[r], dp[nt][e], delta[r]);
+            score_grad<decltype(softcap)::value, kVisible>(f, s[nt][e], add_at(nt, e), lse2[r], dp[nt][e], delta[r]);
         dp[nt][e] = g.ds;
         s[nt][e] = g.dqk;
       }
@@ -151,7 +151,7 @@ __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float 
 // The transposed case of the dk/dv kernel: rows are keys, columns the step's queries
 // nt * 8 + 2t + (e & 1), with lse2 and delta in shared memory. st becomes P^T, dpt becomes
 // dS^T * d(capped)/d(qk), db[r] += dS^T.
-template <bool kKept = false, int kTilesN, class Add>
+template <bool kVisible = false, int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                  float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
                                                  const float* delta, int t, Add&& add_at) {
@@ -162,7 +162,7 @@ __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, fl
       for (int e = 0; e < 4; ++e) {
         const int il = nt * 8 + 2 * t + (e & 1);
         const ScoreGrad g =
-            score_grad<decltype(softcap)::value, kKept>(f, st[nt][e], add_at(nt, e), lse2[il], dpt[nt][e], delta[il]);
+            score_grad<decltype(softcap)::value, kVisible>(f, st[nt][e], add_at(nt, e), lse2[il], dpt[nt][e], delta[il]);
         db[e >> 1] += g.ds;
         st[nt][e] = g.pr;
         dpt[nt][e] = g.dqk;
