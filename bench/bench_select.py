@@ -1,5 +1,6 @@
 """The causal top-w selection alone (`fdma_select`, causal unless --causal 0, w = 2048) on the GPU: time against
-row length and row count, run each way the library can (FDMA_SELECT_PATH=shared: one CTA per
+row length and row count, run each way the library can (FDMA_SELECT_PATH=cluster: a cluster of
+up to 8 CTAs per row on sm_90, up to 32K keys; =shared: one CTA per
 row in shared memory, up to 32K keys; =global: a device-wide sort, then a CTA per row through
 global memory; =levels: a device-wide sort, then kernels per wavelet level; unset: the
 library's choice). Medians of CUDA events around one call; then the library's choice called 50 times back to back:
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
-BUILDS = ("auto", "shared", "global", "levels")
+BUILDS = ("auto", "cluster", "shared", "global", "levels")
 
 
 def ok(lib, st):
@@ -47,7 +48,7 @@ def time_select(lib, S, rows, w, causal=True):
     out = {}
     ref = None
     for build in BUILDS:
-        if build == "shared" and S > 32768:
+        if build in ("shared", "cluster") and S > 32768:
             out[build] = float("nan")
             continue
         if build == "auto":
@@ -95,8 +96,8 @@ def main():
             t = time_select(lib, S, rows, args.window, bool(args.causal))
             table.append((rows, S, t))
             print(rows, S, t, flush=True)
-    print("\n| rows (B x Hk) | S | library's choice | shared | global | levels | host per call | back to back |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| rows (B x Hk) | S | library's choice | cluster | shared | global | levels | host per call | back to back |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rows, S, t in table:
         print(f"| {rows} | {S} | " + " | ".join(f"{t[b]:.3f}" for b in BUILDS + ("host", "streamed")) + " |")
 

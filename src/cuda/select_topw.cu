@@ -7,6 +7,7 @@
 
 #include "cuda/arch_dispatch.cuh"
 #include "cuda/rank_key.cuh"
+#include "cuda/select_cluster.cuh"
 #include "cuda/select_rows.cuh"
 #include "cuda/select_topw.cuh"
 
@@ -166,17 +167,19 @@ cudaError_t wavelet_levels(const TopwInputs& in, const TopwScratch& s, const Wav
   return cudaGetLastError();
 }
 
-// How a selection runs (select_rows.cuh has the per-row kernels):
+// How a selection runs (select_rows.cuh and select_cluster.cuh have the kernels):
+//   cluster: a cluster of up to 8 CTAs per row (sm_90, Sk <= kClusterRowMaxKeys), sort and
+//            wavelet levels spread over the cluster's shared memory;
 //   shared: one CTA per row, the wavelet sequence in shared memory (Sk <= kSharedRowMaxKeys),
 //           and the rank sort there too up to kRowThreads * 16 keys;
 //   global: the device-wide sort, then one CTA per row builds the wavelet through global memory;
 //   levels: the device-wide sort, then kernels per wavelet level over all rows.
-// Measured on the H100 (docs/perf-notes.md, eighth session): shared is the fastest wherever it
-// fits; past 32K keys global wins from about SMs / 5 rows on (32 rows of 64K keys: 0.77 against
-// 0.85 ms) and levels below (16 rows: 0.53 against 0.60 ms; 4 rows of 128K: 0.40 against
-// 0.91 ms). FDMA_SELECT_PATH=shared|global|levels in the environment forces one where it
-// applies (A/B runs and tests).
-enum class SelectPath { shared, global, levels };
+// Measured on the H100 (docs/perf-notes.md, eighth session): shared is the fastest of the last
+// three wherever it fits; past 32K keys global wins from about SMs / 5 rows on (32 rows of 64K
+// keys: 0.77 against 0.85 ms) and levels below (16 rows: 0.53 against 0.60 ms; 4 rows of 128K:
+// 0.40 against 0.91 ms). FDMA_SELECT_PATH=cluster|shared|global|levels in the environment
+// forces one where it applies (A/B runs and tests).
+enum class SelectPath { cluster, shared, global, levels };
 
 // Keys per thread of the in-CTA rank sort for a row of Sk keys; 0: sorted device-wide first.
 int row_sort_items(int Sk) { return Sk <= kRowThreads * 4 ? 4 : Sk <= kRowThreads * 16 ? 16 : 0; }
@@ -190,40 +193,99 @@ size_t select_row_bytes(int Sk) {
   }
 }
 
-// The current device's SM count and opt-in shared memory per block, queried once per device.
+// The current device's SM count, opt-in shared memory per block and whether it runs the
+// cluster kernel (compute capability 9.x and sm_90 code for it in this build), queried once
+// per device.
 struct DeviceLimits {
   int sms = 1, smem_optin = 0;  // what a failed query answers: the device-wide paths
+  bool clusters = false;
 };
 DeviceLimits device_limits() {
-  static std::atomic<uint64_t> cached[kMaxDevices] = {};  // sms << 32 | smem_optin; 0 unknown
+  // bit 63: known; 48: clusters; 32-47: SMs; 0-31: shared memory
+  static std::atomic<uint64_t> cached[kMaxDevices] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return {};
   }
   if (device < kMaxDevices)
-    if (const uint64_t c = cached[device].load(std::memory_order_relaxed)) return {int(c >> 32), int(c & 0xffffffffu)};
+    if (const uint64_t c = cached[device].load(std::memory_order_relaxed))
+      return {int((c >> 32) & 0xffff), int(c & 0xffffffffu), ((c >> 48) & 1) != 0};
   DeviceLimits l;
+  int major = 0;
+  cudaFuncAttributes attr{};
   if (cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
     cudaGetLastError();  // a failed query is an answer, not the caller's error
     return {};
   }
-  if (device < kMaxDevices) cached[device].store(uint64_t(l.sms) << 32 | uint32_t(l.smem_optin));
+  l.clusters = major >= 9 && cudaFuncGetAttributes(&attr, select_cluster_kernel<kClusterMaxThreads>) == cudaSuccess &&
+               attr.binaryVersion >= 90 && select_cluster_smem<kClusterMaxThreads>() <= size_t(l.smem_optin);
+  cudaGetLastError();
+  if (device < kMaxDevices)
+    cached[device].store(uint64_t(1) << 63 | uint64_t(l.clusters) << 48 | uint64_t(l.sms & 0xffff) << 32 |
+                         uint32_t(l.smem_optin));
   return l;
 }
 
+// A row of Sk keys in segments, one per CTA of the cluster: eight where the row is long
+// enough, fewer below 8 * 512 keys.
+int cluster_segment(int Sk) {
+  const int eighth = (Sk + kClusterMaxCtas - 1) / kClusterMaxCtas;
+  return eighth > 512 ? eighth : Sk < 512 ? Sk : 512;
+}
+
 SelectPath select_path(const TopwInputs& in) {
-  const auto [sms, smem_optin] = device_limits();
+  const auto [sms, smem_optin, clusters] = device_limits();
+  // The cluster path spreads a row over up to 8 SMs: for the few-row case, where the others
+  // leave SMs idle (measured: 8 rows of 16K keys 0.105 ms against 0.135 a CTA per row, 32 rows
+  // 0.295 against 0.152).
+  const int64_t rows = int64_t(in.B) * in.Hk;
+  const bool fits_cluster = clusters && in.Sk <= kClusterRowMaxKeys && rows <= 65535;
+  const bool cluster_pays = fits_cluster && rows * ((in.Sk + cluster_segment(in.Sk) - 1) / cluster_segment(in.Sk)) <= sms;
   // GPUs with less shared memory per block (99 KB on sm_86/89) take rows up to 16K keys here.
   const bool fits_shared = in.Sk <= kSharedRowMaxKeys && select_row_bytes(in.Sk) <= size_t(smem_optin);
   if (const char* env = std::getenv("FDMA_SELECT_PATH")) {
+    if (std::strcmp(env, "cluster") == 0 && fits_cluster) return SelectPath::cluster;
     if (std::strcmp(env, "shared") == 0 && fits_shared) return SelectPath::shared;
     if (std::strcmp(env, "global") == 0) return SelectPath::global;
     if (std::strcmp(env, "levels") == 0) return SelectPath::levels;
   }
+  if (cluster_pays) return SelectPath::cluster;
   if (fits_shared) return SelectPath::shared;
   return int64_t(in.B) * in.Hk * 5 >= sms ? SelectPath::global : SelectPath::levels;
+}
+
+template <int kThreads>
+cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, int seg, int levels, int32_t* rank0,
+                                  cudaStream_t stream) {
+  constexpr size_t smem = select_cluster_smem<kThreads>();
+  const auto kernel = select_cluster_kernel<kThreads>;
+  if (const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      err != cudaSuccess)
+    return err;
+  const int ctas = (in.Sk + seg - 1) / seg;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(ctas), unsigned(in.B * in.Hk));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(ctas);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, in, seg, levels, s.keys_out, s.idx_out, rank0);
+}
+
+cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
+                                  cudaStream_t stream) {
+  const int seg = cluster_segment(in.Sk);
+  if (seg <= ClusterConfig<256>::kSegMax) return launch_select_cluster<256>(in, s, seg, levels, rank0, stream);
+  return launch_select_cluster<512>(in, s, seg, levels, rank0, stream);
 }
 
 template <int kSortItems>
@@ -253,6 +315,7 @@ cudaError_t rank_rows(const TopwInputs& in, const TopwScratch& s, const WaveletS
                       cudaStream_t stream) {
   int32_t* rank0 = wv ? wv->rank0 : nullptr;
   const int levels = wv ? wv->levels : 0;
+  if (path == SelectPath::cluster) return launch_select_cluster(in, s, levels, rank0, stream);
   if (path == SelectPath::shared && row_sort_items(in.Sk) == 4) return launch_select_row<4>(in, s, levels, rank0, stream);
   if (path == SelectPath::shared && row_sort_items(in.Sk) == 16)
     return launch_select_row<16>(in, s, levels, rank0, stream);

@@ -252,21 +252,23 @@ TEST(SelectGpu, CausalLongRow) {
   run_gpu_select(scores, nullptr, 100000, 2048, true);  // Sq < Sk: a prefill chunk after a cache
 }
 
-// The selection runs one of three ways (select_topw.cu: a CTA per row in shared memory, sorting
-// there up to 16384 keys; a device-wide sort, then a CTA per row through global memory; or
-// kernels per wavelet level), chosen by row length and count; FDMA_SELECT_PATH forces one.
-// Each must give the CPU's selection, on rows around the kernels' limits (4096 and 16384 keys
-// sorted in a CTA, 16384-key chunks, 32768 keys in shared memory).
+// The selection runs one of four ways (select_topw.cu: a cluster of CTAs per row on sm_90, up to
+// 32768 keys; a CTA per row in shared memory, sorting there up to 16384 keys; a device-wide
+// sort, then a CTA per row through global memory; or kernels per wavelet level), chosen by row
+// length and count; FDMA_SELECT_PATH forces one. Each must give the CPU's selection, on rows
+// around the kernels' limits (512-key cluster segments, 4096 keys sorted in a CTA and per
+// cluster segment, 16384 keys sorted in a CTA, 16384-key chunks, 32768 keys in shared memory
+// and in a cluster).
 TEST(SelectGpu, EveryPathMatchesTheCpu) {
   REQUIRE_GPU();
   struct EnvGuard {
     ~EnvGuard() { unsetenv("FDMA_SELECT_PATH"); }
   } guard;
   std::mt19937_64 rng(91);
-  for (const char* path : {"shared", "global", "levels"}) {
+  for (const char* path : {"cluster", "shared", "global", "levels"}) {
     SCOPED_TRACE(path);
     setenv("FDMA_SELECT_PATH", path, 1);
-    for (int64_t Sk : {1, 2, 33, 4096, 4097, 16384, 16385, 32768, 40000}) {
+    for (int64_t Sk : {1, 2, 33, 512, 513, 4096, 4097, 16384, 16385, 32767, 32768, 40000}) {
       HostTensor scores(DType::bf16, {2, 3, Sk}), pad(DType::boolean, {2, Sk});
       scores.fill_uniform(rng, -2, 2);  // bf16: many ties
       pad.fill_bool(rng, 0.9);

@@ -1,0 +1,274 @@
+// The selection by a cluster of CTAs per (batch, KV head) row, on sm_90. A CTA per row
+// (select_rows.cuh) leaves all but B * Hk SMs idle: at 16K keys and 4 rows, 4 SMs spent 73 us
+// on the rank sort and 70 us on the 14 wavelet levels, latency-bound on barriers. Here each row
+// is cut into C segments (C <= 8, a portable cluster), one per CTA, and the CTAs exchange data
+// through distributed shared memory:
+//   - the rank sort is a least-significant-digit radix sort over the 32 inverted score bits,
+//     8 bits per pass. Each pass ranks the CTA's keys by digit (stable), reads the peers' digit
+//     counts, and stores every key straight into the CTA that holds its destination. The
+//     input is in index order and every pass is stable, so ties go to the lower index;
+//   - each wavelet level counts its segment's zeros, places them after the zeros of the
+//     segments before (the row's total is known in closed form, zeros_of_bit), and stores the
+//     partitioned sequence into the peers. The next level's zero counts per segment travel
+//     with that store (a C x C table of counts per destination), so a level costs one
+//     cluster barrier.
+// Rows up to kClusterRowMaxKeys keys; the results are the ones the other paths write.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include <cub/block/block_radix_rank.cuh>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/rank_key.cuh"
+#include "cuda/select_rows.cuh"
+
+namespace fdma::cuda {
+
+// Keys per thread; the CTA has 256 threads for segments up to 2048 keys, else 512 (fewer warps:
+// shorter block scans, and two CTAs fit an SM).
+constexpr int kClusterItems = 8;
+constexpr int kClusterMaxThreads = 512;
+constexpr int kClusterMaxCtas = 8;  // the portable cluster size
+constexpr int kClusterRowMaxKeys = kClusterMaxThreads * kClusterItems * kClusterMaxCtas;
+constexpr int kDigitBits = 8, kDigits = 1 << kDigitBits;
+
+template <int kThreads>
+struct ClusterConfig {
+  static constexpr int kWarps = kThreads / 32, kSegMax = kThreads * kClusterItems;
+  static_assert(kThreads >= kDigits, "a thread per digit");
+  static_assert(kClusterMaxCtas * kClusterMaxCtas <= 64, "two counts of the C x C table per lane of a warp");
+  using Rank = cub::BlockRadixRankMatch<kThreads, kDigitBits, false>;
+  struct Smem {
+    uint32_t key[2][kSegMax];  // inverted score bits, by sort pass parity
+    int32_t idx[2][kSegMax];   // key indices; after the sort, the wavelet sequence by level parity
+    int32_t digit_count[kDigits];  // this CTA's keys per digit in the current pass
+    int32_t digit_base[kDigits];   // destination of the digit's first key, less its local start
+    int32_t digit_scan[kWarps];
+    int32_t sent[2][kClusterMaxCtas][kClusterMaxCtas];  // [level parity][from][to]: next level's zeros
+    int32_t sent_here[kClusterMaxCtas];                 // this CTA's row of that table, being counted
+    int32_t counts[kClusterItems * kWarps];             // zeros per (item, warp), then their prefix
+    int32_t zeros_before;                               // zeros of the level in the segments before this one
+    typename Rank::TempStorage rank;
+  };
+};
+
+// Bytes of dynamic shared memory the kernel needs.
+template <int kThreads>
+constexpr size_t select_cluster_smem() {
+  return sizeof(typename ClusterConfig<kThreads>::Smem);
+}
+
+struct DigitOf {
+  int shift;
+  __device__ __forceinline__ uint32_t Digit(uint32_t key) const { return (key >> shift) & (kDigits - 1); }
+};
+
+namespace cluster_detail {
+
+// Per-thread counts of flagged items per destination CTA, 16 bits each (to < 8).
+struct SentCounts {
+  uint64_t lo = 0, hi = 0;  // destinations 0-3, 4-7
+  __device__ __forceinline__ void add(int to, bool flag) {
+    const uint64_t one = uint64_t(flag && to >= 0) << (16 * (to & 3));
+    if (to < 4) lo += one;
+    else hi += one;
+  }
+};
+
+// Adds the warp's counts into sent_here (a shared atomic per destination with any).
+__device__ __forceinline__ void flush_sent(const SentCounts& s, int32_t* sent_here) {
+  const uint32_t w[4] = {__reduce_add_sync(0xffffffffu, uint32_t(s.lo)), __reduce_add_sync(0xffffffffu, uint32_t(s.lo >> 32)),
+                         __reduce_add_sync(0xffffffffu, uint32_t(s.hi)), __reduce_add_sync(0xffffffffu, uint32_t(s.hi >> 32))};
+  if ((threadIdx.x & 31) == 0)
+#pragma unroll
+    for (int to = 0; to < 8; ++to)
+      if (const uint32_t n = (w[to / 2] >> (16 * (to % 2))) & 0xffffu) atomicAdd(&sent_here[to], int32_t(n));
+}
+
+// Exclusive prefix of v over threads 0 .. kDigits - 1 (the others pass 0 and get junk);
+// ends on a barrier.
+__device__ __forceinline__ int32_t digit_exclusive_scan(int32_t v, int32_t* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int32_t inclusive = v;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
+    if (lane >= off) inclusive += t;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int32_t before = inclusive - v;
+#pragma unroll
+  for (int k = 0; k < kDigits / 32; ++k) before += k < warp ? warp_sums[k] : 0;
+  __syncthreads();
+  return before;
+}
+
+}  // namespace cluster_detail
+
+// Grid (C, B * Hk) in clusters of (C, 1, 1); CTA c holds positions [c * seg, c * seg + seg) of
+// its row (index order before the sort, rank order after). Writes keys_out / idx_out as the
+// device-wide sort does and, given rank0 (causal), the row's wavelet levels as select_rows.cuh.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    select_cluster_kernel(TopwInputs in, int seg, int levels, uint64_t* keys_out, int32_t* idx_out, int32_t* rank0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  using namespace cluster_detail;
+  using Config = ClusterConfig<kThreads>;
+  using Rank = typename Config::Rank;
+  constexpr int kWarps = Config::kWarps;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<typename Config::Smem*>(smem_raw);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), c = int(cluster.block_rank());
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int row = blockIdx.y, Sk = in.Sk, first = c * seg, mine = min(seg, Sk - first);
+  const int64_t row0 = int64_t(row) * Sk, n = int64_t(in.B) * in.Hk * Sk;
+  const bool causal = rank0 != nullptr;
+
+  // The rank sort. Items are warp-striped (item i of lane l of warp w at position
+  // w * 32 * kItems + 32 * i + l), the order in which the match-based rank is stable.
+  uint32_t key[kClusterItems];
+  int32_t idx[kClusterItems];
+  constexpr int kPasses = 32 / kDigitBits;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int cur = pass & 1, next = cur ^ 1;
+#pragma unroll
+    for (int i = 0; i < kClusterItems; ++i) {
+      const int p = warp * 32 * kClusterItems + 32 * i + lane;
+      if (pass == 0) {
+        idx[i] = first + p;  // past the segment: ~0u, ranked after every real key
+        key[i] = p < mine ? ~score_bits(in, row / in.Hk, row % in.Hk, idx[i]) : ~0u;
+      } else {
+        key[i] = p < mine ? sm.key[cur][p] : ~0u;
+        idx[i] = p < mine ? sm.idx[cur][p] : 0;
+      }
+    }
+    int rank[kClusterItems], digit_start[Rank::BINS_TRACKED_PER_THREAD];
+    Rank(sm.rank).RankKeys(key, rank, DigitOf{pass * kDigitBits}, digit_start);
+    if (tid < kDigits) sm.digit_base[tid] = digit_start[0];  // this CTA's start of each digit
+    __syncthreads();
+    if (tid < kDigits)  // the padding past the segment has the top digit: counted out there
+      sm.digit_count[tid] = (tid + 1 < kDigits ? sm.digit_base[tid + 1] : mine) - digit_start[0];
+    cluster.sync();  // every CTA's digit counts are ready
+    int32_t total = 0, before = 0;
+    if (tid < kDigits) {
+      int32_t k[kClusterMaxCtas];
+#pragma unroll
+      for (int r = 0; r < kClusterMaxCtas; ++r) k[r] = r < C ? cluster.map_shared_rank(sm.digit_count, r)[tid] : 0;
+#pragma unroll
+      for (int r = 0; r < kClusterMaxCtas; ++r) total += k[r], before += r < c ? k[r] : 0;
+    }
+    const int32_t start = digit_exclusive_scan(tid < kDigits ? total : 0, sm.digit_scan);
+    if (tid < kDigits) sm.digit_base[tid] = start + before - digit_start[0];
+    const bool last_pass = pass + 1 == kPasses;
+    if (last_pass && causal && tid < C) sm.sent_here[tid] = 0;
+    __syncthreads();
+    SentCounts sent;  // the last pass also counts, per destination, the first level's zeros
+#pragma unroll
+    for (int i = 0; i < kClusterItems; ++i) {
+      const int p = warp * 32 * kClusterItems + 32 * i + lane;
+      if (p >= mine) continue;
+      const int dest = sm.digit_base[DigitOf{pass * kDigitBits}.Digit(key[i])] + rank[i];
+      const int to = dest / seg, at = dest - to * seg;
+      cluster.map_shared_rank(sm.key[next], to)[at] = key[i];
+      cluster.map_shared_rank(sm.idx[next], to)[at] = idx[i];
+      if (last_pass && causal) sent.add(to, ((idx[i] >> (levels - 1)) & 1) == 0);
+    }
+    if (last_pass && causal) {
+      flush_sent(sent, sm.sent_here);
+      __syncthreads();
+      if (tid < C * C) cluster.map_shared_rank(&sm.sent[0][c][0], tid / C)[tid % C] = sm.sent_here[tid % C];
+    }
+    cluster.sync();  // the pass's keys are in place
+  }
+
+  // Ranked: this CTA holds ranks [first, first + mine).
+  const int sorted = kPasses & 1;
+  for (int p = tid; p < mine; p += kThreads) {
+    const int32_t j = sm.idx[sorted][p];
+    idx_out[row0 + first + p] = j;
+    keys_out[row0 + first + p] = rank_key(in, row, ~sm.key[sorted][p], j);
+  }
+  if (!causal) return;  // no peer touches this CTA's memory after the last barrier
+
+  // The wavelet levels. Level l reads the sequence from idx[(sorted + l) & 1] and stores the
+  // partitioned one into the peers' other buffer; positions are striped here (item i of thread
+  // t at i * kThreads + t), so a warp's zeros, and its ones, land contiguous.
+  for (int l = 0; l < levels; ++l) {
+    const int bit = levels - 1 - l, par = l & 1;
+    const bool last = l + 1 == levels;
+    const int32_t zeros = zeros_of_bit(Sk, bit);
+    const int32_t* src = sm.idx[(sorted + l) & 1];
+    int32_t v[kClusterItems];
+    uint32_t zero_items = 0, below[kClusterItems / 4] = {};  // zeros of lower lanes per item, a byte each
+    int32_t own = 0;
+#pragma unroll
+    for (int i = 0; i < kClusterItems; ++i) {
+      const int p = i * kThreads + tid;
+      v[i] = p < mine ? src[p] : 0;
+      const bool zero = p < mine && ((v[i] >> bit) & 1) == 0;
+      const unsigned ballot = __ballot_sync(0xffffffffu, zero);
+      zero_items |= uint32_t(zero) << i;
+      if (lane == i) own = __popc(ballot);
+      below[i / 4] |= uint32_t(__popc(ballot & ((1u << lane) - 1))) << (8 * (i % 4));
+    }
+    if (lane < kClusterItems) sm.counts[lane * kWarps + warp] = own;
+    if (tid < C) sm.sent_here[tid] = 0;
+    __syncthreads();
+    if (warp == 0) {
+      // The zeros in the segments before this one, from the table the peers sent.
+      int32_t zb = 0;
+#pragma unroll
+      for (int e = lane; e < kClusterMaxCtas * kClusterMaxCtas; e += 32)
+        if (e < C * C && e % C < c) zb += sm.sent[par][e / C][e % C];
+      zb = __reduce_add_sync(0xffffffffu, zb);
+      // (item, warp) counts in position order.
+      constexpr int kPer = kClusterItems * kWarps / 32;
+      int32_t k[kPer], sum = 0;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) k[e] = sm.counts[lane * kPer + e], sum += k[e];
+      int32_t inclusive = sum;
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
+        if (lane >= off) inclusive += t;
+      }
+      int32_t run = zb + inclusive - sum;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) sm.counts[lane * kPer + e] = run, run += k[e];
+    }
+    __syncthreads();
+    int32_t* r = rank0 + int64_t(l) * (n + 1) + row0;
+    const int32_t offset = int32_t(row) * zeros;
+    const int next = (sorted + l + 1) & 1;
+    SentCounts sent;
+#pragma unroll
+    for (int i = 0; i < kClusterItems; ++i) {
+      const int p = i * kThreads + tid;
+      if (p >= mine) continue;
+      const int32_t zb = sm.counts[i * kWarps + warp] + int32_t((below[i / 4] >> (8 * (i % 4))) & 0xff);
+      r[first + p] = offset + zb;
+      if (last) continue;
+      const int dest = (zero_items >> i) & 1 ? zb : zeros + (first + p - zb);
+      const int to = dest / seg;
+      cluster.map_shared_rank(sm.idx[next], to)[dest - to * seg] = v[i];
+      sent.add(to, ((v[i] >> (bit - 1)) & 1) == 0);
+    }
+    if (row == int(gridDim.y) - 1 && c == C - 1 && tid == 0) r[Sk] = int32_t(gridDim.y) * zeros;  // the scan's entry n
+    if (last) break;
+    flush_sent(sent, sm.sent_here);
+    __syncthreads();
+    if (tid < C * C) cluster.map_shared_rank(&sm.sent[par ^ 1][c][0], tid / C)[tid % C] = sm.sent_here[tid % C];
+    cluster.sync();  // the next level's sequence and counts are in place
+  }
+#else
+  __trap();  // launched only where the device runs sm_90 code (select_topw.cu checks)
+#endif
+}
+
+}  // namespace fdma::cuda
