@@ -8,10 +8,11 @@
 //     counts, and stores every key straight into the CTA that holds its destination. The
 //     input is in index order and every pass is stable, so ties go to the lower index;
 //   - each wavelet level counts its segment's zeros, places them after the zeros of the
-//     segments before (the row's total is known in closed form, zeros_of_bit), and stores the
-//     partitioned sequence into the peers. The next level's zero counts per segment travel
-//     with that store (a C x C table of counts per destination), so a level costs one
-//     cluster barrier.
+//     segments before (the row's total is known in closed form, zeros_of_bit), partitions the
+//     segment locally and copies its zeros and its ones as two runs into the peers, 16 bytes
+//     a store (one 4-byte store per key cost about twice as much per level). The next level's
+//     zero counts per segment travel with that copy (a C x C table of counts per
+//     destination), so a level costs one cluster barrier;
 // Rows up to kClusterRowMaxKeys keys; the results are the ones the other paths write.
 #pragma once
 
@@ -42,15 +43,15 @@ struct ClusterConfig {
   static_assert(kClusterMaxCtas * kClusterMaxCtas <= 64, "two counts of the C x C table per lane of a warp");
   using Rank = cub::BlockRadixRankMatch<kThreads, kDigitBits, false>;
   struct Smem {
-    uint32_t key[2][kSegMax];  // inverted score bits, by sort pass parity
-    int32_t idx[2][kSegMax];   // key indices; after the sort, the wavelet sequence by level parity
+    uint2 kv[2][kSegMax];        // (inverted score bits, key index) by sort pass parity: one 8-byte store
+    int32_t seq[2][kSegMax];     // the wavelet sequence by level parity
     int32_t digit_count[kDigits];  // this CTA's keys per digit in the current pass
     int32_t digit_base[kDigits];   // destination of the digit's first key, less its local start
     int32_t digit_scan[kWarps];
     int32_t sent[2][kClusterMaxCtas][kClusterMaxCtas];  // [level parity][from][to]: next level's zeros
     int32_t sent_here[kClusterMaxCtas];                 // this CTA's row of that table, being counted
     int32_t counts[kClusterItems * kWarps];             // zeros per (item, warp), then their prefix
-    int32_t zeros_before;                               // zeros of the level in the segments before this one
+    int32_t zeros_before, zeros_here;                   // the level's zeros in the segments before, in this one
     typename Rank::TempStorage rank;
   };
 };
@@ -107,11 +108,43 @@ __device__ __forceinline__ int32_t digit_exclusive_scan(int32_t v, int32_t* warp
   return before;
 }
 
+
+// Copies stage[s .. s + len) to the row positions [g0, g0 + len) of the peers' `seq` (the
+// CTA holding position g at g - (g / seg) * seg): 16-byte stores where the positions are
+// aligned (s = g0 mod 4, seg % 4 == 0), single ones at the run's ends. Counts the values
+// whose bit `next_bit` is 0 per destination (next_bit < 0: none).
+template <int kThreads, class Cluster>
+__device__ __forceinline__ void copy_run(const Cluster& cluster, const int32_t* stage, int s, int g0, int len,
+                                         int32_t* seq, int seg, int next_bit, SentCounts& sent) {
+  const int head = min(len, (4 - (g0 & 3)) & 3), body = (len - head) / 4, tail = len - head - 4 * body;
+  const int tid = threadIdx.x;
+  if (tid < head + tail) {
+    const int e = tid < head ? tid : head + 4 * body + (tid - head);
+    const int g = g0 + e, to = g / seg;
+    const int32_t v = stage[s + e];
+    cluster.map_shared_rank(seq, to)[g - to * seg] = v;
+    if (next_bit >= 0) sent.add(to, ((v >> next_bit) & 1) == 0);
+  }
+  for (int q = tid; q < body; q += kThreads) {
+    const int e = head + 4 * q, g = g0 + e, to = g / seg;
+    const int4 v = *reinterpret_cast<const int4*>(stage + s + e);
+    *reinterpret_cast<int4*>(cluster.map_shared_rank(seq, to) + (g - to * seg)) = v;
+    if (next_bit >= 0) {
+      sent.add(to, ((v.x >> next_bit) & 1) == 0);
+      sent.add(to, ((v.y >> next_bit) & 1) == 0);
+      sent.add(to, ((v.z >> next_bit) & 1) == 0);
+      sent.add(to, ((v.w >> next_bit) & 1) == 0);
+    }
+  }
+}
+
 }  // namespace cluster_detail
 
 // Grid (C, B * Hk) in clusters of (C, 1, 1); CTA c holds positions [c * seg, c * seg + seg) of
-// its row (index order before the sort, rank order after). Writes keys_out / idx_out as the
-// device-wide sort does and, given rank0 (causal), the row's wavelet levels as select_rows.cuh.
+// its row (index order before the sort, rank order after), seg % 4 == 0. Writes keys_out /
+// idx_out as the device-wide sort does and, given rank0 (causal), the row's wavelet levels as
+// select_rows.cuh. (Walking the levels for the intervals here too, with a thread per 8 keys,
+// took longer than the separate kernel with a thread per key: 93 against 69 + 8 us at 16K.)
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     select_cluster_kernel(TopwInputs in, int seg, int levels, uint64_t* keys_out, int32_t* idx_out, int32_t* rank0) {
@@ -144,8 +177,8 @@ __global__ void __launch_bounds__(kThreads)
         idx[i] = first + p;  // past the segment: ~0u, ranked after every real key
         key[i] = p < mine ? ~score_bits(in, row / in.Hk, row % in.Hk, idx[i]) : ~0u;
       } else {
-        key[i] = p < mine ? sm.key[cur][p] : ~0u;
-        idx[i] = p < mine ? sm.idx[cur][p] : 0;
+        const uint2 kv = p < mine ? sm.kv[cur][p] : make_uint2(~0u, 0);
+        key[i] = kv.x, idx[i] = int32_t(kv.y);
       }
     }
     int rank[kClusterItems], digit_start[Rank::BINS_TRACKED_PER_THREAD];
@@ -175,8 +208,7 @@ __global__ void __launch_bounds__(kThreads)
       if (p >= mine) continue;
       const int dest = sm.digit_base[DigitOf{pass * kDigitBits}.Digit(key[i])] + rank[i];
       const int to = dest / seg, at = dest - to * seg;
-      cluster.map_shared_rank(sm.key[next], to)[at] = key[i];
-      cluster.map_shared_rank(sm.idx[next], to)[at] = idx[i];
+      cluster.map_shared_rank(sm.kv[next], to)[at] = make_uint2(key[i], uint32_t(idx[i]));
       if (last_pass && causal) sent.add(to, ((idx[i] >> (levels - 1)) & 1) == 0);
     }
     if (last_pass && causal) {
@@ -187,23 +219,28 @@ __global__ void __launch_bounds__(kThreads)
     cluster.sync();  // the pass's keys are in place
   }
 
-  // Ranked: this CTA holds ranks [first, first + mine).
+  // Ranked: this CTA holds ranks [first, first + mine) in kv[sorted]; the other buffer is free
+  // and stages each level's partition.
   const int sorted = kPasses & 1;
+  const uint2* ranked = sm.kv[sorted];
+  int32_t* stage = reinterpret_cast<int32_t*>(sm.kv[sorted ^ 1]);  // mine + 9 ints at most
   for (int p = tid; p < mine; p += kThreads) {
-    const int32_t j = sm.idx[sorted][p];
-    idx_out[row0 + first + p] = j;
-    keys_out[row0 + first + p] = rank_key(in, row, ~sm.key[sorted][p], j);
+    const uint2 kv = ranked[p];
+    idx_out[row0 + first + p] = int32_t(kv.y);
+    keys_out[row0 + first + p] = rank_key(in, row, ~kv.x, int(kv.y));
+    if (causal) sm.seq[0][p] = int32_t(kv.y);
   }
   if (!causal) return;  // no peer touches this CTA's memory after the last barrier
+  __syncthreads();
 
-  // The wavelet levels. Level l reads the sequence from idx[(sorted + l) & 1] and stores the
-  // partitioned one into the peers' other buffer; positions are striped here (item i of thread
-  // t at i * kThreads + t), so a warp's zeros, and its ones, land contiguous.
+  // The wavelet levels. Level l reads the sequence from seq[l & 1]; its zeros and its ones are
+  // staged in order here, then copied as two runs into the peers' other buffer. Positions are
+  // striped (item i of thread t at i * kThreads + t).
   for (int l = 0; l < levels; ++l) {
     const int bit = levels - 1 - l, par = l & 1;
     const bool last = l + 1 == levels;
     const int32_t zeros = zeros_of_bit(Sk, bit);
-    const int32_t* src = sm.idx[(sorted + l) & 1];
+    const int32_t* src = sm.seq[par];
     int32_t v[kClusterItems];
     uint32_t zero_items = 0, below[kClusterItems / 4] = {};  // zeros of lower lanes per item, a byte each
     int32_t own = 0;
@@ -238,29 +275,31 @@ __global__ void __launch_bounds__(kThreads)
         const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
         if (lane >= off) inclusive += t;
       }
-      int32_t run = zb + inclusive - sum;
+      int32_t run = inclusive - sum;
 #pragma unroll
       for (int e = 0; e < kPer; ++e) sm.counts[lane * kPer + e] = run, run += k[e];
+      if (lane == 31) sm.zeros_before = zb, sm.zeros_here = inclusive;
     }
     __syncthreads();
+    const int32_t zb_seg = sm.zeros_before, z_here = sm.zeros_here;
+    const int ones_at = zeros + first - zb_seg;  // row position of this segment's first one
+    const int s0 = zb_seg & 3, s1 = ((s0 + z_here + 3) & ~3) + (ones_at & 3);
     int32_t* r = rank0 + int64_t(l) * (n + 1) + row0;
     const int32_t offset = int32_t(row) * zeros;
-    const int next = (sorted + l + 1) & 1;
-    SentCounts sent;
 #pragma unroll
     for (int i = 0; i < kClusterItems; ++i) {
       const int p = i * kThreads + tid;
       if (p >= mine) continue;
-      const int32_t zb = sm.counts[i * kWarps + warp] + int32_t((below[i / 4] >> (8 * (i % 4))) & 0xff);
-      r[first + p] = offset + zb;
-      if (last) continue;
-      const int dest = (zero_items >> i) & 1 ? zb : zeros + (first + p - zb);
-      const int to = dest / seg;
-      cluster.map_shared_rank(sm.idx[next], to)[dest - to * seg] = v[i];
-      sent.add(to, ((v[i] >> (bit - 1)) & 1) == 0);
+      const int32_t lz = sm.counts[i * kWarps + warp] + int32_t((below[i / 4] >> (8 * (i % 4))) & 0xff);
+      r[first + p] = offset + zb_seg + lz;
+      if (!last) stage[(zero_items >> i) & 1 ? s0 + lz : s1 + (p - lz)] = v[i];
     }
     if (row == int(gridDim.y) - 1 && c == C - 1 && tid == 0) r[Sk] = int32_t(gridDim.y) * zeros;  // the scan's entry n
     if (last) break;
+    __syncthreads();
+    SentCounts sent;
+    copy_run<kThreads>(cluster, stage, s0, zb_seg, z_here, sm.seq[par ^ 1], seg, bit - 1, sent);
+    copy_run<kThreads>(cluster, stage, s1, ones_at, mine - z_here, sm.seq[par ^ 1], seg, bit - 1, sent);
     flush_sent(sent, sm.sent_here);
     __syncthreads();
     if (tid < C * C) cluster.map_shared_rank(&sm.sent[par ^ 1][c][0], tid / C)[tid % C] = sm.sent_here[tid % C];

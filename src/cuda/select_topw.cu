@@ -1,6 +1,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -229,11 +230,11 @@ DeviceLimits device_limits() {
   return l;
 }
 
-// A row of Sk keys in segments, one per CTA of the cluster: eight where the row is long
-// enough, fewer below 8 * 512 keys.
+// A row of Sk keys in segments of a multiple of 4 keys (the levels' 16-byte copies), one per
+// CTA of the cluster: eight where the row is long enough, fewer below 8 * 512 keys.
 int cluster_segment(int Sk) {
   const int eighth = (Sk + kClusterMaxCtas - 1) / kClusterMaxCtas;
-  return eighth > 512 ? eighth : Sk < 512 ? Sk : 512;
+  return (std::max(eighth, std::min(Sk, 512)) + 3) / 4 * 4;
 }
 
 SelectPath select_path(const TopwInputs& in) {
