@@ -1,8 +1,9 @@
 // The selection by a cluster of CTAs per (batch, KV head) row, on sm_90. A CTA per row
 // (select_rows.cuh) leaves all but B * Hk SMs idle: at 16K keys and 4 rows, 4 SMs spent 73 us
 // on the rank sort and 70 us on the 14 wavelet levels, latency-bound on barriers. Here each row
-// is cut into C segments (C <= 8, a portable cluster), one per CTA, and the CTAs exchange data
-// through distributed shared memory:
+// is cut into C segments (C <= 8, a portable cluster, up to 32K keys; 16 above, where the GPU
+// can place such a cluster), one per CTA, and the CTAs exchange data through distributed
+// shared memory:
 //   - the rank sort is a least-significant-digit radix sort over the 32 inverted score bits,
 //     8 bits per pass. Each pass ranks the CTA's keys by digit (stable), reads the peers' digit
 //     counts, and stores every key straight into the CTA that holds its destination. The
@@ -28,19 +29,20 @@
 
 namespace fdma::cuda {
 
-// Keys per thread; the CTA has 256 threads for segments up to 2048 keys, else 512 (fewer warps:
-// shorter block scans, and two CTAs fit an SM).
-constexpr int kClusterItems = 8;
-constexpr int kClusterMaxThreads = 512;
-constexpr int kClusterMaxCtas = 8;  // the portable cluster size
-constexpr int kClusterRowMaxKeys = kClusterMaxThreads * kClusterItems * kClusterMaxCtas;
+// CTA shapes (threads x keys per thread): 256 x 8 for segments up to 2048 keys, 512 x 8 up to
+// 4096, 512 x 16 up to 8192 (fewer warps where they suffice: shorter block scans, and two CTAs
+// fit an SM).
+constexpr int kClusterPortableCtas = 8, kClusterMaxCtas = 16;
+constexpr int kClusterPortableRowKeys = 512 * 8 * kClusterPortableCtas;
+constexpr int kClusterRowMaxKeys = 512 * 16 * kClusterMaxCtas;
 constexpr int kDigitBits = 8, kDigits = 1 << kDigitBits;
 
-template <int kThreads>
+template <int kThreads, int kItems>
 struct ClusterConfig {
-  static constexpr int kWarps = kThreads / 32, kSegMax = kThreads * kClusterItems;
-  static_assert(kThreads >= kDigits, "a thread per digit");
-  static_assert(kClusterMaxCtas * kClusterMaxCtas <= 64, "two counts of the C x C table per lane of a warp");
+  static constexpr int kWarps = kThreads / 32, kSegMax = kThreads * kItems;
+  static_assert(kThreads >= kDigits && kThreads >= kClusterMaxCtas * kClusterMaxCtas,
+                "a thread per digit and per count of the C x C table");
+  static_assert(kItems % 4 == 0 && kItems <= 32 && kItems * kWarps % 32 == 0, "item bytes, bits and scan lanes");
   using Rank = cub::BlockRadixRankMatch<kThreads, kDigitBits, false>;
   struct Smem {
     uint2 kv[2][kSegMax];        // (inverted score bits, key index) by sort pass parity: one 8-byte store
@@ -50,16 +52,16 @@ struct ClusterConfig {
     int32_t digit_scan[kWarps];
     int32_t sent[2][kClusterMaxCtas][kClusterMaxCtas];  // [level parity][from][to]: next level's zeros
     int32_t sent_here[kClusterMaxCtas];                 // this CTA's row of that table, being counted
-    int32_t counts[kClusterItems * kWarps];             // zeros per (item, warp), then their prefix
+    int32_t counts[kItems * kWarps];             // zeros per (item, warp), then their prefix
     int32_t zeros_before, zeros_here;                   // the level's zeros in the segments before, in this one
     typename Rank::TempStorage rank;
   };
 };
 
 // Bytes of dynamic shared memory the kernel needs.
-template <int kThreads>
+template <int kThreads, int kItems>
 constexpr size_t select_cluster_smem() {
-  return sizeof(typename ClusterConfig<kThreads>::Smem);
+  return sizeof(typename ClusterConfig<kThreads, kItems>::Smem);
 }
 
 struct DigitOf {
@@ -69,24 +71,29 @@ struct DigitOf {
 
 namespace cluster_detail {
 
-// Per-thread counts of flagged items per destination CTA, 16 bits each (to < 8).
+// Per-thread counts of flagged items per destination CTA, 16 bits each (to < 16).
 struct SentCounts {
-  uint64_t lo = 0, hi = 0;  // destinations 0-3, 4-7
+  uint64_t q[kClusterMaxCtas / 4] = {};  // destinations 4k .. 4k + 3
   __device__ __forceinline__ void add(int to, bool flag) {
-    const uint64_t one = uint64_t(flag && to >= 0) << (16 * (to & 3));
-    if (to < 4) lo += one;
-    else hi += one;
+    const uint64_t one = uint64_t(flag) << (16 * (to & 3));
+#pragma unroll
+    for (int k = 0; k < kClusterMaxCtas / 4; ++k)
+      if (to >> 2 == k) q[k] += one;
   }
 };
 
 // Adds the warp's counts into sent_here (a shared atomic per destination with any).
-__device__ __forceinline__ void flush_sent(const SentCounts& s, int32_t* sent_here) {
-  const uint32_t w[4] = {__reduce_add_sync(0xffffffffu, uint32_t(s.lo)), __reduce_add_sync(0xffffffffu, uint32_t(s.lo >> 32)),
-                         __reduce_add_sync(0xffffffffu, uint32_t(s.hi)), __reduce_add_sync(0xffffffffu, uint32_t(s.hi >> 32))};
-  if ((threadIdx.x & 31) == 0)
+__device__ __forceinline__ void flush_sent(const SentCounts& s, int32_t* sent_here, int C) {
 #pragma unroll
-    for (int to = 0; to < 8; ++to)
-      if (const uint32_t n = (w[to / 2] >> (16 * (to % 2))) & 0xffffu) atomicAdd(&sent_here[to], int32_t(n));
+  for (int k = 0; k < kClusterMaxCtas / 4; ++k) {
+    if (4 * k >= C) break;  // uniform
+    const uint32_t lo = __reduce_add_sync(0xffffffffu, uint32_t(s.q[k])),
+                   hi = __reduce_add_sync(0xffffffffu, uint32_t(s.q[k] >> 32));
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (const uint32_t n = ((e < 2 ? lo : hi) >> (16 * (e % 2))) & 0xffffu) atomicAdd(&sent_here[4 * k + e], int32_t(n));
+  }
 }
 
 // Exclusive prefix of v over threads 0 .. kDigits - 1 (the others pass 0 and get junk);
@@ -145,13 +152,13 @@ __device__ __forceinline__ void copy_run(const Cluster& cluster, const int32_t* 
 // idx_out as the device-wide sort does and, given rank0 (causal), the row's wavelet levels as
 // select_rows.cuh. (Walking the levels for the intervals here too, with a thread per 8 keys,
 // took longer than the separate kernel with a thread per key: 93 against 69 + 8 us at 16K.)
-template <int kThreads>
+template <int kThreads, int kItems>
 __global__ void __launch_bounds__(kThreads)
     select_cluster_kernel(TopwInputs in, int seg, int levels, uint64_t* keys_out, int32_t* idx_out, int32_t* rank0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   using namespace cluster_detail;
-  using Config = ClusterConfig<kThreads>;
+  using Config = ClusterConfig<kThreads, kItems>;
   using Rank = typename Config::Rank;
   constexpr int kWarps = Config::kWarps;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -165,14 +172,14 @@ __global__ void __launch_bounds__(kThreads)
 
   // The rank sort. Items are warp-striped (item i of lane l of warp w at position
   // w * 32 * kItems + 32 * i + l), the order in which the match-based rank is stable.
-  uint32_t key[kClusterItems];
-  int32_t idx[kClusterItems];
+  uint32_t key[kItems];
+  int32_t idx[kItems];
   constexpr int kPasses = 32 / kDigitBits;
   for (int pass = 0; pass < kPasses; ++pass) {
     const int cur = pass & 1, next = cur ^ 1;
 #pragma unroll
-    for (int i = 0; i < kClusterItems; ++i) {
-      const int p = warp * 32 * kClusterItems + 32 * i + lane;
+    for (int i = 0; i < kItems; ++i) {
+      const int p = warp * 32 * kItems + 32 * i + lane;
       if (pass == 0) {
         idx[i] = first + p;  // past the segment: ~0u, ranked after every real key
         key[i] = p < mine ? ~score_bits(in, row / in.Hk, row % in.Hk, idx[i]) : ~0u;
@@ -181,7 +188,7 @@ __global__ void __launch_bounds__(kThreads)
         key[i] = kv.x, idx[i] = int32_t(kv.y);
       }
     }
-    int rank[kClusterItems], digit_start[Rank::BINS_TRACKED_PER_THREAD];
+    int rank[kItems], digit_start[Rank::BINS_TRACKED_PER_THREAD];
     Rank(sm.rank).RankKeys(key, rank, DigitOf{pass * kDigitBits}, digit_start);
     if (tid < kDigits) sm.digit_base[tid] = digit_start[0];  // this CTA's start of each digit
     __syncthreads();
@@ -203,8 +210,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     SentCounts sent;  // the last pass also counts, per destination, the first level's zeros
 #pragma unroll
-    for (int i = 0; i < kClusterItems; ++i) {
-      const int p = warp * 32 * kClusterItems + 32 * i + lane;
+    for (int i = 0; i < kItems; ++i) {
+      const int p = warp * 32 * kItems + 32 * i + lane;
       if (p >= mine) continue;
       const int dest = sm.digit_base[DigitOf{pass * kDigitBits}.Digit(key[i])] + rank[i];
       const int to = dest / seg, at = dest - to * seg;
@@ -212,7 +219,7 @@ __global__ void __launch_bounds__(kThreads)
       if (last_pass && causal) sent.add(to, ((idx[i] >> (levels - 1)) & 1) == 0);
     }
     if (last_pass && causal) {
-      flush_sent(sent, sm.sent_here);
+      flush_sent(sent, sm.sent_here, C);
       __syncthreads();
       if (tid < C * C) cluster.map_shared_rank(&sm.sent[0][c][0], tid / C)[tid % C] = sm.sent_here[tid % C];
     }
@@ -241,11 +248,11 @@ __global__ void __launch_bounds__(kThreads)
     const bool last = l + 1 == levels;
     const int32_t zeros = zeros_of_bit(Sk, bit);
     const int32_t* src = sm.seq[par];
-    int32_t v[kClusterItems];
-    uint32_t zero_items = 0, below[kClusterItems / 4] = {};  // zeros of lower lanes per item, a byte each
+    int32_t v[kItems];
+    uint32_t zero_items = 0, below[kItems / 4] = {};  // zeros of lower lanes per item, a byte each
     int32_t own = 0;
 #pragma unroll
-    for (int i = 0; i < kClusterItems; ++i) {
+    for (int i = 0; i < kItems; ++i) {
       const int p = i * kThreads + tid;
       v[i] = p < mine ? src[p] : 0;
       const bool zero = p < mine && ((v[i] >> bit) & 1) == 0;
@@ -254,7 +261,7 @@ __global__ void __launch_bounds__(kThreads)
       if (lane == i) own = __popc(ballot);
       below[i / 4] |= uint32_t(__popc(ballot & ((1u << lane) - 1))) << (8 * (i % 4));
     }
-    if (lane < kClusterItems) sm.counts[lane * kWarps + warp] = own;
+    if (lane < kItems) sm.counts[lane * kWarps + warp] = own;
     if (tid < C) sm.sent_here[tid] = 0;
     __syncthreads();
     if (warp == 0) {
@@ -265,7 +272,7 @@ __global__ void __launch_bounds__(kThreads)
         if (e < C * C && e % C < c) zb += sm.sent[par][e / C][e % C];
       zb = __reduce_add_sync(0xffffffffu, zb);
       // (item, warp) counts in position order.
-      constexpr int kPer = kClusterItems * kWarps / 32;
+      constexpr int kPer = kItems * kWarps / 32;
       int32_t k[kPer], sum = 0;
 #pragma unroll
       for (int e = 0; e < kPer; ++e) k[e] = sm.counts[lane * kPer + e], sum += k[e];
@@ -287,7 +294,7 @@ __global__ void __launch_bounds__(kThreads)
     int32_t* r = rank0 + int64_t(l) * (n + 1) + row0;
     const int32_t offset = int32_t(row) * zeros;
 #pragma unroll
-    for (int i = 0; i < kClusterItems; ++i) {
+    for (int i = 0; i < kItems; ++i) {
       const int p = i * kThreads + tid;
       if (p >= mine) continue;
       const int32_t lz = sm.counts[i * kWarps + warp] + int32_t((below[i / 4] >> (8 * (i % 4))) & 0xff);
@@ -300,7 +307,7 @@ __global__ void __launch_bounds__(kThreads)
     SentCounts sent;
     copy_run<kThreads>(cluster, stage, s0, zb_seg, z_here, sm.seq[par ^ 1], seg, bit - 1, sent);
     copy_run<kThreads>(cluster, stage, s1, ones_at, mine - z_here, sm.seq[par ^ 1], seg, bit - 1, sent);
-    flush_sent(sent, sm.sent_here);
+    flush_sent(sent, sm.sent_here, C);
     __syncthreads();
     if (tid < C * C) cluster.map_shared_rank(&sm.sent[par ^ 1][c][0], tid / C)[tid % C] = sm.sent_here[tid % C];
     cluster.sync();  // the next level's sequence and counts are in place

@@ -169,8 +169,9 @@ cudaError_t wavelet_levels(const TopwInputs& in, const TopwScratch& s, const Wav
 }
 
 // How a selection runs (select_rows.cuh and select_cluster.cuh have the kernels):
-//   cluster: a cluster of up to 8 CTAs per row (sm_90, Sk <= kClusterRowMaxKeys), sort and
-//            wavelet levels spread over the cluster's shared memory;
+//   cluster: a cluster of up to 8 CTAs per row (16 past 32K keys where the GPU can place
+//            such a cluster; sm_90, Sk <= kClusterRowMaxKeys), sort and wavelet levels spread
+//            over the cluster's shared memory;
 //   shared: one CTA per row, the wavelet sequence in shared memory (Sk <= kSharedRowMaxKeys),
 //           and the rank sort there too up to kRowThreads * 16 keys;
 //   global: the device-wide sort, then one CTA per row builds the wavelet through global memory;
@@ -194,15 +195,60 @@ size_t select_row_bytes(int Sk) {
   }
 }
 
+// A row of Sk keys in segments of a multiple of 4 keys (the levels' 16-byte copies), one per
+// CTA of the cluster: eight where the row is long enough, fewer below 8 * 512 keys, sixteen
+// past kClusterPortableRowKeys.
+int cluster_segment(int Sk) {
+  const int ctas = Sk <= kClusterPortableRowKeys ? kClusterPortableCtas : kClusterMaxCtas;
+  const int part = (Sk + ctas - 1) / ctas;
+  return (std::max(part, std::min(Sk, 512)) + 3) / 4 * 4;
+}
+int cluster_ctas(int Sk) { return (Sk + cluster_segment(Sk) - 1) / cluster_segment(Sk); }
+
+// The cluster kernel for segments of `seg` keys calls f(kernel, threads, shared memory bytes).
+template <class F>
+cudaError_t with_cluster_kernel(int seg, F&& f) {
+  if (seg <= ClusterConfig<256, 8>::kSegMax) return f(select_cluster_kernel<256, 8>, 256, select_cluster_smem<256, 8>());
+  if (seg <= ClusterConfig<512, 8>::kSegMax) return f(select_cluster_kernel<512, 8>, 512, select_cluster_smem<512, 8>());
+  return f(select_cluster_kernel<512, 16>, 512, select_cluster_smem<512, 16>());
+}
+
+// The launch configuration of the cluster kernel for rows of Sk keys (attrs: one slot).
+template <class Kernel>
+cudaError_t cluster_config(Kernel kernel, int threads, size_t smem, const TopwInputs& in, cudaStream_t stream,
+                           cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr) {
+  const int ctas = cluster_ctas(in.Sk);
+  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      err != cudaSuccess)
+    return err;
+  if (ctas > kClusterPortableCtas)
+    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        err != cudaSuccess)
+      return err;
+  cfg = cudaLaunchConfig_t{};
+  cfg.gridDim = dim3(unsigned(ctas), unsigned(in.B * in.Hk));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(ctas);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaSuccess;
+}
+
 // The current device's SM count, opt-in shared memory per block and whether it runs the
-// cluster kernel (compute capability 9.x and sm_90 code for it in this build), queried once
-// per device.
+// cluster kernel (compute capability 9.x and sm_90 code for it in this build) with up to 8
+// CTAs, and with 16 (the largest segments: a non-portable size, which the GPU may not place),
+// queried once per device.
 struct DeviceLimits {
   int sms = 1, smem_optin = 0;  // what a failed query answers: the device-wide paths
-  bool clusters = false;
+  bool clusters = false, clusters16 = false;
 };
 DeviceLimits device_limits() {
-  // bit 63: known; 48: clusters; 32-47: SMs; 0-31: shared memory
+  // bit 63: known; 49: 16-CTA clusters; 48: clusters; 32-47: SMs; 0-31: shared memory
   static std::atomic<uint64_t> cached[kMaxDevices] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
@@ -211,7 +257,7 @@ DeviceLimits device_limits() {
   }
   if (device < kMaxDevices)
     if (const uint64_t c = cached[device].load(std::memory_order_relaxed))
-      return {int((c >> 32) & 0xffff), int(c & 0xffffffffu), ((c >> 48) & 1) != 0};
+      return {int((c >> 32) & 0xffff), int(c & 0xffffffffu), ((c >> 48) & 1) != 0, ((c >> 49) & 1) != 0};
   DeviceLimits l;
   int major = 0;
   cudaFuncAttributes attr{};
@@ -221,30 +267,36 @@ DeviceLimits device_limits() {
     cudaGetLastError();  // a failed query is an answer, not the caller's error
     return {};
   }
-  l.clusters = major >= 9 && cudaFuncGetAttributes(&attr, select_cluster_kernel<kClusterMaxThreads>) == cudaSuccess &&
-               attr.binaryVersion >= 90 && select_cluster_smem<kClusterMaxThreads>() <= size_t(l.smem_optin);
+  l.clusters = major >= 9 && cudaFuncGetAttributes(&attr, select_cluster_kernel<512, 8>) == cudaSuccess &&
+               attr.binaryVersion >= 90 && select_cluster_smem<512, 8>() <= size_t(l.smem_optin);
+  if (l.clusters && select_cluster_smem<512, 16>() <= size_t(l.smem_optin)) {
+    TopwInputs probe{};
+    probe.B = probe.Hk = 1, probe.Sk = kClusterRowMaxKeys;
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute la[1];
+    int placed = 0;
+    l.clusters16 = with_cluster_kernel(cluster_segment(probe.Sk), [&](auto kernel, int threads, size_t smem) {
+                     cudaError_t err = cluster_config(kernel, threads, smem, probe, nullptr, cfg, la);
+                     return err != cudaSuccess ? err : cudaOccupancyMaxActiveClusters(&placed, kernel, &cfg);
+                   }) == cudaSuccess &&
+                   placed > 0;
+  }
   cudaGetLastError();
   if (device < kMaxDevices)
-    cached[device].store(uint64_t(1) << 63 | uint64_t(l.clusters) << 48 | uint64_t(l.sms & 0xffff) << 32 |
-                         uint32_t(l.smem_optin));
+    cached[device].store(uint64_t(1) << 63 | uint64_t(l.clusters16) << 49 | uint64_t(l.clusters) << 48 |
+                         uint64_t(l.sms & 0xffff) << 32 | uint32_t(l.smem_optin));
   return l;
 }
 
-// A row of Sk keys in segments of a multiple of 4 keys (the levels' 16-byte copies), one per
-// CTA of the cluster: eight where the row is long enough, fewer below 8 * 512 keys.
-int cluster_segment(int Sk) {
-  const int eighth = (Sk + kClusterMaxCtas - 1) / kClusterMaxCtas;
-  return (std::max(eighth, std::min(Sk, 512)) + 3) / 4 * 4;
-}
-
 SelectPath select_path(const TopwInputs& in) {
-  const auto [sms, smem_optin, clusters] = device_limits();
-  // The cluster path spreads a row over up to 8 SMs: for the few-row case, where the others
+  const auto [sms, smem_optin, clusters, clusters16] = device_limits();
+  // The cluster path spreads a row over up to 16 SMs: for the few-row case, where the others
   // leave SMs idle (measured: 8 rows of 16K keys 0.105 ms against 0.135 a CTA per row, 32 rows
   // 0.295 against 0.152).
   const int64_t rows = int64_t(in.B) * in.Hk;
-  const bool fits_cluster = clusters && in.Sk <= kClusterRowMaxKeys && rows <= 65535;
-  const bool cluster_pays = fits_cluster && rows * ((in.Sk + cluster_segment(in.Sk) - 1) / cluster_segment(in.Sk)) <= sms;
+  const bool fits_cluster = (in.Sk <= kClusterPortableRowKeys ? clusters : clusters16) &&
+                            in.Sk <= kClusterRowMaxKeys && rows <= 65535;
+  const bool cluster_pays = fits_cluster && rows * cluster_ctas(in.Sk) <= sms;
   // GPUs with less shared memory per block (99 KB on sm_86/89) take rows up to 16K keys here.
   const bool fits_shared = in.Sk <= kSharedRowMaxKeys && select_row_bytes(in.Sk) <= size_t(smem_optin);
   if (const char* env = std::getenv("FDMA_SELECT_PATH")) {
@@ -258,35 +310,16 @@ SelectPath select_path(const TopwInputs& in) {
   return int64_t(in.B) * in.Hk * 5 >= sms ? SelectPath::global : SelectPath::levels;
 }
 
-template <int kThreads>
-cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, int seg, int levels, int32_t* rank0,
-                                  cudaStream_t stream) {
-  constexpr size_t smem = select_cluster_smem<kThreads>();
-  const auto kernel = select_cluster_kernel<kThreads>;
-  if (const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      err != cudaSuccess)
-    return err;
-  const int ctas = (in.Sk + seg - 1) / seg;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(ctas), unsigned(in.B * in.Hk));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(ctas);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, in, seg, levels, s.keys_out, s.idx_out, rank0);
-}
-
 cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
                                   cudaStream_t stream) {
   const int seg = cluster_segment(in.Sk);
-  if (seg <= ClusterConfig<256>::kSegMax) return launch_select_cluster<256>(in, s, seg, levels, rank0, stream);
-  return launch_select_cluster<512>(in, s, seg, levels, rank0, stream);
+  return with_cluster_kernel(seg, [&](auto kernel, int threads, size_t smem) {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[1];
+    if (const cudaError_t err = cluster_config(kernel, threads, smem, in, stream, cfg, attr); err != cudaSuccess)
+      return err;
+    return cudaLaunchKernelEx(&cfg, kernel, in, seg, levels, s.keys_out, s.idx_out, rank0);
+  });
 }
 
 template <int kSortItems>

@@ -281,6 +281,27 @@ TEST(SelectGpu, EveryPathMatchesTheCpu) {
   }
 }
 
+// Past 32K keys the cluster path takes 16 CTAs per row (a non-portable cluster size; where
+// the GPU cannot place one, the library falls back and this compares that path instead).
+TEST(SelectGpu, SixteenCtaClustersMatchTheCpu) {
+  REQUIRE_GPU();
+  struct EnvGuard {
+    ~EnvGuard() { unsetenv("FDMA_SELECT_PATH"); }
+  } guard;
+  setenv("FDMA_SELECT_PATH", "cluster", 1);
+  std::mt19937_64 rng(93);
+  for (int64_t Sk : {32769, 65536, 100003, 131072}) {
+    HostTensor scores(DType::bf16, {1, 2, Sk}), pad(DType::boolean, {1, Sk});
+    scores.fill_uniform(rng, -2, 2);
+    pad.fill_bool(rng, 0.9);
+    for (int64_t w : {int64_t(1), int64_t(2048)}) {
+      run_gpu_select(scores, &pad, Sk, w, true);
+      run_gpu_select(scores, nullptr, Sk / 3, w, true);
+      run_gpu_select(scores, &pad, Sk, w, false);
+    }
+  }
+}
+
 TEST(DmaGpu, AllKeysPaddedGivesZeros) {
   REQUIRE_GPU();
   DmaCase c;
