@@ -11,10 +11,11 @@
 //   - each wavelet level counts its segment's zeros, places them after the zeros of the
 //     segments before (the row's total is known in closed form, zeros_of_bit), partitions the
 //     segment locally and copies its zeros and its ones as two runs into the peers, 16 bytes
-//     a store (one 4-byte store per key cost about twice as much per level). The next level's
-//     zero counts per segment travel with that copy (a C x C table of counts per
-//     destination), so a level costs one cluster barrier;
-// Rows up to kClusterRowMaxKeys keys; the results are the ones the other paths write.
+//     a store (a level 5.6K -> 5.1K cycles at 16K against a 4-byte store per key). The next
+//     level's zero counts per segment travel with that copy (a C x C table of counts per
+//     destination), so a level costs one cluster barrier.
+// Rows up to kClusterRowMaxKeys keys; the results are the ones the other paths write
+// (docs/perf-notes.md, tenth session, has the measurements).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -45,15 +46,15 @@ struct ClusterConfig {
   static_assert(kItems % 4 == 0 && kItems <= 32 && kItems * kWarps % 32 == 0, "item bytes, bits and scan lanes");
   using Rank = cub::BlockRadixRankMatch<kThreads, kDigitBits, false>;
   struct Smem {
-    uint2 kv[2][kSegMax];        // (inverted score bits, key index) by sort pass parity: one 8-byte store
-    int32_t seq[2][kSegMax];     // the wavelet sequence by level parity
+    uint2 kv[2][kSegMax];          // (inverted score bits, key index) by sort pass parity: one 8-byte store
+    int32_t seq[2][kSegMax];       // the wavelet sequence by level parity
     int32_t digit_count[kDigits];  // this CTA's keys per digit in the current pass
     int32_t digit_base[kDigits];   // destination of the digit's first key, less its local start
     int32_t digit_scan[kWarps];
     int32_t sent[2][kClusterMaxCtas][kClusterMaxCtas];  // [level parity][from][to]: next level's zeros
     int32_t sent_here[kClusterMaxCtas];                 // this CTA's row of that table, being counted
-    int32_t counts[kItems * kWarps];             // zeros per (item, warp), then their prefix
-    int32_t zeros_before, zeros_here;                   // the level's zeros in the segments before, in this one
+    int32_t counts[kItems * kWarps];                    // zeros per (item, warp), then their prefix
+    int32_t zeros_before, zeros_here;  // the level's zeros in the segments before, in this one
     typename Rank::TempStorage rank;
   };
 };
