@@ -205,29 +205,49 @@ int cluster_segment(int Sk) {
 }
 int cluster_ctas(int Sk) { return (Sk + cluster_segment(Sk) - 1) / cluster_segment(Sk); }
 
-// The cluster kernel for segments of `seg` keys calls f(kernel, threads, shared memory bytes).
+// Runs `set` (a kernel's launch attributes: per kernel and context) once per device; done holds
+// the kernel's per-device flags. Devices past kMaxDevices set them every call.
 template <class F>
-cudaError_t with_cluster_kernel(int seg, F&& f) {
-  if (seg <= ClusterConfig<256, 8>::kSegMax) return f(select_cluster_kernel<256, 8>, 256, select_cluster_smem<256, 8>());
-  if (seg <= ClusterConfig<512, 8>::kSegMax) return f(select_cluster_kernel<512, 8>, 512, select_cluster_smem<512, 8>());
-  return f(select_cluster_kernel<512, 16>, 512, select_cluster_smem<512, 16>());
+cudaError_t once_per_device(std::atomic<bool> (&done)[kMaxDevices], F&& set) {
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (device < kMaxDevices && done[device].load(std::memory_order_acquire)) return cudaSuccess;
+  const cudaError_t err = set();
+  if (err == cudaSuccess && device < kMaxDevices) done[device].store(true, std::memory_order_release);
+  return err;
 }
 
-// The launch configuration of the cluster kernel for rows of Sk keys (attrs: one slot).
-template <class Kernel>
-cudaError_t cluster_config(Kernel kernel, int threads, size_t smem, const TopwInputs& in, cudaStream_t stream,
-                           cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr) {
-  const int ctas = cluster_ctas(in.Sk);
-  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+// Calls f(Shape{}) with the cluster kernel's CTA shape for segments of `seg` keys.
+template <int kThreads, int kItems>
+struct ClusterShape {
+  static constexpr int threads = kThreads, items = kItems;
+};
+template <class F>
+cudaError_t with_cluster_shape(int seg, F&& f) {
+  if (seg <= ClusterConfig<256, 8>::kSegMax) return f(ClusterShape<256, 8>{});
+  if (seg <= ClusterConfig<512, 8>::kSegMax) return f(ClusterShape<512, 8>{});
+  return f(ClusterShape<512, 16>{});
+}
+
+// The launch configuration of the cluster kernel of this shape for rows of in.Sk keys (attr:
+// one slot); sets the kernel's attributes on first use on a device.
+template <class Shape>
+cudaError_t cluster_config(const TopwInputs& in, cudaStream_t stream, cudaLaunchConfig_t& cfg,
+                           cudaLaunchAttribute* attr) {
+  const auto kernel = select_cluster_kernel<Shape::threads, Shape::items>;
+  constexpr size_t smem = select_cluster_smem<Shape::threads, Shape::items>();
+  static std::atomic<bool> done[kMaxDevices] = {};
+  if (const cudaError_t err = once_per_device(done, [&] {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        // harmless where a cluster has 8 CTAs or fewer; the 32K-128K-key rows take 16
+        return e != cudaSuccess ? e : cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      });
       err != cudaSuccess)
     return err;
-  if (ctas > kClusterPortableCtas)
-    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        err != cudaSuccess)
-      return err;
+  const int ctas = cluster_ctas(in.Sk);
   cfg = cudaLaunchConfig_t{};
   cfg.gridDim = dim3(unsigned(ctas), unsigned(in.B * in.Hk));
-  cfg.blockDim = dim3(unsigned(threads));
+  cfg.blockDim = dim3(unsigned(Shape::threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -275,8 +295,9 @@ DeviceLimits device_limits() {
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute la[1];
     int placed = 0;
-    l.clusters16 = with_cluster_kernel(cluster_segment(probe.Sk), [&](auto kernel, int threads, size_t smem) {
-                     cudaError_t err = cluster_config(kernel, threads, smem, probe, nullptr, cfg, la);
+    l.clusters16 = with_cluster_shape(cluster_segment(probe.Sk), [&](auto shape) {
+                     const cudaError_t err = cluster_config<decltype(shape)>(probe, nullptr, cfg, la);
+                     const auto kernel = select_cluster_kernel<decltype(shape)::threads, decltype(shape)::items>;
                      return err != cudaSuccess ? err : cudaOccupancyMaxActiveClusters(&placed, kernel, &cfg);
                    }) == cudaSuccess &&
                    placed > 0;
@@ -313,11 +334,11 @@ SelectPath select_path(const TopwInputs& in) {
 cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
                                   cudaStream_t stream) {
   const int seg = cluster_segment(in.Sk);
-  return with_cluster_kernel(seg, [&](auto kernel, int threads, size_t smem) {
+  return with_cluster_shape(seg, [&](auto shape) {
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
-    if (const cudaError_t err = cluster_config(kernel, threads, smem, in, stream, cfg, attr); err != cudaSuccess)
-      return err;
+    if (const cudaError_t err = cluster_config<decltype(shape)>(in, stream, cfg, attr); err != cudaSuccess) return err;
+    const auto kernel = select_cluster_kernel<decltype(shape)::threads, decltype(shape)::items>;
     return cudaLaunchKernelEx(&cfg, kernel, in, seg, levels, s.keys_out, s.idx_out, rank0);
   });
 }
@@ -327,7 +348,9 @@ cudaError_t launch_select_row(const TopwInputs& in, const TopwScratch& s, int le
                               cudaStream_t stream) {
   constexpr size_t smem = select_row_smem<kSortItems>();
   const auto kernel = select_row_kernel<kSortItems>;
-  if (const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  static std::atomic<bool> done[kMaxDevices] = {};
+  if (const cudaError_t err = once_per_device(
+          done, [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)); });
       err != cudaSuccess)
     return err;
   kernel<<<in.B * in.Hk, kRowThreads, smem, stream>>>(in, levels, s.keys_out, s.idx_out, rank0);
