@@ -6,6 +6,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include "cuda/dma_lists.hpp"
+#include "cuda/warp_scan.cuh"
 #include "fdma/fdma.h"
 
 namespace fdma::cuda {
@@ -151,12 +152,7 @@ __global__ void __launch_bounds__(kTileThreads)
         }
         packed += cls[u] == 0 ? 1 : cls[u] == 1 ? 1 << 16 : 0;
       }
-      int inclusive = packed;
-#pragma unroll
-      for (int o = 1; o < 32; o *= 2) {
-        const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o) inclusive += v;
-      }
+      const int inclusive = warp_inclusive_sum(packed);  // both 16-bit halves at once
       if (lane == 31) warp_totals[warp] = inclusive;
       __syncthreads();
       int before = inclusive - packed, total = 0;

@@ -27,6 +27,7 @@
 
 #include "cuda/rank_key.cuh"
 #include "cuda/select_rows.cuh"
+#include "cuda/warp_scan.cuh"
 
 namespace fdma::cuda {
 
@@ -101,12 +102,7 @@ __device__ __forceinline__ void flush_sent(const SentCounts& s, int32_t* sent_he
 // ends on a barrier.
 __device__ __forceinline__ int32_t digit_exclusive_scan(int32_t v, int32_t* warp_sums) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int32_t inclusive = v;
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
-    if (lane >= off) inclusive += t;
-  }
+  const int32_t inclusive = warp_inclusive_sum(v);
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
   int32_t before = inclusive - v;
@@ -277,12 +273,7 @@ __global__ void __launch_bounds__(kThreads)
       int32_t k[kPer], sum = 0;
 #pragma unroll
       for (int e = 0; e < kPer; ++e) k[e] = sm.counts[lane * kPer + e], sum += k[e];
-      int32_t inclusive = sum;
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
-        if (lane >= off) inclusive += t;
-      }
+      const int32_t inclusive = warp_inclusive_sum(sum);
       int32_t run = inclusive - sum;
 #pragma unroll
       for (int e = 0; e < kPer; ++e) sm.counts[lane * kPer + e] = run, run += k[e];

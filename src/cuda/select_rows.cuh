@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/rank_key.cuh"
+#include "cuda/warp_scan.cuh"
 
 namespace fdma::cuda {
 
@@ -63,12 +64,7 @@ __device__ __forceinline__ void wavelet_chunk(const T* src, T* dst, int Sk, int 
     int32_t c[kPerLane], sum = 0;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) c[k] = counts[(warp0 + k) * kRowCountStride + item], sum += c[k];
-    int32_t inclusive = sum;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int32_t t = __shfl_up_sync(0xffffffffu, inclusive, off);
-      if (lane >= off) inclusive += t;
-    }
+    const int32_t inclusive = warp_inclusive_sum(sum);
     int32_t run = inclusive - sum;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) counts[(warp0 + k) * kRowCountStride + item] = run, run += c[k];
