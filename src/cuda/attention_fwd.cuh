@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "cuda/arch_dispatch.cuh"
 #include "cuda/attention_fwd_params.hpp"
@@ -182,22 +183,24 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
     else
       Mma::template load_rows<Tile::kBlockN>(sv, v, p.v_stride[1], key0, p.Sk, p.D, tid);
   };
-  // Causality, mask, bias, softcap (or the gathered keys' intervals) on S of key tile nb.
-  auto modify_scores = [&](float (&s)[kM][kN][4], int nb, int buf) {
-    const ScoreTiles tiles{p.mask_tiled ? mask_tiles + buf * mask_bytes : nullptr,
-                           p.bias_tiled ? bias_tiles + buf * bias_bytes : nullptr,
-                           Tile::mask_pitch(),
-                           Tile::bias_pitch(p) / bias_esize,
-                           row0,
-                           mask_bcast,
-                           bias_bcast,
-                           mask_keeps_tile(nb)};
-    const KeyInfo* key_info = reinterpret_cast<const KeyInfo*>(info_tiles + buf * info_bytes);
+  // Causality, mask, bias, softcap (or the gathered keys' intervals) on S of key tile nb; s
+  // is kM x (kN or fewer, on a narrow last tile) x 4.
+  auto modify_scores = [&](auto& s, int nb, int buf) {
+    if constexpr (kGather) {
+      const KeyInfo* key_info = reinterpret_cast<const KeyInfo*>(info_tiles + buf * info_bytes);
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt) {
-      if (gather)
-        apply_interval_mod<kN>(s[mt], p, warp_row0 + mt * 16, key_info, lane);
-      else
+      for (int mt = 0; mt < kM; ++mt) apply_interval_mod(s[mt], p, warp_row0 + mt * 16, key_info, lane);
+    } else {
+      const ScoreTiles tiles{p.mask_tiled ? mask_tiles + buf * mask_bytes : nullptr,
+                             p.bias_tiled ? bias_tiles + buf * bias_bytes : nullptr,
+                             Tile::mask_pitch(),
+                             Tile::bias_pitch(p) / bias_esize,
+                             row0,
+                             mask_bcast,
+                             bias_bcast,
+                             mask_keeps_tile(nb)};
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
         apply_score_mod<T, Mma::kGlobalScoreTerms, kN>(s[mt], p, b, h, warp_row0 + mt * 16, nb * Tile::kBlockN, lane, tiles);
     }
   };
@@ -233,12 +236,47 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
       ptx::cp_async_commit();
       return nb_next;
     };
-    auto softmax_scores = [&](float (&s)[kM][kN][4], float (&alpha)[kM][2], int nb, int buf) {
+    // A gathered list's last tile holds n_listed mod kBlockN keys: in a causal top-w forward
+    // mostly a few dozen, the keys whose intervals begin or end among the tile's rows
+    // (dma_lists.cu). With p.narrow_last_tile it runs on 32 or 64 keys instead of 128; its K
+    // and V rows past the list are zero either way. The first tile stays full width.
+    int last_keys = Tile::kBlockN;
+    if constexpr (kGather && Mma::kNarrowLastTile) {
+      const int tail = n_listed - (n_blocks - 1) * Tile::kBlockN;
+      if (p.narrow_last_tile && n_blocks >= 2) last_keys = tail <= 32 ? 32 : tail <= 64 ? 64 : Tile::kBlockN;
+    }
+    const int full_end = last_keys < Tile::kBlockN ? n_blocks - 1 : n_blocks;
+    typename Mma::PFrag pf;
+    // Key tile j after the first, kKeys wide: S(j) and P(j-1) V(j-1) issued back to back.
+    // (The scores' softmax is written out in each step: a generic lambda calling another on
+    // the score array crashed nvcc 13.0's front end.)
+    auto tile_step = [&](auto keys_tag, int& buf) {
+      constexpr int kKeys = decltype(keys_tag)::value;
+      const int nb_next = begin_tile(nb, buf);
+      float s[kM][kKeys / 8][4], alpha[kM][2];
+      Mma::template qk_issue<kKeys>(s, s_q, s_k + buf * Mma::kKVBytes, warp);
+      Mma::pv_issue(o, pf, s_v + (buf ^ 1) * Mma::kKVBytes);
+      Mma::template wait_qk<true>(s);
       modify_scores(s, nb, buf);
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt) softmax[mt].scale_scores(s[mt], alpha[mt]);
+      Mma::wait_pv(o, pf);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) softmax[mt].rescale(o[mt], alpha[mt]);
+      Mma::pack_p(pf, s);
+      nb = nb_next;
+      buf ^= 1;
     };
-    typename Mma::PFrag pf;
+    // The last tile's P V, over its kKeys keys.
+    auto last_pv = [&](auto keys_tag, int buf) {
+      constexpr int kKeys = decltype(keys_tag)::value;
+      ptx::cp_async_wait<0>();  // the last tile's V
+      Mma::tile_landed();
+      __syncthreads();
+      Mma::template pv_issue<kKeys>(o, pf, s_v + (buf ^ 1) * Mma::kKVBytes);
+      Mma::wait_pv(o, pf);
+    };
+    using FullTile = std::integral_constant<int, Tile::kBlockN>;
     if (nb < n_blocks) {
       int buf = 0;
       {
@@ -246,29 +284,29 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
         float s[kM][kN][4], alpha[kM][2];
         Mma::qk_issue(s, s_q, s_k, warp);
         Mma::template wait_qk<false>(s);
-        softmax_scores(s, alpha, nb, buf);  // O is still zero: nothing to rescale
+        modify_scores(s, nb, buf);
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) softmax[mt].scale_scores(s[mt], alpha[mt]);  // O is zero: no rescale
         Mma::pack_p(pf, s);
         nb = nb_next;
         buf = 1;
       }
-      for (; nb < n_blocks; buf ^= 1) {
-        const int nb_next = begin_tile(nb, buf);
-        float s[kM][kN][4], alpha[kM][2];
-        Mma::qk_issue(s, s_q, s_k + buf * Mma::kKVBytes, warp);
-        Mma::pv_issue(o, pf, s_v + (buf ^ 1) * Mma::kKVBytes);
-        Mma::template wait_qk<true>(s);
-        softmax_scores(s, alpha, nb, buf);
-        Mma::wait_pv(o, pf);
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) softmax[mt].rescale(o[mt], alpha[mt]);
-        Mma::pack_p(pf, s);
-        nb = nb_next;
+      while (nb < full_end) tile_step(FullTile{}, buf);
+      // Each branch issues and waits on its own wgmmas (ptxas serialises every wgmma of a
+      // kernel whose groups stay in flight across a branch).
+      if constexpr (kGather && Mma::kNarrowLastTile) {
+        if (last_keys == 32) {
+          tile_step(std::integral_constant<int, 32>{}, buf);
+          last_pv(std::integral_constant<int, 32>{}, buf);
+        } else if (last_keys == 64) {
+          tile_step(std::integral_constant<int, 64>{}, buf);
+          last_pv(std::integral_constant<int, 64>{}, buf);
+        } else {
+          last_pv(FullTile{}, buf);
+        }
+      } else {
+        last_pv(FullTile{}, buf);
       }
-      ptx::cp_async_wait<0>();  // the last tile's V
-      Mma::tile_landed();
-      __syncthreads();
-      Mma::pv_issue(o, pf, s_v + (buf ^ 1) * Mma::kKVBytes);
-      Mma::wait_pv(o, pf);
     }
   } else {
     for (int buf = 0; nb < n_blocks; buf ^= 1) {

@@ -66,6 +66,9 @@ struct AttentionFwdParams {
   float scale, softcap;
   bool causal;  // false in dynamic-mask mode: the intervals carry causality
   KeyLists lists;
+  // Dynamic-mask mode on Hopper: a list's last key tile runs 32 or 64 keys wide when it holds
+  // no more (attention_fwd.cuh); FDMA_FWD_LAST_TILE=narrow|full chooses (dma_cuda.cu).
+  bool narrow_last_tile;
 };
 
 }  // namespace fdma::cuda

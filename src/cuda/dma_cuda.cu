@@ -6,6 +6,8 @@
 // dense kernel instead.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/device.hpp"
@@ -158,12 +160,21 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   return lists;
 }
 
+// FDMA_FWD_LAST_TILE=narrow runs a causal list's last key tile 32 or 64 keys wide on Hopper
+// where it holds no more (attention_fwd.cuh); full (the default) keeps every tile 128 wide.
+// Read per call, as FDMA_SELECT_PATH, so tests can run both.
+bool narrow_last_tile() {
+  const char* env = std::getenv("FDMA_FWD_LAST_TILE");
+  return env && std::strcmp(env, "narrow") == 0;
+}
+
 // The attention kernels' view of q, k, v, out, lse in dynamic-mask mode.
 AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProblem& prob, const KeyLists& lists) {
   AttentionFwdParams k{};
   // causal = false: the intervals carry causality
   set_inputs_outputs(k, p.q, p.k, p.v, p.out, p.lse, prob.dims, prob.scale, prob.softcap, false);
   k.lists = lists;
+  k.narrow_last_tile = narrow_last_tile();
   return k;
 }
 

@@ -30,6 +30,7 @@ struct FwdMmaSm80 : TileIoSm80<T, kHeadDim, 128> {
   __device__ static int warp_row_offset(int warp) { return warp * 16 * kMTiles; }
   // mma.sync is synchronous: the kernel runs qk, softmax, pv in turn (attention_fwd.cuh).
   static constexpr bool kOverlapSoftmax = false;
+  static constexpr bool kNarrowLastTile = false;  // every tile is kBlockN wide
   static constexpr bool kGlobalScoreTerms = true;  // masks and biases that cannot be tiled run here
 
 

@@ -41,8 +41,16 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
   static constexpr bool kGlobalScoreTerms = false;
   using PFrag = uint32_t[kBlockN / 16][4];  // P as A fragments, 16 keys per wgmma
 
-  // Issues S = Q K^T: this warpgroup's 64 rows x 128 keys, D / 16 chained wgmmas.
-  __device__ static void qk_issue(float (&s)[1][kTilesN][4], uint32_t s_q, uint32_t k_tile, int warp) {
+  // The last key tile of a list may run narrower (kKeys = 32 or 64 of its 128 rows): the
+  // gathered lists of a causal top-w forward end in a tile that holds a few dozen keys
+  // (attention_fwd.cuh). The swizzled K and V tiles keep their 128-row layout either way: a
+  // narrower wgmma reads their first rows.
+  static constexpr bool kNarrowLastTile = true;
+
+  // Issues S = Q K^T: this warpgroup's 64 rows x kKeys keys, D / 16 chained wgmmas.
+  template <int kKeys = kBlockN>
+  __device__ static void qk_issue(float (&s)[1][kKeys / 8][4], uint32_t s_q, uint32_t k_tile, int warp) {
+    static_assert(kKeys == 32 || kKeys == 64 || kKeys == kBlockN, "wgmma widths the wrappers provide");
     // K's descriptor is built once per tile and advanced; Q's are rebuilt per wgmma, as a Q
     // descriptor hoisted out of the key loop stays live across it and made the kernel spill.
     const uint32_t q_rows = s_q + (warp / 4) * 64 * wgmma::kSwizzleRowBytes;
@@ -51,26 +59,28 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t col = (kk % 4) * 32;  // bytes into a swizzled row: 16 elements per step
-      wgmma::mma_ss<T, kBlockN>(s[0], wgmma::desc_k_major(q_rows + (kk / 4) * kBlockBytesQ + col),
-                                wgmma::desc_advance(k_desc, (kk / 4) * kBlockBytesKV + col), kk > 0);
+      wgmma::mma_ss<T, kKeys>(s[0], wgmma::desc_k_major(q_rows + (kk / 4) * kBlockBytesQ + col),
+                              wgmma::desc_advance(k_desc, (kk / 4) * kBlockBytesKV + col), kk > 0);
     }
     wgmma::commit_group();
   }
 
-  // Issues O += P V: P from registers, V N-major in shared memory. P must stay untouched
-  // until wait_pv: the tensor core reads the registers asynchronously.
+  // Issues O += P V over the tile's first kKeys keys: P from registers, V N-major in shared
+  // memory. P must stay untouched until wait_pv: the tensor core reads the registers
+  // asynchronously.
+  template <int kKeys = kBlockN>
   __device__ static void pv_issue(float (&o)[1][kTilesD][4], const PFrag& p, uint32_t v_tile) {
     const uint64_t v_desc = wgmma::desc_n_major(v_tile, kBlockBytesKV);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
+    for (int kk = 0; kk < kKeys / 16; ++kk)
       wgmma::mma_rs_n_major<T, kHeadDim>(o[0], p[kk], wgmma::desc_advance(v_desc, kk * 16 * wgmma::kSwizzleRowBytes), 1);
     wgmma::commit_group();
   }
 
   // Waits for S; kPvInFlight: a P V issued after it may keep running.
-  template <bool kPvInFlight>
-  __device__ static void wait_qk(float (&s)[1][kTilesN][4]) {
+  template <bool kPvInFlight, int kCols>
+  __device__ static void wait_qk(float (&s)[1][kCols][4]) {
     wgmma::wait_group<kPvInFlight ? 1 : 0>();
     wgmma::fence_operands(s[0]);
   }
@@ -85,9 +95,11 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[kk][e])::"memory");  // live until here
   }
 
-  __device__ static void pack_p(PFrag& p, const float (&s)[1][kTilesN][4]) {
+  // P of the tile's first 8 * kCols keys (all of them but on a narrow last tile).
+  template <int kCols>
+  __device__ static void pack_p(PFrag& p, const float (&s)[1][kCols][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) ptx::pack_a_frag<T>(p[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+    for (int kk = 0; kk < kCols / 2; ++kk) ptx::pack_a_frag<T>(p[kk], s[0][2 * kk], s[0][2 * kk + 1]);
   }
 };
 

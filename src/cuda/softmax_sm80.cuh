@@ -24,14 +24,16 @@ struct OnlineSoftmax {
 
   // Scores -> probabilities in place (unnormalised, relative to the new running max); returns
   // in alpha the factor by which output accumulators must be rescaled. Split from `rescale` so
-  // the wgmma forward can run this while the previous tile's P V is still writing O.
-  __device__ __forceinline__ void scale_scores(float (&s)[kTilesN][4], float (&alpha)[2]) {
+  // the wgmma forward can run this while the previous tile's P V is still writing O. kCols:
+  // the tile's n-tiles, fewer than kTilesN on a narrow last tile (attention_fwd.cuh).
+  template <int kCols>
+  __device__ __forceinline__ void scale_scores(float (&s)[kCols][4], float (&alpha)[2]) {
     constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < kTilesN; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      for (int nt = 0; nt < kCols; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       const float m_new = fmaxf(m[r], quad_max(mx));
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // all -inf so far: exp gives 0, not NaN
       alpha[r] = ptx::exp2_approx((m[r] - m_use) * kLog2e);
@@ -39,7 +41,7 @@ struct OnlineSoftmax {
       l[r] *= alpha[r];
       const float offset = m_use * kLog2e;
 #pragma unroll
-      for (int nt = 0; nt < kTilesN; ++nt)
+      for (int nt = 0; nt < kCols; ++nt)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
           s[nt][e] = ptx::exp2_approx(fmaf(s[nt][e], kLog2e, -offset));

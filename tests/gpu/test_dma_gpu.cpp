@@ -3,6 +3,7 @@
 // outputs and gradients with the precision rule of test_attention_gpu.cpp. Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "device_tensor.hpp"
@@ -459,3 +460,68 @@ TEST(DmaGpu, MadeUpIntervalsStayInBounds) {
     }
   }
 }
+
+namespace {
+
+// Of the forward's query tiles (128 rows) with lists longer than one 128-key tile, how many
+// end in a tile of at most 32 and of 33-64 keys: the cases a narrow last tile runs.
+std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
+  constexpr int64_t kRows = 128, kKeys = 128;
+  const DmaCase& c = r.c;
+  const auto [begin, end] = r.cpu_selection();
+  int n32 = 0, n64 = 0;
+  for (int64_t row = 0; row < c.B * c.Hk; ++row)
+    for (int64_t r0 = 0; r0 < c.Sq; r0 += kRows) {
+      const int64_t r1 = std::min(c.Sq, r0 + kRows);
+      int64_t listed = 0;
+      for (int64_t j = 0; j < c.Sk; ++j) {
+        const double b = begin[row * c.Sk + j], e = end[row * c.Sk + j];
+        listed += b < e && b < r1 && e > r0;
+      }
+      if (listed <= kKeys) continue;
+      const int64_t tail = listed - (listed - 1) / kKeys * kKeys;  // keys in the last tile: 1..128
+      if (tail <= 32) ++n32;
+      else if (tail <= 64) ++n64;
+    }
+  return {n32, n64};
+}
+
+}  // namespace
+
+// FDMA_FWD_LAST_TILE=narrow (Hopper: a list's last key tile run 32 or 64 keys wide when it
+// holds no more) against the CPU, and bitwise against the full-width tile: the keys it leaves
+// out are the zero rows and -inf scores that add exact zeros. Off Hopper both runs take the
+// mma.sync kernel and the comparison holds trivially. The cases are checked to contain lists
+// ending in tiles of both narrow widths.
+TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
+  REQUIRE_GPU();
+  struct EnvGuard {
+    ~EnvGuard() { unsetenv("FDMA_FWD_LAST_TILE"); }
+  } guard;
+  uint64_t seed = 1100;
+  int tails32 = 0, tails64 = 0;
+  for (auto [S, w] : {std::pair<int64_t, int64_t>{700, 150}, {1200, 200}, {2000, 500}, {2500, 1000}})
+    for (int variant = 0; variant < 2; ++variant) {
+      DmaCase c;
+      c.B = 1, c.Sq = S, c.Sk = S, c.H = 2, c.Hk = variant == 0 ? 2 : 1, c.w = w, c.causal = true, c.seed = seed++;
+      c.D = variant == 0 ? 128 : 64;
+      c.dtype = variant == 0 ? DType::bf16 : DType::f16;
+      c.padding = variant == 1, c.softcap = variant == 1 ? 5.0 : 0.0;
+      DmaRun r(c);
+      const auto [n32, n64] = narrow_tail_tiles(r);
+      tails32 += n32, tails64 += n64;
+      setenv("FDMA_FWD_LAST_TILE", "narrow", 1);
+      run_gpu_dma(r, false);  // GPU against the CPU; r.out now holds the GPU's
+      const auto out_narrow = r.out.bytes(), lse_narrow = r.lse.bytes();
+      unsetenv("FDMA_FWD_LAST_TILE");
+      GpuDma gpu(r);
+      gpu.run(Pass::forward);
+      gpu.out.download();
+      gpu.lse.download();
+      EXPECT_TRUE(r.out.bytes() == out_narrow) << c.str() << ": out differs from the full-width last tile";
+      EXPECT_TRUE(r.lse.bytes() == lse_narrow) << c.str() << ": lse differs from the full-width last tile";
+    }
+  EXPECT_GT(tails32, 0) << "no list ended in a tile of 32 keys or fewer";
+  EXPECT_GT(tails64, 0) << "no list ended in a tile of 33-64 keys";
+}
+

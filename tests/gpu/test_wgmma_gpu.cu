@@ -2,7 +2,9 @@
 // one warpgroup loads A [64 x 128] and B [128 x 128] into swizzled tiles, computes
 // S = A B^T with chained K-major wgmmas, then O = P V with P = S rounded to bf16 from
 // registers and V read N-major, exactly as the forward kernel's policy does. Compared with a
-// double-precision product on the host. Skipped off Hopper.
+// double-precision product on the host. Also with S over the first 32 or 64 rows of B only
+// (and P V over those keys), as the forward's narrow last tile reads its 128-row tiles.
+// Skipped off Hopper.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -22,6 +24,8 @@ namespace wg = fdma::cuda::wgmma;
 using T = __nv_bfloat16;
 constexpr int kD = 128, kN = 128, kM = 64;
 
+// kNS: the keys S covers (the first kNS rows of B and of V).
+template <int kNS>
 __global__ void wgmma_probe(const T* a, const T* b, const T* v, float* s_out, float* o_out) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_a = fdma::cuda::ptx::smem_addr(smem);
@@ -35,33 +39,33 @@ __global__ void wgmma_probe(const T* a, const T* b, const T* v, float* s_out, fl
   wg::fence_proxy_async_smem();
   __syncthreads();
 
-  float s[kN / 8][4];
+  float s[kNS / 8][4];
   wg::fence();
   for (int kk = 0; kk < kD / 16; ++kk)
-    wg::mma_ss<T, kN>(s, wg::desc_k_major(s_a + (kk / 4) * kM * 128 + (kk % 4) * 32),
+    wg::mma_ss<T, kNS>(s, wg::desc_k_major(s_a + (kk / 4) * kM * 128 + (kk % 4) * 32),
                       wg::desc_k_major(s_b + (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0);
   wg::commit_group();
   wg::wait_group<0>();
   wg::fence_operands(s);
 
   float o[kD / 8][4] = {};
-  uint32_t p[kN / 16][4];
-  for (int kk = 0; kk < kN / 16; ++kk) {
+  uint32_t p[kNS / 16][4];
+  for (int kk = 0; kk < kNS / 16; ++kk) {
     p[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
     p[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
     p[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     p[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
   wg::fence();
-  for (int kk = 0; kk < kN / 16; ++kk) wg::mma_rs_n_major<T, kD>(o, p[kk], wg::desc_n_major(s_v + kk * 16 * 128, kN * 128), 1);
+  for (int kk = 0; kk < kNS / 16; ++kk) wg::mma_rs_n_major<T, kD>(o, p[kk], wg::desc_n_major(s_v + kk * 16 * 128, kN * 128), 1);
   wg::commit_group();
   wg::wait_group<0>();
   wg::fence_operands(o);
 
-  for (int nt = 0; nt < kN / 8; ++nt)
+  for (int nt = 0; nt < kD / 8; ++nt)
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * warp + g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
-      s_out[row * kN + col] = s[nt][e];
+      if (nt < kNS / 8) s_out[row * kNS + col] = s[nt][e];
       o_out[row * kD + col] = o[nt][e];
     }
 }
@@ -72,12 +76,13 @@ bool hopper_available() {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
   cudaFuncAttributes attr{};
-  return major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, wgmma_probe) == cudaSuccess &&
+  return major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, wgmma_probe<kN>) == cudaSuccess &&
          attr.binaryVersion == 90;
 }
 
-TEST(WgmmaGpu, SwizzledTilesAndBothOperandForms) {
-  if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU with sm_90a code: wgmma tests skipped";
+template <int kNS>
+void check_probe() {
+  SCOPED_TRACE(kNS);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.f, 1.f);
   auto fill = [&](int n, float scale) {
@@ -91,37 +96,49 @@ TEST(WgmmaGpu, SwizzledTilesAndBothOperandForms) {
   ASSERT_EQ(cudaMalloc(&da, a.size() * 2), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&db, b.size() * 2), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dv, v.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&ds, kM * kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, kM * kNS * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dout, kM * kD * 4), cudaSuccess);
   cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dv, v.data(), v.size() * 2, cudaMemcpyHostToDevice);
   const int smem = wg::sw128_tile_bytes(kM, kD) + 2 * wg::sw128_tile_bytes(kN, kD);
-  ASSERT_EQ(cudaFuncSetAttribute(wgmma_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
-  wgmma_probe<<<1, 128, smem>>>(da, db, dv, ds, dout);
+  ASSERT_EQ(cudaFuncSetAttribute(wgmma_probe<kNS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
+  wgmma_probe<kNS><<<1, 128, smem>>>(da, db, dv, ds, dout);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> s(kM * kN), o(kM * kD);
+  std::vector<float> s(kM * kNS), o(kM * kD);
   cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost);
   cudaMemcpy(o.data(), dout, o.size() * 4, cudaMemcpyDeviceToHost);
   cudaFree(da), cudaFree(db), cudaFree(dv), cudaFree(ds), cudaFree(dout);
 
   int bad_s = 0, bad_o = 0;
-  std::vector<float> p(kM * kN);
+  std::vector<float> p(kM * kNS);
   for (int i = 0; i < kM; ++i)
-    for (int j = 0; j < kN; ++j) {
+    for (int j = 0; j < kNS; ++j) {
       double ref = 0;
       for (int d = 0; d < kD; ++d) ref += double(__bfloat162float(a[i * kD + d])) * __bfloat162float(b[j * kD + d]);
-      bad_s += std::fabs(s[i * kN + j] - ref) > 1e-3 * (1 + std::fabs(ref));
-      p[i * kN + j] = __bfloat162float(__float2bfloat16(s[i * kN + j]));  // the kernel's rounding of P
+      bad_s += std::fabs(s[i * kNS + j] - ref) > 1e-3 * (1 + std::fabs(ref));
+      p[i * kNS + j] = __bfloat162float(__float2bfloat16(s[i * kNS + j]));  // the kernel's rounding of P
     }
   for (int i = 0; i < kM; ++i)
     for (int d = 0; d < kD; ++d) {
       double ref = 0;
-      for (int j = 0; j < kN; ++j) ref += double(p[i * kN + j]) * __bfloat162float(v[j * kD + d]);
+      for (int j = 0; j < kNS; ++j) ref += double(p[i * kNS + j]) * __bfloat162float(v[j * kD + d]);
       bad_o += std::fabs(o[i * kD + d] - ref) > 1e-3 * (1 + std::fabs(ref));
     }
   EXPECT_EQ(bad_s, 0) << "S = A B^T elements off";
   EXPECT_EQ(bad_o, 0) << "O = P V elements off";
+}
+
+TEST(WgmmaGpu, SwizzledTilesAndBothOperandForms) {
+  if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU with sm_90a code: wgmma tests skipped";
+  check_probe<kN>();
+}
+
+// The forward's narrow last tile: S over the first 32 or 64 rows of a 128-row K tile.
+TEST(WgmmaGpu, NarrowWgmmasReadTheFirstRowsOfATile) {
+  if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU with sm_90a code: wgmma tests skipped";
+  check_probe<32>();
+  check_probe<64>();
 }
 
 }  // namespace
