@@ -22,6 +22,7 @@
 #include "cuda/bwd_mma_sm80.cuh"
 #include "cuda/bwd_mma_sm90.cuh"
 #include "cuda/cta_order.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/score_terms_bwd.cuh"
@@ -423,6 +424,8 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
 
 template <class T, int kHeadDim, class Mma>
 __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const AttentionBwdParams p) {
+  ptx::griddep_wait();  // launched overlapping the prepare kernel (launch.cuh): its delta and lse2
+  ptx::griddep_launch_dependents();
   if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
     __trap();
   else
@@ -771,6 +774,10 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
 
 template <class T, int kHeadDim, class Mma>
 __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
+  // It reads nothing dq writes, but waits for it all the same: then its own completion implies
+  // the prepare kernel's and everything before (launch.cuh).
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
     __trap();
   else
@@ -807,14 +814,13 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   if (err != cudaSuccess) return err;
   const dim3 dq_grid((f.Sq + Dq::kBlockM - 1) / Dq::kBlockM, f.H / p.rows_heads_per_block,
                      f.B / p.rows_batches_per_block);
-  dq_kernel<<<dq_grid, kBwdThreads, dq_smem, stream>>>(p);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  err = launch_kernel(f.overlap_previous, dq_kernel, dq_grid, kBwdThreads, dq_smem, stream, p);
+  if (err != cudaSuccess) return err;
   // Dynamic-mask mode: kBwdWindow / 64 groups per window of kept keys (at most Sk of them).
   const int dkdv_x = f.lists.keys ? (f.Sk + kBwdWindow - 1) / kBwdWindow * (kBwdWindow / Dkdv::kBlockN)
                                   : (f.Sk + Dkdv::kBlockN - 1) / Dkdv::kBlockN;
   const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B);
-  dkdv_kernel<<<dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(f.overlap_previous, dkdv_kernel, dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream, p);
 }
 
 // The wgmma kernels on Hopper for D = 64 and 128 (arch_dispatch.cuh), the mma.sync kernels

@@ -10,6 +10,8 @@
 #include <type_traits>
 
 #include "cuda/attention_bwd_aux.hpp"
+#include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 
 namespace fdma::cuda {
@@ -45,6 +47,8 @@ constexpr int kPrepareLanes = 16, kPrepareThreads = 256, kPrepareRowsPerBlock = 
 template <class T>
 __global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const AttentionBwdParams p, float* delta,
                                                                       float* lse2) {
+  ptx::griddep_wait();  // launched overlapping (launch.cuh): out, dout and the lists' zeroing first
+  ptx::griddep_launch_dependents();
   const AttentionFwdParams& f = p.f;
   const int sub = threadIdx.x % kPrepareLanes;
   const int i = blockIdx.x * kPrepareRowsPerBlock + threadIdx.x / kPrepareLanes;
@@ -75,6 +79,7 @@ __global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const Atte
 
 template <class T>
 __global__ void dbias_finish_kernel(const AttentionBwdParams p) {
+  ptx::griddep_wait();  // the dq and dk/dv kernels' slots
   const int64_t* n = p.dbias_size;
   const int64_t numel = n[0] * n[1] * n[2] * n[3];
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -95,15 +100,13 @@ template <class T>
 cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream) {
   const dim3 grid(unsigned((p.Sq_pad + kPrepareRowsPerBlock - 1) / kPrepareRowsPerBlock), unsigned(std::min(p.f.H, 65535)),
                   unsigned(std::min(p.f.B, 65535)));
-  bwd_prepare_kernel<T><<<grid, kPrepareThreads, 0, stream>>>(p, p.delta, p.lse2);
-  return cudaGetLastError();
+  return launch_kernel(p.f.overlap_previous, bwd_prepare_kernel<T>, grid, kPrepareThreads, 0, stream, p, p.delta, p.lse2);
 }
 
 template <class T>
 cudaError_t launch_dbias_finish(const AttentionBwdParams& p, cudaStream_t stream) {
   const int64_t numel = p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[2] * p.dbias_size[3];
-  dbias_finish_kernel<T><<<unsigned((numel + 255) / 256), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(p.f.overlap_previous, dbias_finish_kernel<T>, unsigned((numel + 255) / 256), 256, 0, stream, p);
 }
 
 template cudaError_t launch_bwd_prepare<__nv_bfloat16>(const AttentionBwdParams&, cudaStream_t);

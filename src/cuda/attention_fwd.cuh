@@ -21,6 +21,7 @@
 #include "cuda/fwd_mma_sm80.cuh"
 #include "cuda/fwd_mma_sm90.cuh"
 #include "cuda/kernel_table.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/softmax_sm80.cuh"
@@ -63,6 +64,7 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
   constexpr int kM = Mma::kMTiles, kN = Mma::kTilesN, kDT = Mma::kTilesD, kThreads = Mma::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
+  ptx::griddep_wait();  // launched overlapping the list kernels: their lists (launch.cuh)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Causal blocks near the end see the most keys: every head's start first (cta_order.cuh).
   const CtaTile cta = cta_tile(p.causal && !kGather);
@@ -389,8 +391,7 @@ cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& p, int device,
   cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted : nullptr, device);
   if (err != cudaSuccess) return err;
   dim3 grid((p.Sq + Tile::kBlockM - 1) / Tile::kBlockM, p.H, p.B);
-  kernel<<<grid, Mma::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(p.overlap_previous, kernel, grid, Mma::kThreads, smem, stream, p);
 }
 
 template <class T, int kHeadDim, bool kGather>

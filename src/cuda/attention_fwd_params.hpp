@@ -69,6 +69,8 @@ struct AttentionFwdParams {
   // Dynamic-mask mode on Hopper: a list's last key tile runs 32 or 64 keys wide when it holds
   // no more (attention_fwd.cuh); FDMA_FWD_LAST_TILE=narrow|full chooses (dma_cuda.cu).
   bool narrow_last_tile;
+  // Host side: launch the kernel overlapping the previous one in the stream (launch.cuh).
+  bool overlap_previous;
 };
 
 }  // namespace fdma::cuda

@@ -16,6 +16,7 @@
 #include "cuda/dma_lists.hpp"
 #include "cuda/kernel_params.hpp"
 #include "cuda/kernel_table.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/select_topw.cuh"
 
 namespace fdma::cuda {
@@ -57,6 +58,13 @@ TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
   in.Sk = int(scores.shape[2]);
   set_rank_bits(in);
   return in;
+}
+
+// The device the guard made current (the tensors').
+int current_device(const char* op) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), op, "current device");
+  return device;
 }
 
 void require_device_workspace(const char* op, const void* ws) {
@@ -126,7 +134,7 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
 // Selection (unless a backward is given the forward's) and key lists into the workspace;
 // returns the lists for the kernels.
 KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, const TopwInputs& in,
-                         const DmaLayout& l, cudaStream_t stream) {
+                         const DmaLayout& l, cudaStream_t stream, bool overlap) {
   char* base = static_cast<char*>(p.workspace);
   const int64_t Sk = prob.dims.Sk, Hk = prob.dims.Hk;
   int32_t *begin, *end;
@@ -144,7 +152,7 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
     WaveletScratch wv{};
     if (prob.causal) wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
     check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, int(prob.dims.Sq), begin, bs, end, es,
-                                stream),
+                                stream, overlap),
                op, "selection");
   }
   DmaListInputs li{};
@@ -156,7 +164,7 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   li.add_scores = prob.add_scores;
   KeyLists lists{};
   const DmaListScratch ls = carve_dma_lists(base + l.select + 2 * l.intervals, l.shape);
-  check_cuda(build_dma_lists(l.shape, li, ls, lists, stream), op, "key lists");
+  check_cuda(build_dma_lists(l.shape, li, ls, lists, stream, overlap), op, "key lists");
   return lists;
 }
 
@@ -219,9 +227,12 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::forward);
-  const KeyLists lists = select_and_list(op, p, prob, in, l, stream);
+  const bool overlap = overlap_launches(current_device(op));
+  const KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   if (prob.causal) {
-    run_forward_kernel(kernel_params(p, prob, lists), prob.dtype, p.stream);
+    AttentionFwdParams k = kernel_params(p, prob, lists);
+    k.overlap_previous = overlap;
+    run_forward_kernel(k, prob.dtype, p.stream);
     return;
   }
   // Non-causal: every query keeps the same keys, so gather them once and run the dense
@@ -263,7 +274,8 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const detail::Dims& d = prob.dims;
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::backward);
-  KeyLists lists = select_and_list(op, p, prob, in, l, stream);
+  const bool overlap = overlap_launches(current_device(op));
+  KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
   // kernel writes float32 or T. Scores not added to the scores have a zero gradient.
   if (p.dkey_scores.data && prob.add_scores) {
@@ -273,6 +285,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   }
   AttentionBwdParams k{};
   k.f = kernel_params(p, prob, lists);
+  k.f.overlap_previous = overlap;
   set_gradients(k, p.dout, p.dq, p.dk, p.dv);
   char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
   k.delta = reinterpret_cast<float*>(rows);
@@ -291,7 +304,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
     z.dscores_bytes = int(dtype_size(static_cast<DType>(p.dkey_scores.dtype)));
     z.dscores_all = !prob.add_scores;
   }
-  check_cuda(zero_unkept_grads(l.shape, lists.info, z, stream), op, "zero unkept keys");
+  check_cuda(zero_unkept_grads(l.shape, lists.info, z, stream, overlap), op, "zero unkept keys");
   run_backward_kernels(k, prob.dtype, p.stream);
 }
 

@@ -6,6 +6,8 @@
 #include <cub/device/device_scan.cuh>
 
 #include "cuda/dma_lists.hpp"
+#include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
 #include "cuda/warp_scan.cuh"
 #include "fdma/fdma.h"
 
@@ -55,7 +57,11 @@ __device__ float load_score(const DmaListInputs& in, int64_t off) {
   }
 }
 
+// The list kernels may be launched overlapping their predecessors (launch.cuh): each waits for
+// them first thing and lets its successor in early.
 __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   const int64_t n = s.keys();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e > n) return;
@@ -77,6 +83,8 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
 
 __global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int32_t* flags, const int32_t* positions,
                                  int32_t* kept, int2* kept_span, int32_t* kept_count) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= s.keys()) return;
   const int64_t bh = e / s.Sk, row0 = bh * s.Sk;
@@ -119,6 +127,8 @@ constexpr int kMaxPartialKeys = 2 * 128;  // 2 * the largest block_m of the kern
 __global__ void __launch_bounds__(kTileThreads)
     tile_lists_kernel(DmaListShape s, const int32_t* kept, const int2* kept_span, const int32_t* kept_count,
                       int32_t* tile_keys, int32_t* tile_count) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   const int t = blockIdx.x;
   const int64_t bh = blockIdx.y;
   const int row_lo = t * s.block_m, row_hi = min(s.Sq, row_lo + s.block_m);
@@ -183,6 +193,8 @@ __global__ void __launch_bounds__(kTileThreads)
 }
 
 __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   // One thread per 16-byte chunk of a key's dk and dv rows (D * elem_bytes is a multiple of
   // 16); the key's first chunk also does its dscores entry. A warp per key left half its lanes
   // idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K (perf-notes).
@@ -251,17 +263,16 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
 }
 
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool overlap) {
   const int64_t n = s.keys();
-  key_records_kernel<<<blocks_for(n + 1, 256), 256, 0, stream>>>(s, in, c.info, c.flags);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info, c.flags);
   if (err != cudaSuccess) return err;
   size_t scan_bytes = c.scan_bytes;
   err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
   if (err != cudaSuccess) return err;
-  kept_list_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.flags, c.positions, c.kept,
-                                                           s.causal ? c.kept_span : nullptr, c.kept_count);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  err = launch_kernel(overlap, kept_list_kernel, blocks_for(n, 256), 256, 0, stream, s, c.info, c.flags, c.positions,
+                      c.kept, s.causal ? c.kept_span : nullptr, c.kept_count);
+  if (err != cudaSuccess) return err;
   lists.info = c.info;
   lists.kept = c.kept;
   lists.kept_count = c.kept_count;
@@ -278,9 +289,9 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   }
   if (s.causal) {
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
-    tile_lists_kernel<<<grid, kTileThreads, 0, stream>>>(s, c.kept, c.kept_span, c.kept_count, c.tile_keys,
-                                                         c.tile_count);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    err = launch_kernel(overlap, tile_lists_kernel, grid, kTileThreads, 0, stream, s, c.kept, c.kept_span, c.kept_count,
+                        c.tile_keys, c.tile_count);
+    if (err != cudaSuccess) return err;
     lists.keys = c.tile_keys;
     lists.keys_bh_stride = int64_t(s.q_tiles()) * s.cap();
     lists.keys_tile_stride = s.cap();
@@ -328,9 +339,10 @@ cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const
   return cudaGetLastError();
 }
 
-cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream) {
-  zero_unkept_kernel<<<blocks_for(s.keys() * (z.D * z.elem_bytes / 16), 256), 256, 0, stream>>>(s, info, z);
-  return cudaGetLastError();
+cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream,
+                              bool overlap) {
+  return launch_kernel(overlap, zero_unkept_kernel, blocks_for(s.keys() * (z.D * z.elem_bytes / 16), 256), 256, 0, stream,
+                       s, info, z);
 }
 
 }  // namespace fdma::cuda

@@ -59,9 +59,10 @@ struct DmaListInputs {
   bool add_scores;
 };
 
-// Builds records, kept list and (causal) tile lists; fills `lists` to point at them.
+// Builds records, kept list and (causal) tile lists; fills `lists` to point at them. overlap:
+// each kernel may start while its predecessor finishes (launch.cuh).
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& scratch,
-                            KeyLists& lists, cudaStream_t stream);
+                            KeyLists& lists, cudaStream_t stream, bool overlap = false);
 
 // Non-causal forward: every query keeps the same kept keys, so their K/V rows and biases are
 // copied once into dense [B, Hk, W, D] / [B, Hk, W] buffers (W = min(w, Sk) slots; slots past
@@ -88,6 +89,7 @@ struct UnkeptZeroArgs {
   int dscores_bytes;
   bool dscores_all;
 };
-cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream);
+cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream,
+                              bool overlap = false);
 
 }  // namespace fdma::cuda

@@ -7,6 +7,7 @@
 
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/mask_tile_summary.hpp"
+#include "cuda/ptx.cuh"
 
 namespace fdma::cuda {
 namespace {
@@ -14,6 +15,7 @@ namespace {
 // grid: (key tiles, query tiles, mask batch * mask heads); one CTA summarises one tile.
 __global__ void mask_tile_summary_kernel(const uint8_t* mask, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
                                          int heads, int rows, int keys, int block_m, int block_n, uint8_t* active) {
+  ptx::griddep_launch_dependents();  // the attention kernel may be placed early (launch.cuh)
   const int kt = blockIdx.x, qt = blockIdx.y, bh = blockIdx.z;
   const int b = bh / heads, h = bh % heads;
   const int r0 = qt * block_m, r1 = min(rows, r0 + block_m);

@@ -105,4 +105,23 @@ __device__ __forceinline__ void pack_a_frag(uint32_t (&a)[4], const float (&lo)[
   a[3] = pack2<T>(hi[2], hi[3]);
 }
 
+// Programmatic dependent launch (sm_90+; nothing on older targets, whose launches never
+// overlap). A kernel launched with overlap_previous (launch.cuh) may start while the previous
+// kernel of its stream still runs: griddepcontrol.wait blocks until that kernel has finished
+// and its writes are visible, and returns at once in a kernel launched without the attribute.
+// Such a kernel calls it first thing, before any global access and any early return, so that
+// its own completion still implies its predecessors'.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// Lets the stream's next kernel, if launched with overlap_previous, start its CTAs now (they
+// wait in griddep_wait for this kernel to finish).
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace fdma::cuda::ptx

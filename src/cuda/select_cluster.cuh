@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/ptx.cuh"
 #include "cuda/rank_key.cuh"
 #include "cuda/select_rows.cuh"
 #include "cuda/warp_scan.cuh"
@@ -166,6 +167,7 @@ __global__ void __launch_bounds__(kThreads)
   const int row = blockIdx.y, Sk = in.Sk, first = c * seg, mine = min(seg, Sk - first);
   const int64_t row0 = int64_t(row) * Sk, n = int64_t(in.B) * in.Hk * Sk;
   const bool causal = rank0 != nullptr;
+  ptx::griddep_launch_dependents();  // the intervals kernel may take the idle SMs now (launch.cuh)
 
   // The rank sort. Items are warp-striped (item i of lane l of warp w at position
   // w * 32 * kItems + 32 * i + l), the order in which the match-based rank is stable.

@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "cuda/arch_dispatch.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/ptx.cuh"
 #include "cuda/rank_key.cuh"
 #include "cuda/select_cluster.cuh"
 #include "cuda/select_rows.cuh"
@@ -87,6 +89,8 @@ __device__ int32_t wavelet_kth(const int32_t* rank0, int levels, int64_t n, int6
 __global__ void causal_intervals_kernel(TopwInputs in, const uint64_t* keys, const int32_t* idx, const int32_t* rank0,
                                         int levels, int64_t w, int Sq, int32_t* begin, int64_t b0, int64_t b1,
                                         int64_t b2, int32_t* end, int64_t e0, int64_t e1, int64_t e2) {
+  ptx::griddep_wait();  // the ranks (launch.cuh)
+  ptx::griddep_launch_dependents();
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
   const int64_t off = int64_t(in.Sk) - Sq;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
@@ -388,13 +392,12 @@ cudaError_t rank_rows(const TopwInputs& in, const TopwScratch& s, const WaveletS
 
 cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, int64_t w, int Sq,
                              int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool overlap) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
   if (const cudaError_t err = rank_rows(in, s, wv, select_path(in), stream); err != cudaSuccess) return err;
   if (wv)
-    causal_intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, wv->rank0, wv->levels, w,
-                                                                  Sq, begin, bs[0], bs[1], bs[2], end, es[0], es[1],
-                                                                  es[2]);
+    return launch_kernel(overlap, causal_intervals_kernel, grid_for(n, 256), 256, 0, stream, in, s.keys_out, s.idx_out,
+                         wv->rank0, wv->levels, w, Sq, begin, bs[0], bs[1], bs[2], end, es[0], es[1], es[2]);
   else
     intervals_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, s.keys_out, s.idx_out, w, Sq, begin, bs[0], bs[1],
                                                            bs[2], end, es[0], es[1], es[2]);

@@ -66,8 +66,9 @@ WaveletScratch carve_wavelet(void* base, const TopwInputs& in);
 // every row, then non-causal (wv null): [0, Sq) for the kept keys, (0, 0) for the others;
 // causal: through the wavelet matrix in wv. Ranks land in s.keys_out/s.idx_out: idx_out[row *
 // Sk + t] is the t-th ranked key of the row, kept iff t < w and rank_key_exists(keys_out[...]).
+// overlap: the intervals kernel may start while the ranking finishes (launch.cuh).
 cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, int64_t w, int Sq,
                              int32_t* begin, const int64_t (&begin_stride)[3], int32_t* end,
-                             const int64_t (&end_stride)[3], cudaStream_t stream);
+                             const int64_t (&end_stride)[3], cudaStream_t stream, bool overlap = false);
 
 }  // namespace fdma::cuda

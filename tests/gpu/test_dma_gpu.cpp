@@ -525,3 +525,46 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
   EXPECT_GT(tails64, 0) << "no list ended in a tile of 33-64 keys";
 }
 
+// FDMA_OVERLAP_LAUNCHES=1: the selection, list and forward kernels launched overlapping their
+// predecessors (programmatic dependent launch, compute capability 9.0+; older GPUs launch as
+// before). Each waits for its predecessor on the GPU, so forward and backward give bitwise
+// what the serial launches give, and the CPU's results.
+TEST(DmaGpu, OverlappedLaunchesMatchSerialOnes) {
+  REQUIRE_GPU();
+  struct EnvGuard {
+    ~EnvGuard() { unsetenv("FDMA_OVERLAP_LAUNCHES"); }
+  } guard;
+  uint64_t seed = 1200;
+  for (bool causal : {true, false}) {
+    DmaCase c;
+    c.B = 2, c.Sq = 900, c.Sk = 1100, c.H = 4, c.Hk = 2, c.D = 128, c.w = 200, c.causal = causal, c.seed = seed++;
+    c.dtype = DType::bf16, c.padding = true;
+    SCOPED_TRACE(c.str());
+    DmaRun r(c);
+    GpuDma gpu(r);
+    std::vector<std::vector<unsigned char>> serial;
+    for (int overlapped = 0; overlapped < 2; ++overlapped) {
+      if (overlapped) setenv("FDMA_OVERLAP_LAUNCHES", "1", 1);
+      std::vector<std::vector<unsigned char>> got;
+      gpu.run(Pass::forward);
+      for (DeviceTensor* t : {&gpu.out, &gpu.lse}) t->download();
+      got.push_back(r.out.bytes());
+      got.push_back(r.lse.bytes());
+      gpu.run(Pass::backward);
+      for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {&gpu.dscores, &r.dscores}}) {
+        dev->download();
+        got.push_back(host->bytes());
+      }
+      if (!overlapped) serial = got;
+      else
+        for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == serial[i]) << "output " << i << " differs";
+    }
+  }
+  // And against the CPU, overlapped.
+  setenv("FDMA_OVERLAP_LAUNCHES", "1", 1);
+  DmaCase c;
+  c.B = 1, c.Sq = 1500, c.Sk = 1500, c.H = 4, c.Hk = 1, c.D = 64, c.w = 300, c.causal = true, c.seed = seed++;
+  c.dtype = DType::f16;
+  DmaRun r(c);
+  run_gpu_dma(r);
+}
