@@ -1,0 +1,117 @@
+"""The library's opt-in GPU paths against the defaults, in one process and interleaved: causal
+dynamic_mask_attention (B1 H16 Hk4 D128 w2048 bf16) forward and forward+backward, medians of
+CUDA events, each configuration timed in turn per round so clock drift hits all alike.
+
+Configurations (environment switches, read by the library per call):
+  default                   every tile 128 keys wide, serial launches
+  narrow                    FDMA_FWD_LAST_TILE=narrow: a list's last key tile 32 or 64 keys wide
+  overlap                   FDMA_OVERLAP_LAUNCHES=1: the selection, list and forward kernels
+                            launched overlapping their predecessors (programmatic dependent launch)
+  narrow+overlap            both
+
+Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
+Also checks that every configuration's forward output equals the default's bitwise.
+"""
+import argparse
+import ctypes
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from bench_attention import median_ms, view  # noqa: E402
+from flash_dma import _abi  # noqa: E402
+
+CONFIGS = {
+    "default": {},
+    "narrow": {"FDMA_FWD_LAST_TILE": "narrow"},
+    "overlap": {"FDMA_OVERLAP_LAUNCHES": "1"},
+    "narrow+overlap": {"FDMA_FWD_LAST_TILE": "narrow", "FDMA_OVERLAP_LAUNCHES": "1"},
+}
+
+
+def set_config(name):
+    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES"):
+        os.environ.pop(var, None)
+    os.environ.update(CONFIGS[name])
+
+
+def ok(lib, st):
+    if st != 0:
+        raise RuntimeError(lib.fdma_last_error().decode())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--seqlens", default="16384,32768")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    lib = _abi.load_library(args.lib)
+    dev = torch.device("cuda")
+    B, H, Hk, D, w = 1, 16, 4, 128, 2048
+    rows = []
+    for S in [int(s) for s in args.seqlens.split(",")]:
+        torch.manual_seed(0)
+        q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
+        dout = torch.randn_like(q)
+        scores = torch.randn(B, Hk, S, device=dev, dtype=torch.float32)
+        out, lse = torch.empty_like(q), torch.empty(B, H, S, device=dev, dtype=torch.float32)
+        dq, dk, dv, dscores = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(scores)
+        kept = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
+        p = _abi.DmaParams()
+        p.q, p.k, p.v, p.key_scores, p.out, p.lse = view(q), view(k), view(v), view(scores), view(out), view(lse)
+        p.dout, p.dq, p.dk, p.dv, p.dkey_scores = view(dout), view(dq), view(dk), view(dv), view(dscores)
+        p.keep_begin, p.keep_end = view(kept[0]), view(kept[1])
+        p.window, p.causal, p.add_scores = w, 1, 1
+        p.stream = torch.cuda.current_stream().cuda_stream
+        sizes = []
+        for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
+            n = ctypes.c_size_t(0)
+            ok(lib, lib.fdma_dma_workspace_size(ctypes.byref(p), ps, ctypes.byref(n)))
+            sizes.append(n.value)
+        ws = torch.empty(max(sizes), device=dev, dtype=torch.uint8)
+        p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+
+        def fwd():
+            ok(lib, lib.fdma_dma_fwd(ctypes.byref(p)))
+
+        def fwdbwd():
+            fwd()
+            ok(lib, lib.fdma_dma_bwd(ctypes.byref(p)))
+
+        outs = {}
+        for name in CONFIGS:
+            set_config(name)
+            fwd()
+            torch.cuda.synchronize()
+            outs[name] = out.clone()
+        same = {name: bool(torch.equal(outs[name], outs["default"])) for name in CONFIGS}
+        times = {name: {"fwd": [], "fwd+bwd": []} for name in CONFIGS}
+        for _ in range(args.rounds):
+            for name in CONFIGS:
+                set_config(name)
+                times[name]["fwd"].append(median_ms(fwd, warmup=2, iters=args.iters))
+                times[name]["fwd+bwd"].append(median_ms(fwdbwd, warmup=1, iters=args.iters))
+        set_config("default")
+        for name in CONFIGS:
+            f = sorted(times[name]["fwd"])
+            fb = sorted(times[name]["fwd+bwd"])
+            rows.append((S, name, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[name]))
+        del ws
+        torch.cuda.empty_cache()
+
+    print(f"\n{torch.cuda.get_device_name()}; medians of {args.rounds} rounds (min-max) of {args.iters}-launch medians")
+    print("| S | config | fwd ms | fwd+bwd ms | out == default |")
+    print("|---|---|---|---|---|")
+    for S, name, f, f0, f1, fb, fb0, fb1, same in rows:
+        print(f"| {S} | {name} | {f:.3f} ({f0:.3f}-{f1:.3f}) | {fb:.3f} ({fb0:.3f}-{fb1:.3f}) | {same} |")
+
+
+if __name__ == "__main__":
+    main()
