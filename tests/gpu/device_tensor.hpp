@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "host_tensor.hpp"
 
 namespace fdma::test {
@@ -13,6 +15,22 @@ namespace fdma::test {
     cudaError_t err_ = (expr);                                                           \
     ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);           \
   } while (0)
+
+// A path switch the library reads from the environment per call (FDMA_SELECT_PATH,
+// FDMA_FWD_LAST_TILE, FDMA_OVERLAP_LAUNCHES): set and cleared by the test, and cleared when it
+// ends, pass or fail.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const char* name) : name_(name) {}
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() { clear(); }
+  void set(const char* value) const { setenv(name_, value, 1); }
+  void clear() const { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
 
 class DeviceTensor {
  public:

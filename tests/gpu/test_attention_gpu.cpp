@@ -5,8 +5,6 @@
 // Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include "attention_case.hpp"
 #include "device_tensor.hpp"
 
@@ -344,9 +342,7 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
 // empty tiles and a bias broadcast over heads (reduction slots and the finish kernel).
 TEST(AttentionGpu, OverlappedLaunchesMatchSerialOnes) {
   REQUIRE_GPU();
-  struct EnvGuard {
-    ~EnvGuard() { unsetenv("FDMA_OVERLAP_LAUNCHES"); }
-  } guard;
+  const ScopedEnv overlap("FDMA_OVERLAP_LAUNCHES");
   AttnCase c = base(1000, 1200, 4, 2, 128, true, DType::bf16, 750);
   c.mask.present = true;
   c.mask.b = false, c.mask.heads = 0;
@@ -364,7 +360,7 @@ TEST(AttentionGpu, OverlappedLaunchesMatchSerialOnes) {
   ASSERT_TRUE(gpu.ok());
   std::vector<std::vector<unsigned char>> serial;
   for (int overlapped = 0; overlapped < 2; ++overlapped) {
-    if (overlapped) setenv("FDMA_OVERLAP_LAUNCHES", "1", 1);
+    if (overlapped) overlap.set("1");
     std::vector<std::vector<unsigned char>> got;
     gpu.run(Pass::forward, nullptr);
     for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {

@@ -262,13 +262,11 @@ TEST(SelectGpu, CausalLongRow) {
 // and in a cluster).
 TEST(SelectGpu, EveryPathMatchesTheCpu) {
   REQUIRE_GPU();
-  struct EnvGuard {
-    ~EnvGuard() { unsetenv("FDMA_SELECT_PATH"); }
-  } guard;
+  const ScopedEnv select_path("FDMA_SELECT_PATH");
   std::mt19937_64 rng(91);
   for (const char* path : {"cluster", "shared", "global", "levels"}) {
     SCOPED_TRACE(path);
-    setenv("FDMA_SELECT_PATH", path, 1);
+    select_path.set(path);
     for (int64_t Sk : {1, 2, 33, 512, 513, 4096, 4097, 16384, 16385, 32767, 32768, 40000}) {
       HostTensor scores(DType::bf16, {2, 3, Sk}), pad(DType::boolean, {2, Sk});
       scores.fill_uniform(rng, -2, 2);  // bf16: many ties
@@ -286,10 +284,8 @@ TEST(SelectGpu, EveryPathMatchesTheCpu) {
 // the GPU cannot place one, the library falls back and this compares that path instead).
 TEST(SelectGpu, SixteenCtaClustersMatchTheCpu) {
   REQUIRE_GPU();
-  struct EnvGuard {
-    ~EnvGuard() { unsetenv("FDMA_SELECT_PATH"); }
-  } guard;
-  setenv("FDMA_SELECT_PATH", "cluster", 1);
+  const ScopedEnv select_path("FDMA_SELECT_PATH");
+  select_path.set("cluster");
   std::mt19937_64 rng(93);
   for (int64_t Sk : {32769, 65536, 100003, 131072}) {
     HostTensor scores(DType::bf16, {1, 2, Sk}), pad(DType::boolean, {1, Sk});
@@ -495,9 +491,7 @@ std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
 // ending in tiles of both narrow widths.
 TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
   REQUIRE_GPU();
-  struct EnvGuard {
-    ~EnvGuard() { unsetenv("FDMA_FWD_LAST_TILE"); }
-  } guard;
+  const ScopedEnv last_tile("FDMA_FWD_LAST_TILE");
   uint64_t seed = 1100;
   int tails32 = 0, tails64 = 0;
   for (auto [S, w] : {std::pair<int64_t, int64_t>{700, 150}, {1200, 200}, {2000, 500}, {2500, 1000}})
@@ -510,10 +504,10 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
       DmaRun r(c);
       const auto [n32, n64] = narrow_tail_tiles(r);
       tails32 += n32, tails64 += n64;
-      setenv("FDMA_FWD_LAST_TILE", "narrow", 1);
+      last_tile.set("narrow");
       run_gpu_dma(r, false);  // GPU against the CPU; r.out now holds the GPU's
       const auto out_narrow = r.out.bytes(), lse_narrow = r.lse.bytes();
-      unsetenv("FDMA_FWD_LAST_TILE");
+      last_tile.clear();
       GpuDma gpu(r);
       gpu.run(Pass::forward);
       gpu.out.download();
@@ -531,9 +525,7 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
 // what the serial launches give, and the CPU's results.
 TEST(DmaGpu, OverlappedLaunchesMatchSerialOnes) {
   REQUIRE_GPU();
-  struct EnvGuard {
-    ~EnvGuard() { unsetenv("FDMA_OVERLAP_LAUNCHES"); }
-  } guard;
+  const ScopedEnv overlap("FDMA_OVERLAP_LAUNCHES");
   uint64_t seed = 1200;
   for (bool causal : {true, false}) {
     DmaCase c;
@@ -544,7 +536,7 @@ TEST(DmaGpu, OverlappedLaunchesMatchSerialOnes) {
     GpuDma gpu(r);
     std::vector<std::vector<unsigned char>> serial;
     for (int overlapped = 0; overlapped < 2; ++overlapped) {
-      if (overlapped) setenv("FDMA_OVERLAP_LAUNCHES", "1", 1);
+      if (overlapped) overlap.set("1");
       std::vector<std::vector<unsigned char>> got;
       gpu.run(Pass::forward);
       for (DeviceTensor* t : {&gpu.out, &gpu.lse}) t->download();
@@ -561,7 +553,7 @@ TEST(DmaGpu, OverlappedLaunchesMatchSerialOnes) {
     }
   }
   // And against the CPU, overlapped.
-  setenv("FDMA_OVERLAP_LAUNCHES", "1", 1);
+  overlap.set("1");
   DmaCase c;
   c.B = 1, c.Sq = 1500, c.Sk = 1500, c.H = 4, c.Hk = 1, c.D = 64, c.w = 300, c.causal = true, c.seed = seed++;
   c.dtype = DType::f16;
