@@ -24,4 +24,16 @@ __device__ __forceinline__ CtaTile cta_tile(bool heads_fastest) {
   return {int(linear / gridDim.y), int(linear % gridDim.y)};
 }
 
+// A forward or dq CTA's query tile (of gridDim.x) and grid y (its head or head block). With
+// longest_first the last query tiles, which see the most keys (causal; the lists of a causal
+// dynamic mask, up to w keys from row w on), start first, every head's together, and the
+// short first tiles fill the last wave: the largest-first order of a list scheduler.
+struct QueryTileCta {
+  int m_block, y;
+};
+__device__ __forceinline__ QueryTileCta query_tile_cta(bool longest_first) {
+  const CtaTile cta = cta_tile(longest_first);
+  return {longest_first ? int(gridDim.x) - 1 - cta.x : cta.x, cta.y};
+}
+
 }  // namespace fdma::cuda

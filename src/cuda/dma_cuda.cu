@@ -168,12 +168,13 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   return lists;
 }
 
-// FDMA_FWD_LAST_TILE=narrow runs a causal list's last key tile 32 or 64 keys wide on Hopper
-// where it holds no more (attention_fwd.cuh); full (the default) keeps every tile 128 wide.
-// Read per call, as FDMA_SELECT_PATH, so tests can run both.
-bool narrow_last_tile() {
-  const char* env = std::getenv("FDMA_FWD_LAST_TILE");
-  return env && std::strcmp(env, "narrow") == 0;
+// Path switches, off until measured on a GPU, read per call as FDMA_SELECT_PATH so that tests
+// can run both ways: FDMA_FWD_LAST_TILE=narrow runs a causal list's last key tile 32 or 64 keys
+// wide on Hopper where it holds no more (attention_fwd.cuh); FDMA_LONGEST_FIRST=1 starts the
+// forward and dq CTAs of the last query tiles first (cta_order.cuh).
+bool env_is(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env && std::strcmp(env, value) == 0;
 }
 
 // The attention kernels' view of q, k, v, out, lse in dynamic-mask mode.
@@ -182,7 +183,8 @@ AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProb
   // causal = false: the intervals carry causality
   set_inputs_outputs(k, p.q, p.k, p.v, p.out, p.lse, prob.dims, prob.scale, prob.softcap, false);
   k.lists = lists;
-  k.narrow_last_tile = narrow_last_tile();
+  k.lists.longest_first = env_is("FDMA_LONGEST_FIRST", "1");
+  k.narrow_last_tile = env_is("FDMA_FWD_LAST_TILE", "narrow");
   return k;
 }
 

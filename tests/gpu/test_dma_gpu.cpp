@@ -519,44 +519,51 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
   EXPECT_GT(tails64, 0) << "no list ended in a tile of 33-64 keys";
 }
 
-// FDMA_OVERLAP_LAUNCHES=1: the selection, list and forward kernels launched overlapping their
-// predecessors (programmatic dependent launch, compute capability 9.0+; older GPUs launch as
-// before). Each waits for its predecessor on the GPU, so forward and backward give bitwise
-// what the serial launches give, and the CPU's results.
-TEST(DmaGpu, OverlappedLaunchesMatchSerialOnes) {
+// The switches that change only when and where kernels run, not what they compute, give
+// bitwise the default's forward and backward, and the CPU's results:
+//   FDMA_OVERLAP_LAUNCHES=1: the selection, list, forward and backward kernels launched
+//     overlapping their predecessors (programmatic dependent launch, compute capability 9.0+;
+//     older GPUs launch as before), each waiting for its predecessor on the GPU;
+//   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles started first.
+TEST(DmaGpu, SchedulingSwitchesGiveBitwiseTheDefault) {
   REQUIRE_GPU();
-  const ScopedEnv overlap("FDMA_OVERLAP_LAUNCHES");
   uint64_t seed = 1200;
-  for (bool causal : {true, false}) {
-    DmaCase c;
-    c.B = 2, c.Sq = 900, c.Sk = 1100, c.H = 4, c.Hk = 2, c.D = 128, c.w = 200, c.causal = causal, c.seed = seed++;
-    c.dtype = DType::bf16, c.padding = true;
-    SCOPED_TRACE(c.str());
-    DmaRun r(c);
-    GpuDma gpu(r);
-    std::vector<std::vector<unsigned char>> serial;
-    for (int overlapped = 0; overlapped < 2; ++overlapped) {
-      if (overlapped) overlap.set("1");
-      std::vector<std::vector<unsigned char>> got;
-      gpu.run(Pass::forward);
-      for (DeviceTensor* t : {&gpu.out, &gpu.lse}) t->download();
-      got.push_back(r.out.bytes());
-      got.push_back(r.lse.bytes());
-      gpu.run(Pass::backward);
-      for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {&gpu.dscores, &r.dscores}}) {
-        dev->download();
-        got.push_back(host->bytes());
+  for (const char* name : {"FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST"}) {
+    const ScopedEnv scheduling(name);
+    for (bool causal : {true, false}) {
+      DmaCase c;
+      c.B = 2, c.Sq = 900, c.Sk = 1100, c.H = 4, c.Hk = 2, c.D = 128, c.w = 200, c.causal = causal, c.seed = seed++;
+      c.dtype = DType::bf16, c.padding = true;
+      SCOPED_TRACE(std::string(name) + " " + c.str());
+      DmaRun r(c);
+      GpuDma gpu(r);
+      std::vector<std::vector<unsigned char>> plain;
+      for (int on = 0; on < 2; ++on) {
+        if (on) scheduling.set("1");
+        std::vector<std::vector<unsigned char>> got;
+        gpu.run(Pass::forward);
+        for (DeviceTensor* t : {&gpu.out, &gpu.lse}) t->download();
+        got.push_back(r.out.bytes());
+        got.push_back(r.lse.bytes());
+        gpu.run(Pass::backward);
+        for (auto [dev, host] :
+             {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {&gpu.dscores, &r.dscores}}) {
+          dev->download();
+          got.push_back(host->bytes());
+        }
+        if (!on) plain = got;
+        else
+          for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == plain[i]) << "output " << i << " differs";
       }
-      if (!overlapped) serial = got;
-      else
-        for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == serial[i]) << "output " << i << " differs";
+      scheduling.clear();
     }
+    // And against the CPU, switched on.
+    scheduling.set("1");
+    DmaCase c;
+    c.B = 1, c.Sq = 1500, c.Sk = 1500, c.H = 4, c.Hk = 1, c.D = 64, c.w = 300, c.causal = true, c.seed = seed++;
+    c.dtype = DType::f16;
+    SCOPED_TRACE(name);
+    DmaRun r(c);
+    run_gpu_dma(r);
   }
-  // And against the CPU, overlapped.
-  overlap.set("1");
-  DmaCase c;
-  c.B = 1, c.Sq = 1500, c.Sk = 1500, c.H = 4, c.Hk = 1, c.D = 64, c.w = 300, c.causal = true, c.seed = seed++;
-  c.dtype = DType::f16;
-  DmaRun r(c);
-  run_gpu_dma(r);
 }
