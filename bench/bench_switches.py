@@ -3,11 +3,14 @@ dynamic_mask_attention (B1 H16 Hk4 D128 w2048 bf16) forward and forward+backward
 CUDA events, each configuration timed in turn per round so clock drift hits all alike.
 
 Configurations (environment switches, read by the library per call):
-  default                   every tile 128 keys wide, serial launches
+  default                   every tile 128 keys wide, serial launches, CTAs in grid order
   narrow                    FDMA_FWD_LAST_TILE=narrow: a list's last key tile 32 or 64 keys wide
-  overlap                   FDMA_OVERLAP_LAUNCHES=1: the selection, list and forward kernels
-                            launched overlapping their predecessors (programmatic dependent launch)
-  narrow+overlap            both
+  overlap                   FDMA_OVERLAP_LAUNCHES=1: the selection, list, forward and backward
+                            kernels launched overlapping their predecessors (programmatic
+                            dependent launch)
+  longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query
+                            tiles (the longest lists) start first
+  all                       the three together
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
 Also checks that every configuration's forward output equals the default's bitwise.
@@ -28,12 +31,13 @@ CONFIGS = {
     "default": {},
     "narrow": {"FDMA_FWD_LAST_TILE": "narrow"},
     "overlap": {"FDMA_OVERLAP_LAUNCHES": "1"},
-    "narrow+overlap": {"FDMA_FWD_LAST_TILE": "narrow", "FDMA_OVERLAP_LAUNCHES": "1"},
+    "longest": {"FDMA_LONGEST_FIRST": "1"},
+    "all": {"FDMA_FWD_LAST_TILE": "narrow", "FDMA_OVERLAP_LAUNCHES": "1", "FDMA_LONGEST_FIRST": "1"},
 }
 
 
 def set_config(name):
-    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES"):
+    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST"):
         os.environ.pop(var, None)
     os.environ.update(CONFIGS[name])
 
