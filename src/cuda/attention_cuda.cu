@@ -174,9 +174,7 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
     check_cuda(launch_mask_tile_summary(k.mask, prob.mask, fwd_block_m(bucket), fwd_block_n(bucket), grid,
                                         static_cast<uint8_t*>(p.workspace), stream),
                "mask tile summary");
-    int device = 0;
-    check_cuda(cudaGetDevice(&device), "current device");
-    k.overlap_previous = overlap_launches(device);  // the kernel waits for the summary on the GPU
+    k.overlap_previous = overlap_launches();  // the kernel waits for the summary on the GPU
   }
   run_forward_kernel(k, prob.dtype, p.stream);
 }
@@ -224,9 +222,7 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
 
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "current device");
-  k.f.overlap_previous = overlap_launches(device);  // prepare, dq, dk/dv, finish (launch.cuh)
+  k.f.overlap_previous = overlap_launches();  // prepare, dq, dk/dv, finish (launch.cuh)
   if (prob.mask.present)
     check_cuda(launch_mask_tile_summary(k.f.mask, prob.mask, kBwdBlockM, kBwdBlockN, plan.grid, ws, stream),
                "mask tile summary");

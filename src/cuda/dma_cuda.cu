@@ -60,13 +60,6 @@ TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
   return in;
 }
 
-// The device the guard made current (the tensors').
-int current_device(const char* op) {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), op, "current device");
-  return device;
-}
-
 void require_device_workspace(const char* op, const void* ws) {
   if (!detail::locate_pointer(ws).device)
     detail::fail(Status::workspace, std::string(op) + " (CUDA): the workspace must be CUDA device memory");
@@ -229,7 +222,7 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::forward);
-  const bool overlap = overlap_launches(current_device(op));
+  const bool overlap = overlap_launches();
   const KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   if (prob.causal) {
     AttentionFwdParams k = kernel_params(p, prob, lists);
@@ -276,7 +269,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const detail::Dims& d = prob.dims;
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::backward);
-  const bool overlap = overlap_launches(current_device(op));
+  const bool overlap = overlap_launches();
   KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
   // kernel writes float32 or T. Scores not added to the scores have a zero gradient.

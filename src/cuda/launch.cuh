@@ -19,12 +19,17 @@
 
 namespace fdma::cuda {
 
-// Whether launches on `device` overlap their predecessors: a compute capability 9.0+ GPU, and
-// FDMA_OVERLAP_LAUNCHES=1 in the environment (off by default until measured on the device).
-// Read per call, as the other path switches, so tests can run both ways.
-inline bool overlap_launches(int device) {
+// Whether launches on the current device overlap their predecessors: a compute capability 9.0+
+// GPU, and FDMA_OVERLAP_LAUNCHES=1 in the environment (off by default until measured on the
+// device). Read per call, as the other path switches, so tests can run both ways.
+inline bool overlap_launches() {
   const char* env = std::getenv("FDMA_OVERLAP_LAUNCHES");
   if (!env || std::strcmp(env, "1") != 0) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
   static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
   if (device >= 0 && device < kMaxDevices && cached[device].load(std::memory_order_relaxed))
     return cached[device].load(std::memory_order_relaxed) == 1;
