@@ -229,8 +229,9 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
     // of S(j) runs while the tensor core does P V, and O is rescaled once P V is done. The
     // cp.async group issued at tile j holds K(j+1) (and its mask/bias or key records) and V(j):
     // each lands during a whole tile's work, behind one barrier per tile.
-    // The first tile is peeled so that no wgmma is issued or waited on under a branch (ptxas
-    // then serialises every wgmma of the kernel).
+    // The first tile is peeled, and a narrow last tile runs in a branch that waits for all it
+    // issues, so that no wgmma group is in flight across a branch (ptxas then serialises every
+    // wgmma of the kernel).
     auto begin_tile = [&](int nb, int buf) {
       ptx::cp_async_wait<0>();  // K(j), V(j-1) landed
       Mma::tile_landed();
@@ -297,8 +298,6 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
         buf = 1;
       }
       while (nb < full_end) tile_step(FullTile{}, buf);
-      // Each branch issues and waits on its own wgmmas (ptxas serialises every wgmma of a
-      // kernel whose groups stay in flight across a branch).
       if constexpr (kGather && Mma::kNarrowLastTile) {
         if (last_keys == 32) {
           tile_step(std::integral_constant<int, 32>{}, buf);
