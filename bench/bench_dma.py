@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
+from dma_problem import dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
 
@@ -30,17 +31,8 @@ def main():
     B, H, Hk, D, w = 1, 16, 4, 128, 2048
     rows = []
     for S in [int(s) for s in args.seqlens.split(",")]:
-        torch.manual_seed(0)
-        q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-        scores = torch.randn(B, Hk, S, device=dev, dtype=torch.float32)
-        out = torch.empty_like(q)
-        lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
-        p = _abi.DmaParams()
-        p.q, p.k, p.v, p.key_scores, p.out, p.lse = view(q), view(k), view(v), view(scores), view(out), view(lse)
-        p.window, p.causal, p.add_scores = w, 0, 1
-        p.stream = torch.cuda.current_stream().cuda_stream
+        prob = dma_problem(S, causal=0, B=B, H=H, Hk=Hk, D=D, w=w)
+        q, k, v, scores, out, p = prob.q, prob.k, prob.v, prob.scores, prob.out, prob.params
         nbytes = ctypes.c_size_t(0)
         assert lib.fdma_dma_workspace_size(ctypes.byref(p), 0, ctypes.byref(nbytes)) == 0, lib.fdma_last_error()
         ws = torch.empty(nbytes.value, device=dev, dtype=torch.uint8)

@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
+from dma_problem import dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
 
@@ -55,19 +56,8 @@ def main():
     G = H // Hk
     results = []
     for S in [int(s) for s in args.seqlens.split(",")]:
-        torch.manual_seed(0)
-        q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-        dout = torch.randn_like(q)
-        scores = torch.randn(B, Hk, S, device=dev, dtype=torch.float32)
-        out, lse = torch.empty_like(q), torch.empty(B, H, S, device=dev, dtype=torch.float32)
-        dq, dk, dv, dscores = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(scores)
-        p = _abi.DmaParams()
-        p.q, p.k, p.v, p.key_scores, p.out, p.lse = view(q), view(k), view(v), view(scores), view(out), view(lse)
-        p.dout, p.dq, p.dk, p.dv, p.dkey_scores = view(dout), view(dq), view(dk), view(dv), view(dscores)
-        p.window, p.causal, p.add_scores = w, 1, 1
-        p.stream = torch.cuda.current_stream().cuda_stream
+        prob = dma_problem(S, B=B, H=H, Hk=Hk, D=D, w=w)
+        q, k, v, dout, scores, out, p = prob.q, prob.k, prob.v, prob.dout, prob.scores, prob.out, prob.params
         # pr selects in both passes; p (as the Python autograd path) keeps the forward's
         # selection in keep_begin/keep_end for the backward.
         pr = _abi.DmaParams.from_buffer_copy(p)
@@ -199,7 +189,7 @@ def main():
                "select_workspace": sbytes.value, "max_abs_diff_vs_sdpa": err}
         results.append(res)
         print(json.dumps(res), flush=True)
-        del q, k, v, dout, out, dq, dk, dv, ws, kept_sel, qt, kt, vt, kw_, vw_
+        del prob, q, k, v, dout, out, ws, kept_sel, qt, kt, vt, kw_, vw_
         torch.cuda.empty_cache()
 
     if args.json:

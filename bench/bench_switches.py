@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
+from dma_problem import dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
 CONFIGS = {
@@ -59,21 +60,10 @@ def main():
     B, H, Hk, D, w = 1, 16, 4, 128, 2048
     rows = []
     for S in [int(s) for s in args.seqlens.split(",")]:
-        torch.manual_seed(0)
-        q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-        dout = torch.randn_like(q)
-        scores = torch.randn(B, Hk, S, device=dev, dtype=torch.float32)
-        out, lse = torch.empty_like(q), torch.empty(B, H, S, device=dev, dtype=torch.float32)
-        dq, dk, dv, dscores = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(scores)
+        prob = dma_problem(S, B=B, H=H, Hk=Hk, D=D, w=w)
+        out, p = prob.out, prob.params
         kept = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
-        p = _abi.DmaParams()
-        p.q, p.k, p.v, p.key_scores, p.out, p.lse = view(q), view(k), view(v), view(scores), view(out), view(lse)
-        p.dout, p.dq, p.dk, p.dv, p.dkey_scores = view(dout), view(dq), view(dk), view(dv), view(dscores)
         p.keep_begin, p.keep_end = view(kept[0]), view(kept[1])
-        p.window, p.causal, p.add_scores = w, 1, 1
-        p.stream = torch.cuda.current_stream().cuda_stream
         sizes = []
         for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
             n = ctypes.c_size_t(0)
@@ -107,7 +97,7 @@ def main():
             f = sorted(times[name]["fwd"])
             fb = sorted(times[name]["fwd+bwd"])
             rows.append((S, name, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[name]))
-        del ws
+        del prob, kept, ws
         torch.cuda.empty_cache()
 
     print(f"\n{torch.cuda.get_device_name()}; medians of {args.rounds} rounds (min-max) of {args.iters}-launch medians")

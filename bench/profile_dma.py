@@ -10,6 +10,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import view  # noqa: E402
+from dma_problem import dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
 
@@ -20,19 +21,9 @@ def main():
     ap.add_argument("--causal", type=int, default=1)
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
-    dev, S, B, H, Hk, D, w = torch.device("cuda"), args.seqlen, 1, 16, 4, 128, 2048
-    q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
-    k = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(B, S, Hk, D, device=dev, dtype=torch.bfloat16)
-    scores = torch.randn(B, Hk, S, device=dev)
-    out, dout = torch.empty_like(q), torch.randn_like(q)
-    lse = torch.empty(B, H, S, device=dev)
-    dq, dk, dv, ds = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(scores)
-    p = _abi.DmaParams()
-    p.q, p.k, p.v, p.key_scores, p.out, p.lse = view(q), view(k), view(v), view(scores), view(out), view(lse)
-    p.dout, p.dq, p.dk, p.dv, p.dkey_scores = view(dout), view(dq), view(dk), view(dv), view(ds)
-    p.window, p.causal, p.add_scores = w, args.causal, 1
-    p.stream = torch.cuda.current_stream().cuda_stream
+    dev, S, B, Hk = torch.device("cuda"), args.seqlen, 1, 4
+    prob = dma_problem(S, causal=args.causal, B=B, Hk=Hk)
+    p = prob.params
     keep = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)  # the forward's selection, for the backward
     p.keep_begin, p.keep_end = view(keep[0]), view(keep[1])
     sizes = []
