@@ -1,18 +1,19 @@
-"""The library's opt-in GPU paths against the defaults, in one process and interleaved: causal
+"""The library's GPU path switches against its defaults, in one process and interleaved: causal
 dynamic_mask_attention (B1 H16 Hk4 D128 w2048 bf16) forward and forward+backward, medians of
 CUDA events, each configuration timed in turn per round so clock drift hits all alike.
 
 Configurations (environment switches, read by the library per call):
-  default                   every tile 128 keys wide, serial launches, CTAs in grid order
-  narrow                    FDMA_FWD_LAST_TILE=narrow: a list's last key tile 32 or 64 keys wide
-  overlap                   FDMA_OVERLAP_LAUNCHES=1: the selection, list, forward and backward
-                            kernels launched overlapping their predecessors (programmatic
-                            dependent launch)
-  longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query
-                            tiles (the longest lists) start first
-  all                       the three together
+  default                   the library's defaults: on Hopper a list's last key tile 32 or 64 keys
+                            wide where it holds no more, launches overlapping their predecessors
+                            (programmatic dependent launch), CTAs in grid order
+  full                      FDMA_FWD_LAST_TILE=full: every key tile 128 keys wide
+  serial                    FDMA_OVERLAP_LAUNCHES=0: every kernel waits for the previous one to end
+  longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles
+                            (the longest lists) start first
+  full+serial               the defaults up to the eleventh session
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
+                                      [--configs default,full,...]
 Also checks that every configuration's forward output equals the default's bitwise.
 """
 import argparse
@@ -30,10 +31,10 @@ from flash_dma import _abi  # noqa: E402
 
 CONFIGS = {
     "default": {},
-    "narrow": {"FDMA_FWD_LAST_TILE": "narrow"},
-    "overlap": {"FDMA_OVERLAP_LAUNCHES": "1"},
+    "full": {"FDMA_FWD_LAST_TILE": "full"},
+    "serial": {"FDMA_OVERLAP_LAUNCHES": "0"},
     "longest": {"FDMA_LONGEST_FIRST": "1"},
-    "all": {"FDMA_FWD_LAST_TILE": "narrow", "FDMA_OVERLAP_LAUNCHES": "1", "FDMA_LONGEST_FIRST": "1"},
+    "full+serial": {"FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
 }
 
 
@@ -54,7 +55,11 @@ def main():
     ap.add_argument("--seqlens", default="16384,32768")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="which configurations, default first")
     args = ap.parse_args()
+    names = args.configs.split(",")
+    if names[0] != "default" or any(n not in CONFIGS for n in names):
+        ap.error(f"--configs: 'default' first, then any of {', '.join(CONFIGS)}")
     lib = _abi.load_library(args.lib)
     dev = torch.device("cuda")
     B, H, Hk, D, w = 1, 16, 4, 128, 2048
@@ -80,20 +85,20 @@ def main():
             ok(lib, lib.fdma_dma_bwd(ctypes.byref(p)))
 
         outs = {}
-        for name in CONFIGS:
+        for name in names:
             set_config(name)
             fwd()
             torch.cuda.synchronize()
             outs[name] = out.clone()
-        same = {name: bool(torch.equal(outs[name], outs["default"])) for name in CONFIGS}
-        times = {name: {"fwd": [], "fwd+bwd": []} for name in CONFIGS}
+        same = {name: bool(torch.equal(outs[name], outs["default"])) for name in names}
+        times = {name: {"fwd": [], "fwd+bwd": []} for name in names}
         for _ in range(args.rounds):
-            for name in CONFIGS:
+            for name in names:
                 set_config(name)
                 times[name]["fwd"].append(median_ms(fwd, warmup=2, iters=args.iters))
                 times[name]["fwd+bwd"].append(median_ms(fwdbwd, warmup=1, iters=args.iters))
         set_config("default")
-        for name in CONFIGS:
+        for name in names:
             f = sorted(times[name]["fwd"])
             fb = sorted(times[name]["fwd+bwd"])
             rows.append((S, name, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[name]))

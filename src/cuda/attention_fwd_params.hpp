@@ -70,7 +70,7 @@ struct AttentionFwdParams {
   bool causal;  // false in dynamic-mask mode: the intervals carry causality
   KeyLists lists;
   // Dynamic-mask mode on Hopper: a list's last key tile runs 32 or 64 keys wide when it holds
-  // no more (attention_fwd.cuh); FDMA_FWD_LAST_TILE=narrow|full chooses (dma_cuda.cu).
+  // no more (attention_fwd.cuh); on unless FDMA_FWD_LAST_TILE=full (dma_cuda.cu).
   bool narrow_last_tile;
   // Host side: launch the kernel overlapping the previous one in the stream (launch.cuh).
   bool overlap_previous;

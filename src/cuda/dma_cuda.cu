@@ -161,10 +161,11 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   return lists;
 }
 
-// Path switches, off until measured on a GPU, read per call as FDMA_SELECT_PATH so that tests
-// can run both ways: FDMA_FWD_LAST_TILE=narrow runs a causal list's last key tile 32 or 64 keys
-// wide on Hopper where it holds no more (attention_fwd.cuh); FDMA_LONGEST_FIRST=1 starts the
-// forward and dq CTAs of the last query tiles first (cta_order.cuh).
+// Path switches, read per call as FDMA_SELECT_PATH so that tests and bench/bench_switches.py can
+// run both ways. On Hopper a list's last key tile runs 32 or 64 keys wide where it holds no more
+// (attention_fwd.cuh; 2.5-5% of the forward, docs/perf-notes.md), FDMA_FWD_LAST_TILE=full turns
+// that off. FDMA_LONGEST_FIRST=1 starts the forward and dq CTAs of the last query tiles first
+// (cta_order.cuh); off, as it measured within noise.
 bool env_is(const char* name, const char* value) {
   const char* env = std::getenv(name);
   return env && std::strcmp(env, value) == 0;
@@ -177,7 +178,7 @@ AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProb
   set_inputs_outputs(k, p.q, p.k, p.v, p.out, p.lse, prob.dims, prob.scale, prob.softcap, false);
   k.lists = lists;
   k.lists.longest_first = env_is("FDMA_LONGEST_FIRST", "1");
-  k.narrow_last_tile = env_is("FDMA_FWD_LAST_TILE", "narrow");
+  k.narrow_last_tile = !env_is("FDMA_FWD_LAST_TILE", "full");
   return k;
 }
 

@@ -10,35 +10,14 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
-
-#include "cuda/arch_dispatch.cuh"  // kMaxDevices
 
 namespace fdma::cuda {
 
 // Whether launches on the current device overlap their predecessors: a compute capability 9.0+
-// GPU, and FDMA_OVERLAP_LAUNCHES=1 in the environment (off by default until measured on the
-// device). Read per call, as the other path switches, so tests can run both ways.
-inline bool overlap_launches() {
-  const char* env = std::getenv("FDMA_OVERLAP_LAUNCHES");
-  if (!env || std::strcmp(env, "1") != 0) return false;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (device >= 0 && device < kMaxDevices && cached[device].load(std::memory_order_relaxed))
-    return cached[device].load(std::memory_order_relaxed) == 1;
-  int major = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-  cudaGetLastError();  // a failed query means no, not an error for the caller
-  if (device >= 0 && device < kMaxDevices) cached[device].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
-}
+// GPU, unless FDMA_OVERLAP_LAUNCHES=0 in the environment (launch.cu). Read per call, as the
+// other path switches, so tests and bench/bench_switches.py can run both ways.
+bool overlap_launches();
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
 // overlap_previous.

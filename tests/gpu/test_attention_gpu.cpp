@@ -335,11 +335,12 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
       }
 }
 
-// FDMA_OVERLAP_LAUNCHES=1: the forward kernel launched overlapping the mask tile summary, and
-// the backward's prepare, dq, dk/dv and dbias-finish kernels each overlapping the one before
-// (programmatic dependent launch on compute capability 9.0+). Each waits for its predecessor on
-// the GPU, so the results equal the serial launches' bitwise, here on a block mask with many
-// empty tiles and a bias broadcast over heads (reduction slots and the finish kernel).
+// Overlapped launches (the default; FDMA_OVERLAP_LAUNCHES=0 turns them off): the forward kernel
+// launched overlapping the mask tile summary, and the backward's prepare, dq, dk/dv and
+// dbias-finish kernels each overlapping the one before (programmatic dependent launch on
+// compute capability 9.0+). Each waits for its predecessor on the GPU, so the results equal the
+// serial launches' bitwise, here on a block mask with many empty tiles and a bias broadcast over
+// heads (reduction slots and the finish kernel).
 TEST(AttentionGpu, OverlappedLaunchesMatchSerialOnes) {
   REQUIRE_GPU();
   const ScopedEnv overlap("FDMA_OVERLAP_LAUNCHES");
@@ -360,7 +361,7 @@ TEST(AttentionGpu, OverlappedLaunchesMatchSerialOnes) {
   ASSERT_TRUE(gpu.ok());
   std::vector<std::vector<unsigned char>> serial;
   for (int overlapped = 0; overlapped < 2; ++overlapped) {
-    if (overlapped) overlap.set("1");
+    overlap.set(overlapped ? "1" : "0");
     std::vector<std::vector<unsigned char>> got;
     gpu.run(Pass::forward, nullptr);
     for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {

@@ -484,8 +484,9 @@ std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
 
 }  // namespace
 
-// FDMA_FWD_LAST_TILE=narrow (Hopper: a list's last key tile run 32 or 64 keys wide when it
-// holds no more) against the CPU, and bitwise against the full-width tile: the keys it leaves
+// The narrow last tile (Hopper, the default: a list's last key tile run 32 or 64 keys wide when
+// it holds no more) against the CPU, and bitwise against the full-width tile
+// (FDMA_FWD_LAST_TILE=full): the keys it leaves
 // out are the zero rows and -inf scores that add exact zeros. Off Hopper both runs take the
 // mma.sync kernel and the comparison holds trivially. The cases are checked to contain lists
 // ending in tiles of both narrow widths.
@@ -507,7 +508,7 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
       last_tile.set("narrow");
       run_gpu_dma(r, false);  // GPU against the CPU; r.out now holds the GPU's
       const auto out_narrow = r.out.bytes(), lse_narrow = r.lse.bytes();
-      last_tile.clear();
+      last_tile.set("full");
       GpuDma gpu(r);
       gpu.run(Pass::forward);
       gpu.out.download();
@@ -520,11 +521,13 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
 }
 
 // The switches that change only when and where kernels run, not what they compute, give
-// bitwise the default's forward and backward, and the CPU's results:
-//   FDMA_OVERLAP_LAUNCHES=1: the selection, list, forward and backward kernels launched
-//     overlapping their predecessors (programmatic dependent launch, compute capability 9.0+;
-//     older GPUs launch as before), each waiting for its predecessor on the GPU;
-//   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles started first.
+// bitwise the same forward and backward either way, and the CPU's results:
+//   FDMA_OVERLAP_LAUNCHES (1, the default, against 0): the selection, list, forward and backward
+//     kernels launched overlapping their predecessors (programmatic dependent launch, compute
+//     capability 9.0+; older GPUs launch serially either way), each waiting for its
+//     predecessor on the GPU;
+//   FDMA_LONGEST_FIRST (1 against 0, the default): the forward and dq CTAs of the last query
+//     tiles started first.
 TEST(DmaGpu, SchedulingSwitchesGiveBitwiseTheDefault) {
   REQUIRE_GPU();
   uint64_t seed = 1200;
@@ -539,7 +542,7 @@ TEST(DmaGpu, SchedulingSwitchesGiveBitwiseTheDefault) {
       GpuDma gpu(r);
       std::vector<std::vector<unsigned char>> plain;
       for (int on = 0; on < 2; ++on) {
-        if (on) scheduling.set("1");
+        scheduling.set(on ? "1" : "0");
         std::vector<std::vector<unsigned char>> got;
         gpu.run(Pass::forward);
         for (DeviceTensor* t : {&gpu.out, &gpu.lse}) t->download();
