@@ -14,7 +14,9 @@ Configurations (environment switches, read by the library per call):
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
                                       [--configs default,full,...]
-Also checks that every configuration's forward output equals the default's bitwise.
+With several comma-separated libraries (--lib a.so,b.so), every configuration runs with each,
+labelled "@0", "@1", ... Also checks that every run's forward output equals the first library's
+default's bitwise.
 """
 import argparse
 import ctypes
@@ -51,7 +53,7 @@ def ok(lib, st):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--lib", default="build/libfdma.so", help="one library, or several comma-separated to A/B")
     ap.add_argument("--seqlens", default="16384,32768")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
@@ -60,7 +62,10 @@ def main():
     names = args.configs.split(",")
     if names[0] != "default" or any(n not in CONFIGS for n in names):
         ap.error(f"--configs: 'default' first, then any of {', '.join(CONFIGS)}")
-    lib = _abi.load_library(args.lib)
+    libs = [_abi.load_library(path) for path in args.lib.split(",")]
+    # (label, library, configuration): every configuration with every library, the first
+    # library's default first (the reference of the bitwise check).
+    runs = [(name if len(libs) == 1 else f"{name} @{li}", lib, name) for li, lib in enumerate(libs) for name in names]
     dev = torch.device("cuda")
     B, H, Hk, D, w = 1, 16, 4, 128, 2048
     rows = []
@@ -70,38 +75,39 @@ def main():
         kept = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
         p.keep_begin, p.keep_end = view(kept[0]), view(kept[1])
         sizes = []
-        for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
-            n = ctypes.c_size_t(0)
-            ok(lib, lib.fdma_dma_workspace_size(ctypes.byref(p), ps, ctypes.byref(n)))
-            sizes.append(n.value)
+        for lib in libs:
+            for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
+                n = ctypes.c_size_t(0)
+                ok(lib, lib.fdma_dma_workspace_size(ctypes.byref(p), ps, ctypes.byref(n)))
+                sizes.append(n.value)
         ws = torch.empty(max(sizes), device=dev, dtype=torch.uint8)
         p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
 
-        def fwd():
+        def fwd(lib):
             ok(lib, lib.fdma_dma_fwd(ctypes.byref(p)))
 
-        def fwdbwd():
-            fwd()
+        def fwdbwd(lib):
+            fwd(lib)
             ok(lib, lib.fdma_dma_bwd(ctypes.byref(p)))
 
         outs = {}
-        for name in names:
+        for label, lib, name in runs:
             set_config(name)
-            fwd()
+            fwd(lib)
             torch.cuda.synchronize()
-            outs[name] = out.clone()
-        same = {name: bool(torch.equal(outs[name], outs["default"])) for name in names}
-        times = {name: {"fwd": [], "fwd+bwd": []} for name in names}
+            outs[label] = out.clone()
+        same = {label: bool(torch.equal(outs[label], outs[runs[0][0]])) for label, _, _ in runs}
+        times = {label: {"fwd": [], "fwd+bwd": []} for label, _, _ in runs}
         for _ in range(args.rounds):
-            for name in names:
+            for label, lib, name in runs:
                 set_config(name)
-                times[name]["fwd"].append(median_ms(fwd, warmup=2, iters=args.iters))
-                times[name]["fwd+bwd"].append(median_ms(fwdbwd, warmup=1, iters=args.iters))
+                times[label]["fwd"].append(median_ms(lambda: fwd(lib), warmup=2, iters=args.iters))
+                times[label]["fwd+bwd"].append(median_ms(lambda: fwdbwd(lib), warmup=1, iters=args.iters))
         set_config("default")
-        for name in names:
-            f = sorted(times[name]["fwd"])
-            fb = sorted(times[name]["fwd+bwd"])
-            rows.append((S, name, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[name]))
+        for label, _, _ in runs:
+            f = sorted(times[label]["fwd"])
+            fb = sorted(times[label]["fwd+bwd"])
+            rows.append((S, label, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[label]))
         del prob, kept, ws
         torch.cuda.empty_cache()
 
