@@ -10,8 +10,7 @@
 //                          broadcasts over queries.
 // Both recompute S = QK^T and dP = dO V^T (seven matmuls against the five of a single-kernel
 // backward with dq atomics): the price of determinism without a B*H*Sq*D fp32 temporary.
-// The dq kernel also computes delta = rowsum(dO * O) for its rows and writes it for dk/dv, which
-// runs after it. attention_bwd_aux.cu holds the dbias finish kernel.
+// attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +28,6 @@
 #include "cuda/score_terms_bwd.cuh"
 #include "cuda/softmax_sm80.cuh"
 #include "cuda/tile_io_sm80.cuh"
-#include "cuda/vec_dot.cuh"
 
 namespace fdma::cuda {
 
@@ -173,37 +171,6 @@ __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, fl
   });
 }
 
-// A dq thread's two rows' delta = rowsum(dO * O) in fp32 and lse2 = lse * log2(e) (+inf for a
-// row that saw nothing; 0 and +inf for the padding rows up to Sq_pad), so that the kernels get
-// P = exp2(s * log2(e) - lse2) with no special cases. The quad's four lanes share the rows and
-// take every fourth 16-byte piece of them (D % 8 == 0 and 16-byte aligned rows: validated); its
-// lane 0 writes both for the dk/dv kernel. This was a kernel of its own before dq: at 16K,
-// H = 16, 59 us reading O and dO while nothing else ran; here the reads overlap the first tiles'
-// copies, and dO comes back from L2.
-template <class T, int kHeadDim>
-__device__ __forceinline__ void dq_row_stats(const AttentionBwdParams& p, int b, int h, const int (&rows)[2], int t,
-                                             int64_t row_base, float (&lse2)[2], float (&delta)[2]) {
-  const AttentionFwdParams& f = p.f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = rows[r];
-    float sum = 0.f;
-    lse2[r] = INFINITY;
-    if (i < f.Sq) {
-      const T* o = static_cast<const T*>(f.out) + b * f.out_stride[0] + i * f.out_stride[1] + h * f.out_stride[2];
-      const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + i * p.dout_stride[1] + h * p.dout_stride[2];
-#pragma unroll
-      for (int d = t * 8; d < kHeadDim; d += 32)
-        if (d < f.D)
-          sum += dot8<T>(__ldg(reinterpret_cast<const uint4*>(o + d)), __ldg(reinterpret_cast<const uint4*>(d_o + d)));
-      const float lse = f.lse[b * f.lse_stride[0] + h * f.lse_stride[1] + int64_t(i) * f.lse_stride[2]];
-      if (lse != -INFINITY) lse2[r] = lse * 1.4426950408889634f;
-    }
-    delta[r] = quad_sum(sum);
-    if (t == 0) p.delta[row_base + i] = delta[r], p.lse2[row_base + i] = lse2[r];
-  }
-}
-
 template <class Mma, int kHeadDim>
 struct BwdDqTile {
   static constexpr int kBlockM = kBwdBlockM, kBlockN = bwd_dq_block_n(kHeadDim);
@@ -267,6 +234,8 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
       const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
       const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
       const int64_t row_base = (int64_t(b) * f.H + h) * p.Sq_pad;
+      const float lse2[2] = {p.lse2[row_base + rows[0]], p.lse2[row_base + rows[1]]};
+      const float delta[2] = {p.delta[row_base + rows[0]], p.delta[row_base + rows[1]]};
       const uint8_t* active = active_row(f, b, h, m_block);
       const int32_t* list = nullptr;
       const KeyInfo* info = nullptr;
@@ -316,8 +285,6 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         load_kv(nb, 0);
         ptx::cp_async_commit();
       }
-      float lse2[2], delta[2];  // after the first copies are issued, so that they overlap
-      dq_row_stats<T, kHeadDim>(p, b, h, rows, t, row_base, lse2, delta);
       for (int buf = 0; nb < n_blocks; buf ^= 1) {
         const int nb_next = next_active(nb + 1);
         if (nb_next < n_blocks) load_kv(nb_next, buf ^ 1);
@@ -458,7 +425,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
 
 template <class T, int kHeadDim, class Mma>
 __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const AttentionBwdParams p) {
-  ptx::griddep_wait();  // launched overlapping its predecessor (launch.cuh): out, dout, the lists
+  ptx::griddep_wait();  // launched overlapping the prepare kernel (launch.cuh): its delta and lse2
   ptx::griddep_launch_dependents();
   if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
     __trap();
@@ -808,7 +775,8 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
 
 template <class T, int kHeadDim, class Mma>
 __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
-  // delta and lse2 come from the dq kernel (launch.cuh: its completion implies its predecessors').
+  // It reads nothing dq writes, but waits for it all the same: then its own completion implies
+  // the prepare kernel's and everything before (launch.cuh).
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel

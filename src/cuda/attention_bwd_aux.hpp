@@ -1,4 +1,4 @@
-// Launcher of the attention backward's dbias finish kernel (attention_bwd_aux.cu).
+// Launchers of the attention backward's helper kernels (attention_bwd_aux.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -6,6 +6,10 @@
 #include "cuda/attention_bwd_params.hpp"
 
 namespace fdma::cuda {
+
+// delta and lse2, [B, H, Sq_pad] fp32 each, as AttentionBwdParams describes them.
+template <class T>
+cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream);
 
 // dbias from p.dbias_acc's slots (only when the backward reduced into them).
 template <class T>

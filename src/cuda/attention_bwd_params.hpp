@@ -26,9 +26,8 @@ struct AttentionBwdParams {
   void *dq, *dk, *dv;
   int64_t dout_stride[3], dq_stride[3], dk_stride[3], dv_stride[3];
   // [B, H, Sq_pad] each: rowsum(dO * O), and lse * log2(e) with -inf (a row that sees
-  // nothing) replaced by +inf so that every probability of that row comes out 0; padding rows
-  // past Sq hold 0 and +inf.
-  float *delta, *lse2;  // computed and written by the dq kernel, read by dk/dv
+  // nothing) replaced by +inf so that every probability of that row comes out 0.
+  float *delta, *lse2;  // written by the prepare kernel, read by dq and dk/dv
   int Sq_pad;
   // dbias: owner, its tensor, and the fp32 reduction slots [slots][numel] (dense, in the
   // bias's declared shape) when the owner cannot write it directly.

@@ -222,7 +222,7 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
 
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  k.f.overlap_previous = overlap_launches();  // dq, dk/dv, finish (launch.cuh)
+  k.f.overlap_previous = overlap_launches();  // prepare, dq, dk/dv, finish (launch.cuh)
   if (prob.mask.present)
     check_cuda(launch_mask_tile_summary(k.f.mask, prob.mask, kBwdBlockM, kBwdBlockN, plan.grid, ws, stream),
                "mask tile summary");
@@ -252,6 +252,8 @@ void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream_p
 void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const bool bf16 = dtype == DType::bf16;
+  check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
+             "backward prepare");
   const int bucket = head_dim_bucket(k.f.D);
   cudaError_t err = cudaErrorInvalidValue;
   bool launched = false;

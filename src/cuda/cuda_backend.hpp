@@ -14,7 +14,7 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
 void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 
 // The kernels behind both operations, from prepared params (attention_cuda.cu). The
-// backward runs dq (which also writes k.delta and k.lse2), dk/dv, and the dbias finish.
+// backward runs its prepare kernel (k.delta, k.lse2), dq and dk/dv, and the dbias finish.
 void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream);
 void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream);
 

@@ -336,7 +336,7 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
 }
 
 // Overlapped launches (the default; FDMA_OVERLAP_LAUNCHES=0 turns them off): the forward kernel
-// launched overlapping the mask tile summary, and the backward's dq, dk/dv and
+// launched overlapping the mask tile summary, and the backward's prepare, dq, dk/dv and
 // dbias-finish kernels each overlapping the one before (programmatic dependent launch on
 // compute capability 9.0+). Each waits for its predecessor on the GPU, so the results equal the
 // serial launches' bitwise, here on a block mask with many empty tiles and a bias broadcast over
