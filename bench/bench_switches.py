@@ -15,8 +15,8 @@ Configurations (environment switches, read by the library per call):
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
                                       [--configs default,full,...]
 With several comma-separated libraries (--lib a.so,b.so), every configuration runs with each,
-labelled "@0", "@1", ... Also checks that every run's forward output equals the first library's
-default's bitwise.
+labelled "@0", "@1", ... Also checks that every run's output and gradients (dq, dk, dv,
+dkey_scores) equal the first library's default's bitwise.
 """
 import argparse
 import ctypes
@@ -90,13 +90,14 @@ def main():
             fwd(lib)
             ok(lib, lib.fdma_dma_bwd(ctypes.byref(p)))
 
+        grads = (out, prob.dq, prob.dk, prob.dv, prob.dscores)
         outs = {}
         for label, lib, name in runs:
             set_config(name)
-            fwd(lib)
+            fwdbwd(lib)
             torch.cuda.synchronize()
-            outs[label] = out.clone()
-        same = {label: bool(torch.equal(outs[label], outs[runs[0][0]])) for label, _, _ in runs}
+            outs[label] = [g.clone() for g in grads]
+        same = {label: all(torch.equal(a, b) for a, b in zip(outs[label], outs[runs[0][0]])) for label, _, _ in runs}
         times = {label: {"fwd": [], "fwd+bwd": []} for label, _, _ in runs}
         for _ in range(args.rounds):
             for label, lib, name in runs:
@@ -108,11 +109,11 @@ def main():
             f = sorted(times[label]["fwd"])
             fb = sorted(times[label]["fwd+bwd"])
             rows.append((S, label, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[label]))
-        del prob, kept, ws
+        del prob, kept, ws, outs
         torch.cuda.empty_cache()
 
     print(f"\n{torch.cuda.get_device_name()}; medians of {args.rounds} rounds (min-max) of {args.iters}-launch medians")
-    print("| S | config | fwd ms | fwd+bwd ms | out == default |")
+    print("| S | config | fwd ms | fwd+bwd ms | out, grads == default |")
     print("|---|---|---|---|---|")
     for S, name, f, f0, f1, fb, fb0, fb1, same in rows:
         print(f"| {S} | {name} | {f:.3f} ({f0:.3f}-{f1:.3f}) | {fb:.3f} ({fb0:.3f}-{fb1:.3f}) | {same} |")
