@@ -122,16 +122,12 @@ __global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32
 // the (warp, key tile) pairs of a 16K causal forward take the test (24% at 128K), now only the
 // list's last tile or two do. Each query row adds one visible key and drops at most one, so a
 // tile has fewer than 2 * block_m partial keys: they wait in shared memory.
-//
-// wait_late: the kernel before it (build_dma_lists' side_work) wrote nothing it reads, and the
-// kept list it reads was complete before that kernel started (a CUB sort, launched plainly, came
-// between), so it waits for that kernel at its end rather than its start and runs beside it.
 constexpr int kTileThreads = 256;
 constexpr int kMaxPartialKeys = 2 * 128;  // 2 * the largest block_m of the kernels (128)
 __global__ void __launch_bounds__(kTileThreads)
     tile_lists_kernel(DmaListShape s, const int32_t* kept, const int2* kept_span, const int32_t* kept_count,
-                      int32_t* tile_keys, int32_t* tile_count, bool wait_late) {
-  if (!wait_late) ptx::griddep_wait();
+                      int32_t* tile_keys, int32_t* tile_count) {
+  ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int t = blockIdx.x;
   const int64_t bh = blockIdx.y;
@@ -194,10 +190,11 @@ __global__ void __launch_bounds__(kTileThreads)
     if (n_cover + k < cap) out[n_cover + k] = partial[k];
   const int written = n_cover + n_partial;
   if (threadIdx.x == 0) tile_count[bh * s.q_tiles() + t] = int32_t(written < cap ? written : cap);
-  if (wait_late) ptx::griddep_wait();
 }
 
-__device__ __forceinline__ void zero_unkept_rows(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z) {
+__global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   // One thread per 16-byte chunk of a key's dk and dv rows (D * elem_bytes is a multiple of
   // 16); the key's first chunk also does its dscores entry. A warp per key left half its lanes
   // idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K (perf-notes).
@@ -221,15 +218,6 @@ __device__ __forceinline__ void zero_unkept_rows(const DmaListShape& s, const Ke
                (b * z.dscores_stride[0] + hk * z.dscores_stride[1] + j * z.dscores_stride[2]) * z.dscores_bytes;
     for (int i = 0; i < z.dscores_bytes; ++i) ds[i] = 0;
   }
-}
-
-// It reads only the key records, complete before build_dma_lists' plain CUB launches, and writes
-// rows nothing before it in the backward touches: so it waits for its predecessor at its end (its
-// completion must still imply the predecessor's) and runs beside it.
-__global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
-  ptx::griddep_launch_dependents();
-  zero_unkept_rows(s, info, z);
-  ptx::griddep_wait();
 }
 
 }  // namespace
@@ -275,8 +263,7 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
 }
 
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
-                            cudaStream_t stream, bool overlap, const std::function<cudaError_t()>& side_work) {
-  if (side_work && !s.by_end) return cudaErrorInvalidValue;  // tile_lists_kernel's wait_late needs the sort
+                            cudaStream_t stream, bool overlap) {
   const int64_t n = s.keys();
   cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info, c.flags);
   if (err != cudaSuccess) return err;
@@ -299,12 +286,11 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
                                           c.kept_by_end, int(n), 0, end_sort_bits(s), stream);
     if (err != cudaSuccess) return err;
     lists.kept_by_end = c.kept_by_end;
-    if (side_work && (err = side_work()) != cudaSuccess) return err;
   }
   if (s.causal) {
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
     err = launch_kernel(overlap, tile_lists_kernel, grid, kTileThreads, 0, stream, s, c.kept, c.kept_span, c.kept_count,
-                        c.tile_keys, c.tile_count, bool(side_work));
+                        c.tile_keys, c.tile_count);
     if (err != cudaSuccess) return err;
     lists.keys = c.tile_keys;
     lists.keys_bh_stride = int64_t(s.q_tiles()) * s.cap();

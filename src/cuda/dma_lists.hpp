@@ -15,7 +15,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 #include "cuda/attention_fwd_params.hpp"
 
@@ -62,13 +61,8 @@ struct DmaListInputs {
 
 // Builds records, kept list and (causal) tile lists; fills `lists` to point at them. overlap:
 // each kernel may start while its predecessor finishes (launch.cuh).
-// side_work (by_end shapes only): launches a kernel that reads nothing the lists write, after
-// the by-end sort and before the tile lists. With overlap, the tile lists then run beside it:
-// it must let its dependents in at its start, and the tile lists wait for it at their end, so
-// that their completion still implies its (see tile_lists_kernel).
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& scratch,
-                            KeyLists& lists, cudaStream_t stream, bool overlap = false,
-                            const std::function<cudaError_t()>& side_work = {});
+                            KeyLists& lists, cudaStream_t stream, bool overlap = false);
 
 // Non-causal forward: every query keeps the same kept keys, so their K/V rows and biases are
 // copied once into dense [B, Hk, W, D] / [B, Hk, W] buffers (W = min(w, Sk) slots; slots past
