@@ -76,6 +76,7 @@ int64_t Tensor::numel() const {
   return n;
 }
 
+#ifndef FDMA_HAVE_CUDA
 namespace {
 
 [[noreturn]] void no_cuda_kernels(const char* op) {
@@ -85,6 +86,7 @@ namespace {
 }
 
 }  // namespace
+#endif
 
 size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
   auto prob = detail::validate_attention(p, pass);

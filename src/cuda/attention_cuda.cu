@@ -180,7 +180,6 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
 }
 
 void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
-  const detail::Dims& d = prob.dims;
   check_gpu_inputs(p, prob);
   check_rows_aligned(p.dout, "dout");
   check_rows_aligned(p.dq, "dq");
