@@ -23,6 +23,7 @@
 #include "cuda/bwd_mma_sm90.cuh"
 #include "cuda/cta_order.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/next_active.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/score_terms_bwd.cuh"
@@ -177,7 +178,8 @@ struct BwdDqTile {
   static constexpr int kQBytes = Mma::tile_bytes(kBlockM), kKVBytes = Mma::tile_bytes(kBlockN);
   using Terms = TermTiles<kBlockM, kBlockN, true>;
   // Q, dO, K x2, V x2, two tiles of gathered KeyInfo records (dynamic-mask mode), then the
-  // mask/bias tiles x2 (sized at launch: none without them), then the staged key list.
+  // mask/bias tiles x2 (sized at launch: none without them), then the staged key list, then the
+  // next-active table (next_active.cuh).
   static constexpr int kInfoOffset = 2 * kQBytes + 4 * kKVBytes;
   static constexpr int kTermsOffset = kInfoOffset + 2 * kBlockN * 16;
   // Dynamic-mask mode: the query tile's key list is copied to shared memory once, so that the
@@ -189,7 +191,7 @@ struct BwdDqTile {
     return f.lists.keys && f.lists.max_listed <= kMaxListedKeys ? (f.lists.max_listed * 4 + 15) / 16 * 16 : 0;
   }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& f) {
-    return align_slack<Mma::kTileAlign>() + kTermsOffset + 2 * Terms::bytes(f) + list_bytes(f);
+    return align_slack<Mma::kTileAlign>() + kTermsOffset + 2 * Terms::bytes(f) + list_bytes(f) + next_active_bytes(f, kBlockN);
   }
 };
 
@@ -262,7 +264,14 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
                                                  mask_keeps_tile(f, active, nb * kBN / kBwdBlockN));
         }
       };
+      int16_t* next_table = nullptr;
+      if (!gather && active && next_active_bytes(f, kBN)) {
+        next_table = reinterpret_cast<int16_t*>(s_terms + 2 * terms_bytes + Tile::list_bytes(f));
+        build_next_active(next_table, n_blocks, [&](int nb) { return tile_is_active(f, active, nb * kBN / kBwdBlockN); }, tid,
+                          kBwdThreads);
+      }
       auto next_active = [&](int nb) {
+        if (next_table) return nb < n_blocks ? int(next_table[nb]) : nb;
         while (nb < n_blocks && !tile_is_active(f, active, nb * kBN / kBwdBlockN)) ++nb;
         return nb;
       };
@@ -511,13 +520,21 @@ struct BwdDkdvTile {
   // 16-byte reads' padding stays inside)
   static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 4;
   static_assert(kBwdWindow % 4 == 0, "the window is read in whole 16-byte pieces");
-  // Then, per warp group, its mask/bias tiles x2 (sized at launch: none without them).
+  // Then, per warp group, its mask/bias tiles x2 (sized at launch: none without them), then
+  // per warp group the next-active table over its steps (next_active.cuh; with a mask summary
+  // and f.next_active_table only): a step's summary entry sits in another row of the summary
+  // than the last one's, so the walk it replaces waited on an L2 load per skipped step.
   using Terms = TermTiles<kBlockM, kBlockN, false>;
   __host__ __device__ static constexpr int terms_offset(int groups) {
     return kKVBytes + groups * kGroupBytes + kListBytes;
   }
+  __host__ __device__ static int table_bytes(int groups, const AttentionFwdParams& f) {
+    if (!f.next_active_table || !f.tile_active || f.lists.keys) return 0;
+    const int steps = f.G * ((f.Sq + kBlockM - 1) / kBlockM), per_group = (steps + groups - 1) / groups;
+    return per_group <= kMaxNextActiveTiles ? next_active_table_bytes(per_group) : 0;
+  }
   __host__ __device__ static int smem_bytes(int groups, const AttentionFwdParams& f) {
-    return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * 2 * Terms::bytes(f);
+    return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * (2 * Terms::bytes(f) + table_bytes(groups, f));
   }
   // At the end, warp group 1 hands its fp32 dk, dv and key sums to group 0 through the
   // space the groups' Q/dO tiles used.
@@ -586,10 +603,25 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const int n_steps = f.G * n_q;  // (head of the group, query tile), head-major
   auto head_of = [&](int it) { return hk * f.G + it / n_q; };
   auto q0_of = [&](int it) { return q_begin + (it % n_q) * kBM; };
-  // This warp group's steps are wg, wg + n_groups, ...; mask tiles ruled out are skipped.
+  // This warp group's steps are wg, wg + n_groups, ...; mask tiles ruled out are skipped,
+  // through each group's next-active table where there is one (its place and presence come from
+  // the params each time, as in the forward: fewer registers held across the loop).
+  auto step_active = [&](int it) {
+    return tile_is_active(f, active_row(f, b, head_of(it), q0_of(it) / kBwdBlockM), key0 / kBwdBlockN);
+  };
+  auto table_of = [&](int group) {
+    return reinterpret_cast<int16_t*>(smem + Tile::terms_offset(n_groups) + n_groups * 2 * terms_bytes +
+                                      group * Tile::table_bytes(n_groups, f));
+  };
+  if (Tile::table_bytes(n_groups, f))
+    for (int group = 0; group < n_groups; ++group) {
+      const int count = n_steps > group ? (n_steps - group + n_groups - 1) / n_groups : 0;
+      build_next_active(table_of(group), count, [&](int k) { return step_active(group + k * n_groups); }, threadIdx.x,
+                        blockDim.x);
+    }
   auto next_active = [&](int it) {
-    while (it < n_steps && !tile_is_active(f, active_row(f, b, head_of(it), q0_of(it) / kBwdBlockM), key0 / kBwdBlockN))
-      it += n_groups;
+    if (Tile::table_bytes(n_groups, f)) return it < n_steps ? wg + int(table_of(wg)[(it - wg) / n_groups]) * n_groups : it;
+    while (it < n_steps && !step_active(it)) it += n_groups;
     return it;
   };
   auto sync_group = [&] {
@@ -798,12 +830,13 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   using Dkdv = BwdDkdvTile<Mma, kHeadDim>;
   const int dkdv_groups = 2;  // two warp groups per dk/dv CTA (see the kernel)
   // Mask/bias tiles that would not fit in shared memory are read per score instead: the
-  // bias's first (larger), then the mask's.
+  // bias's first (larger), then the mask's; the next-active table is dropped before either.
   int max_smem = 0;
   cudaError_t err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
   AttentionBwdParams p = params;
   auto fits = [&] { return Dq::smem_bytes(p.f) <= max_smem && Dkdv::smem_bytes(dkdv_groups, p.f) <= max_smem; };
+  if (!fits()) p.f.next_active_table = false;
   if (!fits()) p.f.bias_tiled = false;
   if (!fits()) p.f.mask_tiled = false;
   const AttentionFwdParams& f = p.f;

@@ -22,6 +22,7 @@
 #include "cuda/fwd_mma_sm90.cuh"
 #include "cuda/kernel_table.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/next_active.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/softmax_sm80.cuh"
@@ -32,7 +33,8 @@ namespace fdma::cuda {
 // Shared memory of one CTA: Q, K x2, V x2 in the policy's layout, then the optional
 // mask/bias tiles (two buffers each, sized at launch from what the call uses so unmasked calls
 // keep their occupancy; rows padded by 16 bytes against bank conflicts), the gathered keys'
-// KeyInfo records (dynamic-mask mode, two buffers) and the staged key list.
+// KeyInfo records (dynamic-mask mode, two buffers), the staged key list and the next-active
+// table (next_active.cuh).
 template <class Mma>
 struct FwdTile {
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
@@ -51,7 +53,7 @@ struct FwdTile {
   __host__ __device__ static int info_tile_bytes(const AttentionFwdParams& p) { return p.lists.keys ? kBlockN * 16 : 0; }
   __host__ __device__ static int smem_bytes(const AttentionFwdParams& p) {
     return align_slack<Mma::kTileAlign>() + kTilesBytes + 2 * (mask_tile_bytes(p) + bias_tile_bytes(p) + info_tile_bytes(p)) +
-           staged_list_bytes(p.lists);
+           staged_list_bytes(p.lists) + next_active_bytes(p, kBlockN);
   }
 };
 
@@ -127,9 +129,20 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
     }
     return any;
   };
+  // The table's place and presence come from the params each time: a pointer held across the
+  // loop made ptxas spill in the wgmma kernel.
+  auto next_table = [&] {
+    return reinterpret_cast<int16_t*>(smem + Tile::kTilesBytes + 2 * (mask_bytes + bias_bytes + info_bytes) +
+                                      staged_list_bytes(p.lists));
+  };
+  // (Not in dynamic-mask mode, which has no mask summary.)
+  const bool tabled = !gather && active && next_active_bytes(p, Tile::kBlockN);
+  if (tabled) build_next_active(next_table(), n_blocks, tile_active, tid, kThreads);
   auto next_active = [&](int nb) {
-    if (active)
+    if (active) {
+      if (!gather && next_active_bytes(p, Tile::kBlockN)) return nb < n_blocks ? int(next_table()[nb]) : nb;
       while (nb < n_blocks && !tile_active(nb)) ++nb;
+    }
     return nb;
   };
   // Whether the mask keeps every key of key tile nb: it then needs no mask tile nor test.
@@ -385,9 +398,16 @@ cudaError_t grant_smem_once(Kernel kernel, int smem, std::atomic<int>* granted, 
 }
 
 template <class T, int kHeadDim, bool kGather, class Mma>
-cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& p, int device, cudaStream_t stream) {
+cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& params, int device, cudaStream_t stream) {
   using Tile = FwdTile<Mma>;
   auto kernel = attention_fwd_kernel<T, kHeadDim, kGather, Mma>;
+  AttentionFwdParams p = params;
+  if (next_active_bytes(p, Tile::kBlockN)) {  // only where it fits beside everything else
+    int max_smem = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    if (Tile::smem_bytes(p) > max_smem) p.next_active_table = false;
+  }
   const int smem = Tile::smem_bytes(p);
   static std::atomic<int> granted[kMaxDevices] = {};
   cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted : nullptr, device);
@@ -405,9 +425,12 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
     using Sm90 = FwdMmaSm90<T, kHeadDim>;
     // The wgmma tiles are larger: a call whose mask/bias tiles would not fit takes the sm80 path,
     // and so does one whose mask or bias cannot be tiled (kGlobalScoreTerms).
+    // (The next-active table does not decide it: it is dropped where it would not fit.)
     constexpr int kMaxSmem = 227 * 1024;
     const bool terms_tiled = (!p.mask || p.mask_tiled) && (!p.bias || p.bias_tiled);
-    if (terms_tiled && FwdTile<Sm90>::smem_bytes(p) <= kMaxSmem &&
+    AttentionFwdParams untabled = p;
+    untabled.next_active_table = false;
+    if (terms_tiled && FwdTile<Sm90>::smem_bytes(untabled) <= kMaxSmem &&
         wgmma_path_available(attention_fwd_kernel<T, kHeadDim, kGather, Sm90>, device))
       return launch_attention_fwd_kernel<T, kHeadDim, kGather, Sm90>(p, device, stream);
   }

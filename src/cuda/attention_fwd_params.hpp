@@ -38,6 +38,10 @@ struct KeyLists {
 // every list fits in this many keys: a gathered row's index is then a shared-memory read
 // rather than a global load in front of each cp.async.
 constexpr int kMaxStagedKeys = 8192;
+// The next-active table (next_active.cuh): two bytes per key tile of the kernel and one more,
+// then 32 ints of scratch; up to 4096 tiles.
+constexpr int kMaxNextActiveTiles = 4096;
+constexpr int next_active_table_bytes(int tiles) { return ((tiles + 1) * 2 + 15) / 16 * 16 + 32 * 4; }
 constexpr int staged_list_bytes(const KeyLists& l) {  // constexpr: callable from device code too
   return l.keys && l.max_listed <= kMaxStagedKeys ? (l.max_listed * 4 + 15) / 16 * 16 : 0;
 }
@@ -65,6 +69,11 @@ struct AttentionFwdParams {
   const uint8_t* tile_active;
   int active_batches, active_heads;    // the mask's own batch and head counts
   int active_q_tiles, active_k_tiles;  // 1 when the mask broadcasts over that dim
+  // Walk the active key tiles through a table in shared memory built from the CTA's summary row
+  // first (next_active.cuh, next_active_bytes), not a loop of global loads per step.
+  // FDMA_NEXT_ACTIVE_TABLE=1 (opt-in until measured on a GPU); the launch drops it where the
+  // shared memory would not fit.
+  bool next_active_table;
   int B, Sq, Sk, H, Hk, G, D;
   float scale, softcap;
   bool causal;  // false in dynamic-mask mode: the intervals carry causality
@@ -75,5 +84,15 @@ struct AttentionFwdParams {
   // Host side: launch the kernel overlapping the previous one in the stream (launch.cuh).
   bool overlap_previous;
 };
+
+// Shared-memory bytes of the next-active table for a kernel walking key tiles of block_n keys
+// (next_active_table), 0 without one. A summary with one key tile (the mask broadcast over
+// keys) needs none: its walk stops at the first tile it checks.
+constexpr int next_active_bytes(const AttentionFwdParams& p, int block_n) {  // constexpr: device code too
+  const int tiles = (p.Sk + block_n - 1) / block_n;
+  return p.next_active_table && p.tile_active && p.active_k_tiles > 1 && tiles <= kMaxNextActiveTiles
+             ? next_active_table_bytes(tiles)
+             : 0;
+}
 
 }  // namespace fdma::cuda

@@ -17,6 +17,7 @@
 #include "cuda/kernel_params.hpp"
 #include "cuda/kernel_table.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/path_switches.hpp"
 #include "cuda/select_topw.cuh"
 
 namespace fdma::cuda {
@@ -166,11 +167,6 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
 // (attention_fwd.cuh; 2.5-5% of the forward, docs/perf-notes.md), FDMA_FWD_LAST_TILE=full turns
 // that off. FDMA_LONGEST_FIRST=1 starts the forward and dq CTAs of the last query tiles first
 // (cta_order.cuh); off, as it measured within noise.
-bool env_is(const char* name, const char* value) {
-  const char* env = std::getenv(name);
-  return env && std::strcmp(env, value) == 0;
-}
-
 // The attention kernels' view of q, k, v, out, lse in dynamic-mask mode.
 AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProblem& prob, const KeyLists& lists) {
   AttentionFwdParams k{};

@@ -3,16 +3,14 @@
 #include "cuda/launch.cuh"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/arch_dispatch.cuh"  // kMaxDevices
+#include "cuda/path_switches.hpp"
 
 namespace fdma::cuda {
 
 bool overlap_launches() {
-  const char* env = std::getenv("FDMA_OVERLAP_LAUNCHES");
-  if (env && std::strcmp(env, "0") == 0) return false;
+  if (env_is("FDMA_OVERLAP_LAUNCHES", "0")) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();

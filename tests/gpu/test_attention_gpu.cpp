@@ -335,6 +335,64 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
       }
 }
 
+// FDMA_NEXT_ACTIVE_TABLE=1: the forward and dq CTAs step from one active key tile to the next
+// through a table built from their mask summary row (next_active.cuh). They visit the same
+// tiles either way, so every output equals the summary walk's bitwise; then against the CPU. A block mask with a bias broadcast
+// over heads (non-causal bf16 D = 128 and causal, the wgmma kernels on Hopper), and a key
+// padding mask whose summary broadcasts over query tiles (fp16 D = 96, the mma.sync kernels).
+TEST(AttentionGpu, NextActiveTableMatchesTheSummaryWalk) {
+  REQUIRE_GPU();
+  const ScopedEnv table("FDMA_NEXT_ACTIVE_TABLE");
+  uint64_t seed = 760;
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool padding = variant == 2;
+    AttnCase c = base(1000, 1300, 4, 2, padding ? 96 : 128, variant == 1, padding ? DType::f16 : DType::bf16, seed++);
+    c.mask.present = true;
+    c.mask.b = false, c.mask.heads = 0, c.mask.q = !padding;
+    c.bias.present = variant != 1;
+    c.bias.heads = 0;
+    SCOPED_TRACE(c.str());
+    AttnRun r(c);
+    std::mt19937_64 rng(seed);
+    std::bernoulli_distribution block_on(1.0 / 8), elem_on(0.7);
+    const int64_t blk = 64, nbk = (c.Sk + blk - 1) / blk;
+    std::vector<char> on(((c.Sq + blk - 1) / blk) * nbk);
+    for (auto& x : on) x = block_on(rng);
+    if (padding)
+      for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(j, on[j / blk] || j < blk);  // never a row with nothing kept
+    else
+      for (int64_t i = 0; i < c.Sq; ++i)
+        for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk] && elem_on(rng));
+    auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
+    r.rp.keep.assign(full.begin(), full.end());
+    {
+      GpuAttention gpu(r);
+      ASSERT_TRUE(gpu.ok());
+      std::vector<std::vector<unsigned char>> walked;
+      for (int tabled = 0; tabled < 2; ++tabled) {
+        table.set(tabled ? "1" : "0");
+        std::vector<std::vector<unsigned char>> got;
+        gpu.run(Pass::forward, nullptr);
+        for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {
+          dev->download();
+          got.push_back(host->bytes());
+        }
+        gpu.run(Pass::backward, nullptr);
+        for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {gpu.dbias.get(), &r.dbias}}) {
+          if (!dev) continue;
+          dev->download();
+          got.push_back(host->bytes());
+        }
+        if (!tabled) walked = got;
+        else
+          for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == walked[i]) << "output " << i << " differs";
+      }
+    }
+    table.set("1");
+    run_gpu(r, true);
+  }
+}
+
 // Overlapped launches (the default; FDMA_OVERLAP_LAUNCHES=0 turns them off): the forward kernel
 // launched overlapping the mask tile summary, and the backward's prepare, dq, dk/dv and
 // dbias-finish kernels each overlapping the one before (programmatic dependent launch on

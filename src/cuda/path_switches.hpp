@@ -1,0 +1,16 @@
+// The environment switches that choose between equivalent GPU paths, read per call so that
+// tests and bench/bench_switches.py can run both ways (README "Build notes" lists them).
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+namespace fdma::cuda {
+
+// Whether environment variable `name` is set to exactly `value`.
+inline bool env_is(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env && std::strcmp(env, value) == 0;
+}
+
+}  // namespace fdma::cuda
