@@ -81,6 +81,32 @@ struct GpuAttention {
   }
 };
 
+// Forward then backward on the GPU with path switch `sw` at "0", then at "1": paths that only
+// reorder when or where the same arithmetic runs give out, lse, dq, dk, dv and dbias bitwise
+// equal.
+void expect_switch_bitwise(GpuAttention& gpu, const ScopedEnv& sw) {
+  AttnRun& r = gpu.r;
+  std::vector<std::vector<unsigned char>> off;
+  for (int on = 0; on < 2; ++on) {
+    sw.set(on ? "1" : "0");
+    std::vector<std::vector<unsigned char>> got;
+    gpu.run(Pass::forward, nullptr);
+    for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {
+      dev->download();
+      got.push_back(host->bytes());
+    }
+    gpu.run(Pass::backward, nullptr);
+    for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {gpu.dbias.get(), &r.dbias}}) {
+      if (!dev) continue;
+      dev->download();
+      got.push_back(host->bytes());
+    }
+    if (!on) off = got;
+    else
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == off[i]) << "output " << i << " differs";
+  }
+}
+
 // Forward (and backward when asked) on the GPU against the CPU backend and the float64
 // reference. The backward reads the CPU forward's out and lse, so both backends see the
 // same stored inputs.
@@ -335,11 +361,12 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
       }
 }
 
-// FDMA_NEXT_ACTIVE_TABLE=1: the forward and dq CTAs step from one active key tile to the next
-// through a table built from their mask summary row (next_active.cuh). They visit the same
-// tiles either way, so every output equals the summary walk's bitwise; then against the CPU. A block mask with a bias broadcast
-// over heads (non-causal bf16 D = 128 and causal, the wgmma kernels on Hopper), and a key
-// padding mask whose summary broadcasts over query tiles (fp16 D = 96, the mma.sync kernels).
+// FDMA_NEXT_ACTIVE_TABLE=1: the forward, dq and dk/dv CTAs step from one active tile to the next
+// through a table built from the mask tile summary (next_active.cuh). They visit the same tiles
+// either way, so every output equals the summary walk's bitwise; then against the CPU. A block
+// mask with a bias broadcast over heads (non-causal bf16 D = 128 and causal, the wgmma kernels
+// on Hopper), and a key padding mask whose summary broadcasts over query tiles (fp16 D = 96,
+// the mma.sync kernels).
 TEST(AttentionGpu, NextActiveTableMatchesTheSummaryWalk) {
   REQUIRE_GPU();
   const ScopedEnv table("FDMA_NEXT_ACTIVE_TABLE");
@@ -368,25 +395,7 @@ TEST(AttentionGpu, NextActiveTableMatchesTheSummaryWalk) {
     {
       GpuAttention gpu(r);
       ASSERT_TRUE(gpu.ok());
-      std::vector<std::vector<unsigned char>> walked;
-      for (int tabled = 0; tabled < 2; ++tabled) {
-        table.set(tabled ? "1" : "0");
-        std::vector<std::vector<unsigned char>> got;
-        gpu.run(Pass::forward, nullptr);
-        for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {
-          dev->download();
-          got.push_back(host->bytes());
-        }
-        gpu.run(Pass::backward, nullptr);
-        for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {gpu.dbias.get(), &r.dbias}}) {
-          if (!dev) continue;
-          dev->download();
-          got.push_back(host->bytes());
-        }
-        if (!tabled) walked = got;
-        else
-          for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == walked[i]) << "output " << i << " differs";
-      }
+      expect_switch_bitwise(gpu, table);
     }
     table.set("1");
     run_gpu(r, true);
@@ -417,22 +426,5 @@ TEST(AttentionGpu, OverlappedLaunchesMatchSerialOnes) {
     for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk]);
   GpuAttention gpu(r);
   ASSERT_TRUE(gpu.ok());
-  std::vector<std::vector<unsigned char>> serial;
-  for (int overlapped = 0; overlapped < 2; ++overlapped) {
-    overlap.set(overlapped ? "1" : "0");
-    std::vector<std::vector<unsigned char>> got;
-    gpu.run(Pass::forward, nullptr);
-    for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {
-      dev->download();
-      got.push_back(host->bytes());
-    }
-    gpu.run(Pass::backward, nullptr);
-    for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {gpu.dbias.get(), &r.dbias}}) {
-      dev->download();
-      got.push_back(host->bytes());
-    }
-    if (!overlapped) serial = got;
-    else
-      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == serial[i]) << "output " << i << " differs";
-  }
+  expect_switch_bitwise(gpu, overlap);
 }
