@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
-from dma_problem import dma_problem  # noqa: E402
+from dma_problem import attach_workspace, dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
 CONFIGS = {
@@ -74,14 +74,7 @@ def main():
         out, p = prob.out, prob.params
         kept = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
         p.keep_begin, p.keep_end = view(kept[0]), view(kept[1])
-        sizes = []
-        for lib in libs:
-            for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
-                n = ctypes.c_size_t(0)
-                ok(lib, lib.fdma_dma_workspace_size(ctypes.byref(p), ps, ctypes.byref(n)))
-                sizes.append(n.value)
-        ws = torch.empty(max(sizes), device=dev, dtype=torch.uint8)
-        p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+        ws = attach_workspace([(lib, p) for lib in libs])
 
         def fwd(lib):
             ok(lib, lib.fdma_dma_fwd(ctypes.byref(p)))

@@ -2,6 +2,7 @@
 B1 H16 Hk4 D128 w2048 bf16 by default): inputs drawn from seed 0, outputs and gradients
 allocated, and the library's DmaParams pointing at them (no workspace, no kept selection: each
 script sets those as it measures)."""
+import ctypes
 from types import SimpleNamespace
 
 import torch
@@ -28,3 +29,19 @@ def dma_problem(S, device="cuda", causal=1, B=1, H=16, Hk=4, D=128, w=2048, dtyp
         p.stream = torch.cuda.current_stream().cuda_stream
     t.params = p
     return t
+
+
+def attach_workspace(runs, device="cuda"):
+    """One device workspace for every (library, DmaParams) pair in `runs`, sized for the most
+    either pass of any of them needs, set on each params; returns it (keep it alive)."""
+    sizes = [0]
+    for lib, params in runs:
+        for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
+            n = ctypes.c_size_t(0)
+            if lib.fdma_dma_workspace_size(ctypes.byref(params), ps, ctypes.byref(n)) != 0:
+                raise RuntimeError(lib.fdma_last_error().decode())
+            sizes.append(n.value)
+    ws = torch.empty(max(sizes), device=device, dtype=torch.uint8)
+    for _, params in runs:
+        params.workspace, params.workspace_bytes = ws.data_ptr(), ws.numel()
+    return ws

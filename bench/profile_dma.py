@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import view  # noqa: E402
-from dma_problem import dma_problem  # noqa: E402
+from dma_problem import attach_workspace, dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
 
@@ -26,16 +26,11 @@ def main():
     p = prob.params
     keep = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)  # the forward's selection, for the backward
     p.keep_begin, p.keep_end = view(keep[0]), view(keep[1])
-    sizes = []
-    for pass_ in (0, 1):
-        n = ctypes.c_size_t(0)
-        assert lib.fdma_dma_workspace_size(ctypes.byref(p), pass_, ctypes.byref(n)) == 0
-        sizes.append(n.value)
-    ws = torch.empty(max(sizes), device=dev, dtype=torch.uint8)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+    ws = attach_workspace([(lib, p)])
     assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
     assert lib.fdma_dma_bwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
     torch.cuda.synchronize()
+    del ws
 
 
 if __name__ == "__main__":

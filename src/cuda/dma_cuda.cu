@@ -6,8 +6,6 @@
 // dense kernel instead.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "core/device.hpp"
@@ -162,12 +160,11 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   return lists;
 }
 
-// Path switches, read per call as FDMA_SELECT_PATH so that tests and bench/bench_switches.py can
-// run both ways. On Hopper a list's last key tile runs 32 or 64 keys wide where it holds no more
-// (attention_fwd.cuh; 2.5-5% of the forward, docs/perf-notes.md), FDMA_FWD_LAST_TILE=full turns
-// that off. FDMA_LONGEST_FIRST=1 starts the forward and dq CTAs of the last query tiles first
-// (cta_order.cuh); off, as it measured within noise.
-// The attention kernels' view of q, k, v, out, lse in dynamic-mask mode.
+// The attention kernels' view of q, k, v, out, lse in dynamic-mask mode, with the path switches
+// read per call (path_switches.hpp). On Hopper a list's last key tile runs 32 or 64 keys wide
+// where it holds no more (attention_fwd.cuh; 2-6% of the forward, docs/perf-notes.md):
+// FDMA_FWD_LAST_TILE=full turns that off. FDMA_LONGEST_FIRST=1 starts the forward and dq CTAs
+// of the last query tiles first (cta_order.cuh); off by default, as it measured within noise.
 AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProblem& prob, const KeyLists& lists) {
   AttentionFwdParams k{};
   // causal = false: the intervals carry causality
