@@ -1,7 +1,9 @@
 // Naive float64 reference for every operation, written for clarity, not speed: dense
 // [B, H, Sq, Sk] visibility and bias, explicit softmax, explicit gradient formulas, and a
 // brute-force top-w selection (sort each query's candidates, take w). The tests compare the
-// library against it; the `fdma` command uses it on slices of its main job.
+// library against it; the `fdma` command uses it on slices of its main job. Its query rows
+// run on all the machine's cores (the GPU tests spent most of their time here), each thread a
+// contiguous run of rows.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 namespace fdma::ref {
@@ -37,6 +40,24 @@ struct Problem {
     return capped(scale * s);
   }
 };
+
+// Threads for n rows: one per core, at most one per row, at least one.
+inline int64_t worker_count(int64_t n) {
+  return std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
+}
+
+// fn(worker, lo, hi) over [0, n) in contiguous runs, one per worker (0 .. worker_count(n) - 1).
+template <class Fn>
+void parallel_runs(int64_t n, Fn&& fn) {
+  const int64_t threads = worker_count(n);
+  const int64_t per = n > 0 ? (n + threads - 1) / threads : 0;
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
+    if (lo < hi) pool.emplace_back([&fn, t, lo, hi] { fn(t, lo, hi); });
+  }
+  for (auto& th : pool) th.join();
+}
 
 // Softmax probabilities of one row over its visible keys; returns lse (-inf if none visible).
 inline double row_probs(const Problem& p, int64_t b, int64_t h, int64_t i, std::vector<double>& prob,
@@ -71,21 +92,22 @@ inline Forward forward(const Problem& p) {
   Forward f;
   f.out.assign(p.B * p.Sq * p.H * p.D, 0.0);
   f.lse.assign(p.B * p.H * p.Sq, 0.0);
-  std::vector<double> prob, capped;
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t i = 0; i < p.Sq; ++i) {
-        double lse = row_probs(p, b, h, i, prob, capped);
-        f.lse[(b * p.H + h) * p.Sq + i] = lse;
-        for (int64_t d = 0; d < p.D; ++d) {
-          double o = 0;
-          if (std::isnan(lse)) o = lse;
-          else
-            for (int64_t j = 0; j < p.Sk; ++j)
-              if (prob[j] != 0) o += prob[j] * p.v[p.ki(b, j, h / p.G(), d)];
-          f.out[p.qi(b, i, h, d)] = o;
-        }
+  parallel_runs(p.B * p.H * p.Sq, [&](int64_t, int64_t lo, int64_t hi) {
+    std::vector<double> prob, capped;
+    for (int64_t row = lo; row < hi; ++row) {  // row = (b * H + h) * Sq + i
+      const int64_t b = row / (p.H * p.Sq), h = row / p.Sq % p.H, i = row % p.Sq;
+      double lse = row_probs(p, b, h, i, prob, capped);
+      f.lse[(b * p.H + h) * p.Sq + i] = lse;
+      for (int64_t d = 0; d < p.D; ++d) {
+        double o = 0;
+        if (std::isnan(lse)) o = lse;
+        else
+          for (int64_t j = 0; j < p.Sk; ++j)
+            if (prob[j] != 0) o += prob[j] * p.v[p.ki(b, j, h / p.G(), d)];
+        f.out[p.qi(b, i, h, d)] = o;
       }
+    }
+  });
   return f;
 }
 
@@ -100,36 +122,49 @@ inline Backward backward(const Problem& p, const std::vector<double>& dout) {
   g.dk.assign(p.k.size(), 0.0);
   g.dv.assign(p.v.size(), 0.0);
   g.dbias.assign(p.B * p.H * p.Sq * p.Sk, 0.0);
-  std::vector<double> prob, capped;
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t i = 0; i < p.Sq; ++i) {
-        double lse = row_probs(p, b, h, i, prob, capped);
-        if (lse == -std::numeric_limits<double>::infinity()) continue;
-        const int64_t hk = h / p.G();
-        std::vector<double> o(p.D, 0.0);
-        for (int64_t j = 0; j < p.Sk; ++j)
-          for (int64_t d = 0; d < p.D; ++d) o[d] += prob[j] * p.v[p.ki(b, j, hk, d)];
-        double delta = 0;
-        for (int64_t d = 0; d < p.D; ++d) delta += dout[p.qi(b, i, h, d)] * o[d];
-        for (int64_t j = 0; j < p.Sk; ++j) {
-          if (!p.visible(b, h, i, j)) continue;
-          double dp = 0;
-          for (int64_t d = 0; d < p.D; ++d) dp += dout[p.qi(b, i, h, d)] * p.v[p.ki(b, j, hk, d)];
-          const double ds = prob[j] * (dp - delta);
-          g.dbias[p.si(b, h, i, j)] = ds;
-          double dx = ds * p.scale;
-          if (p.softcap > 0) {
-            double t = capped[j] / p.softcap;
-            dx *= 1 - t * t;
-          }
-          for (int64_t d = 0; d < p.D; ++d) {
-            g.dq[p.qi(b, i, h, d)] += dx * p.k[p.ki(b, j, hk, d)];
-            g.dk[p.ki(b, j, hk, d)] += dx * p.q[p.qi(b, i, h, d)];
-            g.dv[p.ki(b, j, hk, d)] += prob[j] * dout[p.qi(b, i, h, d)];
-          }
+  // dq and dS belong to one row each; dk and dv sum over rows: each worker into its own copy,
+  // added up in worker order afterwards.
+  const int64_t rows = p.B * p.H * p.Sq;
+  std::vector<std::vector<double>> dk_of(worker_count(rows)), dv_of(worker_count(rows));
+  parallel_runs(rows, [&](int64_t worker, int64_t lo, int64_t hi) {
+    std::vector<double>& dk = dk_of[worker];
+    std::vector<double>& dv = dv_of[worker];
+    dk.assign(p.k.size(), 0.0);
+    dv.assign(p.v.size(), 0.0);
+    std::vector<double> prob, capped;
+    for (int64_t row = lo; row < hi; ++row) {  // row = (b * H + h) * Sq + i
+      const int64_t b = row / (p.H * p.Sq), h = row / p.Sq % p.H, i = row % p.Sq;
+      double lse = row_probs(p, b, h, i, prob, capped);
+      if (lse == -std::numeric_limits<double>::infinity()) continue;
+      const int64_t hk = h / p.G();
+      std::vector<double> o(p.D, 0.0);
+      for (int64_t j = 0; j < p.Sk; ++j)
+        for (int64_t d = 0; d < p.D; ++d) o[d] += prob[j] * p.v[p.ki(b, j, hk, d)];
+      double delta = 0;
+      for (int64_t d = 0; d < p.D; ++d) delta += dout[p.qi(b, i, h, d)] * o[d];
+      for (int64_t j = 0; j < p.Sk; ++j) {
+        if (!p.visible(b, h, i, j)) continue;
+        double dp = 0;
+        for (int64_t d = 0; d < p.D; ++d) dp += dout[p.qi(b, i, h, d)] * p.v[p.ki(b, j, hk, d)];
+        const double ds = prob[j] * (dp - delta);
+        g.dbias[p.si(b, h, i, j)] = ds;
+        double dx = ds * p.scale;
+        if (p.softcap > 0) {
+          double t = capped[j] / p.softcap;
+          dx *= 1 - t * t;
+        }
+        for (int64_t d = 0; d < p.D; ++d) {
+          g.dq[p.qi(b, i, h, d)] += dx * p.k[p.ki(b, j, hk, d)];
+          dk[p.ki(b, j, hk, d)] += dx * p.q[p.qi(b, i, h, d)];
+          dv[p.ki(b, j, hk, d)] += prob[j] * dout[p.qi(b, i, h, d)];
         }
       }
+    }
+  });
+  for (size_t w = 0; w < dk_of.size(); ++w) {
+    if (dk_of[w].empty()) continue;  // a worker with no rows
+    for (size_t e = 0; e < g.dk.size(); ++e) g.dk[e] += dk_of[w][e], g.dv[e] += dv_of[w][e];
+  }
   return g;
 }
 
