@@ -98,14 +98,13 @@ inline Forward forward(const Problem& p) {
       const int64_t b = row / (p.H * p.Sq), h = row / p.Sq % p.H, i = row % p.Sq;
       double lse = row_probs(p, b, h, i, prob, capped);
       f.lse[(b * p.H + h) * p.Sq + i] = lse;
-      for (int64_t d = 0; d < p.D; ++d) {
-        double o = 0;
-        if (std::isnan(lse)) o = lse;
-        else
-          for (int64_t j = 0; j < p.Sk; ++j)
-            if (prob[j] != 0) o += prob[j] * p.v[p.ki(b, j, h / p.G(), d)];
-        f.out[p.qi(b, i, h, d)] = o;
-      }
+      // Keys outer, so that V is read along its rows; each out[d] still sums over j in order.
+      double* o = &f.out[p.qi(b, i, h, 0)];
+      for (int64_t j = 0; j < p.Sk && !std::isnan(lse); ++j)
+        if (prob[j] != 0)
+          for (int64_t d = 0; d < p.D; ++d) o[d] += prob[j] * p.v[p.ki(b, j, h / p.G(), d)];
+      if (std::isnan(lse))
+        for (int64_t d = 0; d < p.D; ++d) o[d] = lse;
     }
   });
   return f;
