@@ -251,11 +251,12 @@ void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream_p
   check_cuda(err, "kernel launch");
 }
 
-void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr) {
+void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr, bool rows_ready) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const bool bf16 = dtype == DType::bf16;
-  check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
-             "backward prepare");
+  if (!rows_ready)
+    check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
+               "backward prepare");
   const int bucket = head_dim_bucket(k.f.D);
   cudaError_t err = cudaErrorInvalidValue;
   bool launched = false;
