@@ -279,7 +279,7 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
 
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
                             cudaStream_t stream, bool overlap, const std::function<cudaError_t()>& side_work) {
-  if (side_work && !s.by_end) return cudaErrorInvalidValue;  // the tile lists beside it rely on the sort (tile_lists_kernel)
+  if (side_work && !s.by_end) return cudaErrorInvalidValue;  // tile_lists_kernel relies on the sort
   const int64_t n = s.keys();
   cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info, c.flags,
                                   s.by_end ? c.done : nullptr);
