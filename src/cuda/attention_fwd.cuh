@@ -136,13 +136,12 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
                                       staged_list_bytes(p.lists));
   };
   // (Not in dynamic-mask mode, which has no mask summary.)
-  const bool tabled = !gather && active && next_active_bytes(p, Tile::kBlockN);
-  if (tabled) build_next_active(next_table(), n_blocks, tile_active, tid, kThreads);
+  auto tabled = [&] { return !gather && active && next_active_bytes(p, Tile::kBlockN); };
+  if (tabled()) build_next_active(next_table(), n_blocks, tile_active, tid, kThreads);
   auto next_active = [&](int nb) {
-    if (active) {
-      if (!gather && next_active_bytes(p, Tile::kBlockN)) return nb < n_blocks ? int(next_table()[nb]) : nb;
+    if (tabled()) return nb < n_blocks ? int(next_table()[nb]) : nb;
+    if (active)
       while (nb < n_blocks && !tile_active(nb)) ++nb;
-    }
     return nb;
   };
   // Whether the mask keeps every key of key tile nb: it then needs no mask tile nor test.

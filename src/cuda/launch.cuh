@@ -4,7 +4,8 @@
 // 1 us (docs/perf-notes.md); launched with overlap_previous, a kernel's CTAs can be placed
 // while its predecessor finishes and wait on the GPU (ptx::griddep_wait) instead.
 //
-// Every kernel launched this way calls ptx::griddep_wait() before touching global memory, and
+// Every kernel launched this way calls ptx::griddep_wait() before touching global memory (or, one
+// that reads nothing its predecessor writes, at its end: griddep_wait_in_last_cta below), and
 // calls ptx::griddep_launch_dependents() to let its own successor in early.
 #pragma once
 
