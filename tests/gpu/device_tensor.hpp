@@ -16,9 +16,9 @@ namespace fdma::test {
     ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);           \
   } while (0)
 
-// A path switch the library reads from the environment per call (FDMA_SELECT_PATH,
-// FDMA_FWD_LAST_TILE, FDMA_OVERLAP_LAUNCHES): set and cleared by the test, and cleared when it
-// ends, pass or fail.
+// A path switch the library reads from the environment per call (FDMA_SELECT_PATH and the
+// others in src/cuda/path_switches.hpp's users): set and cleared by the test, and cleared when
+// it ends, pass or fail.
 class ScopedEnv {
  public:
   explicit ScopedEnv(const char* name) : name_(name) {}

@@ -486,10 +486,9 @@ std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
 
 // The narrow last tile (Hopper, the default: a list's last key tile run 32 or 64 keys wide when
 // it holds no more) against the CPU, and bitwise against the full-width tile
-// (FDMA_FWD_LAST_TILE=full): the keys it leaves
-// out are the zero rows and -inf scores that add exact zeros. Off Hopper both runs take the
-// mma.sync kernel and the comparison holds trivially. The cases are checked to contain lists
-// ending in tiles of both narrow widths.
+// (FDMA_FWD_LAST_TILE=full): the keys it leaves out are the zero rows and -inf scores that add
+// exact zeros. Off Hopper both runs take the mma.sync kernel and the comparison holds
+// trivially. The cases are checked to contain lists ending in tiles of both narrow widths.
 TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
   REQUIRE_GPU();
   const ScopedEnv last_tile("FDMA_FWD_LAST_TILE");
