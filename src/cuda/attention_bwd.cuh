@@ -332,14 +332,13 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
           with_terms(test_mask, bias_term, [&](auto has_mask, auto bias_kind) {
             constexpr bool kMask = decltype(has_mask)::value;
             constexpr BiasTerm kBias = decltype(bias_kind)::value;
-            float kb[kN][2];  // BiasTerm::key: the key columns' biases, one load each
-#pragma unroll
-            for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-              for (int c = 0; c < 2; ++c)
-                kb[nt][c] = kBias != BiasTerm::key ? 0.f
-                            : f.bias_tiled      ? Terms::template key_bias<T>(terms, f, nt * 8 + 2 * t + c)
-                                                : key_bias_at<T>(f, b, h, key0 + nt * 8 + 2 * t + c);
+            float kb[kN][2] = {};  // BiasTerm::key: the key columns' biases
+            if constexpr (kBias == BiasTerm::key) {
+              if (f.bias_tiled)
+                Terms::template key_bias_pairs<T>(terms, f, t, kb);
+              else
+                key_bias_pairs_at<T>(f, b, h, key0, t, kb);
+            }
             const T* bias_tile = Terms::template bias_tile<T>(terms, f);
             // Interior and no mask test: every score is visible and its term is the bias,
             // added as the forward adds it (no hidden-score select).
@@ -352,9 +351,10 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
             });
           });
         } else if (key_bias) {  // tiles on the causal diagonal or the sequence ends
+          float kb[kN][2];
+          key_bias_pairs_at<T>(f, b, h, key0, t, kb);
           scores_to_ds(f, s, dp, lse2, delta, [&](int nt, int e) {
-            const int i = rows[e >> 1], j = col(nt, e);
-            return visible_at(f, i, j) ? key_bias_at<T>(f, b, h, j) : -INFINITY;
+            return visible_at(f, rows[e >> 1], col(nt, e)) ? kb[nt][e & 1] : -INFINITY;
           });
         } else {
           scores_to_ds(f, s, dp, lse2, delta,
@@ -658,6 +658,11 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const bool db_cols = p.dbias_owner == DbiasOwner::columns && chunk == 0;
   const bool key_bias = key_bias_only(f);
   float db[2] = {0.f, 0.f};
+  // A bias broadcast over queries: this thread's two keys' biases, read when the head changes
+  // (not per step: those loads and their head arithmetic sat between a step's matmuls).
+  const bool key_row_bias = !gather && f.bias && f.bias_stride[2] == 0;
+  float kb[2] = {0.f, 0.f};
+  int kb_head = -1;
   const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
                       (f.bias_head_mode == 0 ? hk : 0);
 
@@ -679,6 +684,10 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     sync_group();
 
     const int h = head_of(it), q0 = q0_of(it);
+    if (key_row_bias && h != kb_head) {
+      kb[0] = key_bias_at<T>(f, b, h, keys[0]), kb[1] = key_bias_at<T>(f, b, h, keys[1]);
+      kb_head = h;
+    }
     const uint32_t q_tile = s_q + buf * Tile::kQBytes, do_tile = s_do + buf * Tile::kQBytes;
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the kBM queries.
     float st[kNq][4], dpt[kNq][4];
@@ -707,9 +716,6 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       with_terms(test_mask, bias_term, [&](auto has_mask, auto bias_kind) {
         constexpr bool kMask = decltype(has_mask)::value;
         constexpr BiasTerm kBias = decltype(bias_kind)::value;
-        float kb[2] = {0.f, 0.f};
-        if constexpr (kBias == BiasTerm::key)
-          for (int r = 0; r < 2; ++r) kb[r] = key_bias_at<T>(f, b, h, keys[r]);
         const T* bias_tile = Terms::template bias_tile<T>(terms, f);
         scores_to_p_ds_t<!kMask>(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {  // as in the dq kernel
           const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);
@@ -718,7 +724,6 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
         });
       });
     } else if (key_bias) {  // steps on the causal diagonal or the sequence ends
-      const float kb[2] = {key_bias_at<T>(f, b, h, keys[0]), key_bias_at<T>(f, b, h, keys[1])};
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
         const int r = e >> 1;
         return visible_at(f, query(nt, e), keys[r]) ? kb[r] : -INFINITY;

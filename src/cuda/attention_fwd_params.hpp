@@ -71,8 +71,9 @@ struct AttentionFwdParams {
   int active_q_tiles, active_k_tiles;  // 1 when the mask broadcasts over that dim
   // Walk the active key tiles through a table in shared memory built from the CTA's summary row
   // first (next_active.cuh, next_active_bytes), not a loop of global loads per step.
-  // FDMA_NEXT_ACTIVE_TABLE=1 (opt-in until measured on a GPU); the launch drops it where the
-  // shared memory would not fit.
+  // On by default (FDMA_NEXT_ACTIVE_TABLE=0 turns it off; the 1/8 block mask's forward+backward
+  // went 6.35 -> 4.31 ms at 16K on the H100); the launch drops it where the shared memory
+  // would not fit.
   bool next_active_table;
   int B, Sq, Sk, H, Hk, G, D;
   float scale, softcap;

@@ -289,5 +289,24 @@ __device__ __forceinline__ float key_bias_at(const AttentionFwdParams& p, int b,
   return p.bias_f32 ? __ldg(static_cast<const float*>(p.bias) + off)
                     : to_float(__ldg(static_cast<const T*>(p.bias) + off));
 }
+// The biases of keys key0 + nt * 8 + 2t + c into kb[nt][c], from global memory: the row's base
+// and the dtype worked out once, then independent loads (keys clamped as in key_bias_at).
+template <class T, int kN>
+__device__ __forceinline__ void key_bias_pairs_at(const AttentionFwdParams& p, int b, int h, int key0, int t,
+                                                  float (&kb)[kN][2]) {
+  const int64_t base = b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1];
+  auto off = [&](int nt, int c) { return base + int64_t(min(key0 + nt * 8 + 2 * t + c, p.Sk - 1)) * p.bias_stride[3]; };
+  if (p.bias_f32) {
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) kb[nt][c] = __ldg(static_cast<const float*>(p.bias) + off(nt, c));
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) kb[nt][c] = to_float(__ldg(static_cast<const T*>(p.bias) + off(nt, c)));
+  }
+}
 
 }  // namespace fdma::cuda

@@ -6,7 +6,7 @@
 // mask has one row. A query-broadcast bias's per-key values the kernels hold in registers
 // (BiasTerm::key): the dq kernel reads them from a one-row tile (kKeyRow; from global memory
 // per tile, those loads stalled it), the dk/dv kernel, whose keys stay for all its steps,
-// from global memory (measured slower through the tile; docs/perf-notes.md).
+// from global memory once per head (measured slower through the tile; docs/perf-notes.md).
 #pragma once
 
 #include <type_traits>
@@ -78,11 +78,27 @@ struct TermTiles {
   __device__ static const T* bias_tile(const unsigned char* smem, const AttentionFwdParams& p) {
     return reinterpret_cast<const T*>(smem + mask_bytes(p));
   }
-  // Key kl's bias from a buffer's query-broadcast row (kKeyRow, bias_tiled), in the bias's dtype.
-  template <class T>
-  __device__ static float key_bias(const unsigned char* smem, const AttentionFwdParams& p, int kl) {
+  // The biases of keys nt * 8 + 2t and nt * 8 + 2t + 1 of a buffer's query-broadcast row
+  // (kKeyRow, bias_tiled) into kb[nt][0..1]: one load per pair, and the dtype chosen once, so
+  // that the loads issue back to back (a branch per key cost the dq kernel 1.7x its dense time;
+  // docs/perf-notes.md).
+  template <class T, int kN>
+  __device__ static void key_bias_pairs(const unsigned char* smem, const AttentionFwdParams& p, int t,
+                                        float (&kb)[kN][2]) {
     const unsigned char* row = smem + mask_bytes(p);
-    return p.bias_f32 ? reinterpret_cast<const float*>(row)[kl] : to_float(reinterpret_cast<const T*>(row)[kl]);
+    if (p.bias_f32) {
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) {
+        const float2 v = reinterpret_cast<const float2*>(row)[nt * 4 + t];
+        kb[nt][0] = v.x, kb[nt][1] = v.y;
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) {
+        const float2 v = ptx::unpack2<T>(reinterpret_cast<const uint32_t*>(row)[nt * 4 + t]);
+        kb[nt][0] = v.x, kb[nt][1] = v.y;
+      }
+    }
   }
 };
 
