@@ -225,6 +225,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
   const bool db_key_sum = db_rows && p.dbias_size[3] == 1 && f.Sk > 1;  // one value per row
   const bool db_scalar = db_key_sum && p.dbias_size[2] == 1 && f.Sq > 1;  // one value per block
   __shared__ float warp_sums[4];
+  __shared__ typename Terms::Rows s_term_rows;  // the head's mask/bias bases (Terms::rows_of)
 
   for (int bi = 0; bi < p.rows_batches_per_block; ++bi)
     for (int hi = 0; hi < p.rows_heads_per_block; ++hi) {
@@ -247,6 +248,11 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         list = tile_key_list(f.lists, bh, m_block, n_listed);
         info = f.lists.info + bh * f.Sk;
       }
+      if (terms_bytes) {  // in shared memory: held in registers across the loop, they slowed the gathered path
+        __syncthreads();  // the previous head's loads have read it
+        if (tid == 0) s_term_rows = Terms::rows_of(f, b, h);
+        __syncthreads();
+      }
       const int key_end = gather ? n_listed : f.causal ? min(f.Sk, row0 + Tile::kBlockM + f.Sk - f.Sq) : f.Sk;
       const int n_blocks = key_end > 0 ? (key_end + kBN - 1) / kBN : 0;
       auto load_kv = [&](int nb, int buf) {
@@ -260,8 +266,8 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
           Mma::template load_rows<kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
           Mma::template load_rows<kBN>(sv, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
           if (terms_bytes)
-            Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, row0, nb * kBN, tid,
-                                                 mask_keeps_tile(f, active, nb * kBN / kBwdBlockN));
+            Terms::template load<kBwdThreads>(s_terms + buf * terms_bytes, f, s_term_rows, row0, nb * kBN, tid,
+                                              mask_keeps_tile(f, active, nb * kBN / kBwdBlockN));
         }
       };
       int16_t* next_table = nullptr;
@@ -643,8 +649,8 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     else if (tid < kBM / 2)
       ptx::cp_async_16(ptx::smem_addr(s_delta + buf * kBM + 4 * (tid - kBM / 4)), p.delta + row_base + 4 * (tid - kBM / 4), 16);
     if (terms_bytes)
-      Terms::template load<kBwdThreads, T>(s_terms + buf * terms_bytes, f, b, h, q0, key0, tid,
-                                           mask_keeps_tile(f, active_row(f, b, h, q0 / kBwdBlockM), key0 / kBwdBlockN));
+      Terms::template load<kBwdThreads>(s_terms + buf * terms_bytes, f, Terms::rows_of(f, b, h), q0, key0, tid,
+                                        mask_keeps_tile(f, active_row(f, b, h, q0 / kBwdBlockM), key0 / kBwdBlockN));
   };
 
   KeyInfo row_keys[2] = {};  // dynamic-mask mode: the records of this thread's two keys
@@ -734,11 +740,14 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     }
     Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
 
+    // Whether it_next is past this head's last step (steps are head-major): a multiply, where
+    // head_of(it_next) was a second integer division per step.
+    const bool head_ends = it_next >= (h - hk * f.G + 1) * n_q;
     // dbias[.., 0, j] (bias broadcast over queries): after each head, add its sum for the
     // keys this thread's quad owns; heads sharing a bias head add in order. Each warp group
     // adds into its own half of the slots (the host allocates two per sharing group), and the
     // finish kernel sums the slots in order: reproducible with both groups running.
-    if (db_cols && (it_next >= n_steps || head_of(it_next) != h)) {
+    if (db_cols && head_ends) {
       const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
       const int64_t hb = head_index(f.bias_head_mode, h, f.G);
       float* acc = p.dbias_acc + (int64_t(wg) * (p.dbias_slots / 2) + db_slot) *
@@ -746,7 +755,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[0])] += r0;
       if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
     }
-    if (!gather && (it_next >= n_steps || head_of(it_next) != h)) db[0] = db[1] = 0.f;
+    if (!gather && head_ends) db[0] = db[1] = 0.f;
     sync_group();
     it = it_next;
   }

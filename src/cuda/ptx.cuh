@@ -95,18 +95,6 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// One register of two 16-bit values (lo in the low half) -> two floats, exactly.
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t v);
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
-  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&v));
-}
-
 // An m16n8k16 A fragment (16 rows x 16 k) from two adjacent accumulator tiles (columns 0-7 in
 // lo, 8-15 in hi), rounded to T: how P and dS go from registers into the next mma.
 template <class T>

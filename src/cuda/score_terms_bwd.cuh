@@ -41,17 +41,32 @@ struct TermTiles {
   }
   __host__ __device__ static int bytes(const AttentionFwdParams& p) { return mask_bytes(p) + bias_bytes(p); }
 
-  // Issues the cp.async copies of queries [q0, q0 + kRows) x keys [key0, key0 + kKeys) of
-  // (b, h) into one buffer of bytes(p); rows and keys past the ends are zero-filled. No mask
-  // tile where the mask keeps the whole tile (mask_all; the kernel then tests nothing).
-  template <int kThreads, class T>
-  __device__ static void load(unsigned char* smem, const AttentionFwdParams& p, int b, int h, int q0, int key0,
+  // Where (b, h)'s mask and bias start (element [b, h, 0, 0]), worked out once per head: the
+  // head arithmetic per tile cost the dq kernel a few percent (docs/perf-notes.md).
+  struct Rows {
+    const char* mask;
+    const char* bias;
+  };
+  __device__ static Rows rows_of(const AttentionFwdParams& p, int b, int h) {
+    Rows r{nullptr, nullptr};
+    if (p.mask_tiled)
+      r.mask = reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
+    if (bias_in_tiles(p))
+      r.bias = static_cast<const char*>(p.bias) +
+               (b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1]) * (p.bias_f32 ? 4 : 2);
+    return r;
+  }
+
+  // Issues the cp.async copies of queries [q0, q0 + kRows) x keys [key0, key0 + kKeys) of the
+  // head at `at` into one buffer of bytes(p); rows and keys past the ends are zero-filled. No
+  // mask tile where the mask keeps the whole tile (mask_all; the kernel then tests nothing).
+  template <int kThreads>
+  __device__ static void load(unsigned char* smem, const AttentionFwdParams& p, const Rows& at, int q0, int key0,
                               int tid, bool mask_all) {
     const int rows = min(kRows, p.Sq - q0), keys = min(kKeys, p.Sk - key0);
     if (p.mask_tiled && !mask_all) {
       const uint32_t dst = ptx::smem_addr(smem);
-      const char* src = reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] +
-                        head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] + key0;
+      const char* src = at.mask + key0;
       if (mask_bcast(p))
         load_bytes_window_async<kThreads, 1, kKeys>(dst, kMaskPitch, src, 0, 1, keys, tid);
       else
@@ -59,18 +74,14 @@ struct TermTiles {
                                                         rows, keys, tid);
     }
     if (bias_in_tiles(p)) {
-      const int esize = p.bias_f32 ? 4 : 2;
       const uint32_t dst = ptx::smem_addr(smem + mask_bytes(p));
-      const char* src = static_cast<const char*>(p.bias) +
-                        (b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1] +
-                         (bias_bcast(p) ? 0 : q0 * p.bias_stride[2]) + key0) * esize;
       if (bias_bcast(p) && p.bias_f32)
-        load_bytes_window_async<kThreads, 1, kKeys * 4>(dst, 0, src, 0, 1, keys * 4, tid);
+        load_bytes_window_async<kThreads, 1, kKeys * 4>(dst, 0, at.bias + key0 * 4, 0, 1, keys * 4, tid);
       else if (bias_bcast(p))
-        load_bytes_window_async<kThreads, 1, kKeys * 2>(dst, 0, src, 0, 1, keys * 2, tid);
+        load_bytes_window_async<kThreads, 1, kKeys * 2>(dst, 0, at.bias + key0 * 2, 0, 1, keys * 2, tid);
       else
-        load_bytes_window_async<kThreads, kRows, kKeys * 2>(dst, kBiasPitch * 2, src, p.bias_stride[2] * 2, rows,
-                                                            keys * 2, tid);
+        load_bytes_window_async<kThreads, kRows, kKeys * 2>(dst, kBiasPitch * 2, at.bias + (q0 * p.bias_stride[2] + key0) * 2,
+                                                            p.bias_stride[2] * 2, rows, keys * 2, tid);
     }
   }
   // The bias tile of a buffer with a query dim (bias_tiled, q's dtype).
@@ -85,20 +96,18 @@ struct TermTiles {
   template <class T, int kN>
   __device__ static void key_bias_pairs(const unsigned char* smem, const AttentionFwdParams& p, int t,
                                         float (&kb)[kN][2]) {
+    auto take = [&](const auto* row) {
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt) {
+        const float2 v = load_pair(row + nt * 8 + 2 * t);
+        kb[nt][0] = v.x, kb[nt][1] = v.y;
+      }
+    };
     const unsigned char* row = smem + mask_bytes(p);
-    if (p.bias_f32) {
-#pragma unroll
-      for (int nt = 0; nt < kN; ++nt) {
-        const float2 v = reinterpret_cast<const float2*>(row)[nt * 4 + t];
-        kb[nt][0] = v.x, kb[nt][1] = v.y;
-      }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < kN; ++nt) {
-        const float2 v = ptx::unpack2<T>(reinterpret_cast<const uint32_t*>(row)[nt * 4 + t]);
-        kb[nt][0] = v.x, kb[nt][1] = v.y;
-      }
-    }
+    if (p.bias_f32)
+      take(reinterpret_cast<const float*>(row));
+    else
+      take(reinterpret_cast<const T*>(row));
   }
 };
 
