@@ -10,8 +10,6 @@ Configurations (environment switches, read by the library per call):
   serial                    FDMA_OVERLAP_LAUNCHES=0: every kernel waits for the previous one to end
   longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles
                             (the longest lists) start first
-  beside                    FDMA_PREPARE_BESIDE_LISTS=1: the backward's prepare kernel runs beside
-                            its tile lists and unkept-key zeroing
   full+serial               the defaults up to the eleventh session
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
@@ -38,13 +36,12 @@ CONFIGS = {
     "full": {"FDMA_FWD_LAST_TILE": "full"},
     "serial": {"FDMA_OVERLAP_LAUNCHES": "0"},
     "longest": {"FDMA_LONGEST_FIRST": "1"},
-    "beside": {"FDMA_PREPARE_BESIDE_LISTS": "1"},
     "full+serial": {"FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
 }
 
 
 def set_config(name):
-    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST", "FDMA_PREPARE_BESIDE_LISTS"):
+    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST"):
         os.environ.pop(var, None)
     os.environ.update(CONFIGS[name])
 

@@ -7,11 +7,9 @@
 
 namespace fdma::cuda {
 
-// delta and lse2, [B, H, Sq_pad] fp32 each, as AttentionBwdParams describes them. beside: a
-// grid of two CTAs per SM that waits for its predecessor only at its end, so that the kernels
-// launched after it can run beside it (the dynamic-mask backward's lists, dma_cuda.cu).
+// delta and lse2, [B, H, Sq_pad] fp32 each, as AttentionBwdParams describes them.
 template <class T>
-cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream, bool beside = false);
+cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream);
 
 // dbias from p.dbias_acc's slots (only when the backward reduced into them).
 template <class T>

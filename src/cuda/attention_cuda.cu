@@ -251,12 +251,11 @@ void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream_p
   check_cuda(err, "kernel launch");
 }
 
-void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr, bool rows_ready) {
+void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const bool bf16 = dtype == DType::bf16;
-  if (!rows_ready)
-    check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
-               "backward prepare");
+  check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
+             "backward prepare");
   const int bucket = head_dim_bucket(k.f.D);
   cudaError_t err = cudaErrorInvalidValue;
   bool launched = false;

@@ -14,10 +14,9 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
 void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 
 // The kernels behind both operations, from prepared params (attention_cuda.cu). The
-// backward runs its prepare kernel (k.delta, k.lse2) unless rows_ready (the caller launched
-// it), dq and dk/dv, and the dbias finish.
+// backward runs its prepare kernel (k.delta, k.lse2), dq and dk/dv, and the dbias finish.
 void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream);
-void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream, bool rows_ready = false);
+void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream);
 
 // select and dynamic_mask_attention: non-causal on the GPU so far (dma_cuda.cu).
 size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob);

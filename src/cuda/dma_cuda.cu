@@ -4,15 +4,11 @@
 // kept keys are loaded and computed. Causal and non-causal, forward and backward; the
 // non-causal forward, where every query keeps the same keys, gathers them once and runs the
 // dense kernel instead.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <functional>
 #include <string>
 
 #include "core/device.hpp"
-#include "cuda/attention_bwd_aux.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/device_guard.hpp"
 #include "cuda/dma_lists.hpp"
@@ -129,10 +125,8 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
 
 // Selection (unless a backward is given the forward's) and key lists into the workspace;
 // returns the lists for the kernels.
-// side_work: as build_dma_lists'.
 KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, const TopwInputs& in,
-                         const DmaLayout& l, cudaStream_t stream, bool overlap,
-                         const std::function<cudaError_t()>& side_work = {}) {
+                         const DmaLayout& l, cudaStream_t stream, bool overlap) {
   char* base = static_cast<char*>(p.workspace);
   const int64_t Sk = prob.dims.Sk, Hk = prob.dims.Hk;
   int32_t *begin, *end;
@@ -162,7 +156,7 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   li.add_scores = prob.add_scores;
   KeyLists lists{};
   const DmaListScratch ls = carve_dma_lists(base + l.select + 2 * l.intervals, l.shape);
-  check_cuda(build_dma_lists(l.shape, li, ls, lists, stream, overlap, side_work), op, "key lists");
+  check_cuda(build_dma_lists(l.shape, li, ls, lists, stream, overlap), op, "key lists");
   return lists;
 }
 
@@ -270,32 +264,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const DmaLayout l = dma_layout(prob, in, Pass::backward);
   const bool overlap = overlap_launches();
-  // The backward kernels' params; the lists come after the prepare kernel, which needs none.
-  auto bwd_params = [&](const KeyLists& lists) {
-    AttentionBwdParams k{};
-    k.f = kernel_params(p, prob, lists);
-    k.f.overlap_previous = overlap;
-    set_gradients(k, p.dout, p.dq, p.dk, p.dv);
-    char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
-    k.delta = reinterpret_cast<float*>(rows);
-    k.lse2 = reinterpret_cast<float*>(rows + l.rows);
-    k.Sq_pad = int((d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM);
-    k.rows_batches_per_block = k.rows_heads_per_block = 1;
-    return k;
-  };
-  // FDMA_PREPARE_BESIDE_LISTS=1 (opt-in until measured on a GPU): delta and lse2 (the prepare
-  // kernel, which reads only out, dout and lse) are computed beside the tile lists and the
-  // zeroing of unkept keys, whose last CTAs wait for it (at 128K the three took 226, 122 and
-  // 416 us one after another). Otherwise the prepare kernel runs just before dq.
-  const bool beside = env_is("FDMA_PREPARE_BESIDE_LISTS", "1");
-  const AttentionBwdParams rows_k = bwd_params(KeyLists{});
-  const bool bf16 = prob.dtype == DType::bf16;
-  std::function<cudaError_t()> prepare_beside;
-  if (beside)
-    prepare_beside = [&] {
-      return bf16 ? launch_bwd_prepare<__nv_bfloat16>(rows_k, stream, true) : launch_bwd_prepare<__half>(rows_k, stream, true);
-    };
-  KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap, prepare_beside);
+  KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
   // kernel writes float32 or T. Scores not added to the scores have a zero gradient.
   if (p.dkey_scores.data && prob.add_scores) {
@@ -303,7 +272,15 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
     lists.dscores_f32 = p.dkey_scores.dtype == FDMA_FLOAT32;
     for (int i = 0; i < 3; ++i) lists.dscores_stride[i] = p.dkey_scores.stride[i];
   }
-  const AttentionBwdParams k = bwd_params(lists);
+  AttentionBwdParams k{};
+  k.f = kernel_params(p, prob, lists);
+  k.f.overlap_previous = overlap;
+  set_gradients(k, p.dout, p.dq, p.dk, p.dv);
+  char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
+  k.delta = reinterpret_cast<float*>(rows);
+  k.lse2 = reinterpret_cast<float*>(rows + l.rows);
+  k.Sq_pad = int((d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM);
+  k.rows_batches_per_block = k.rows_heads_per_block = 1;
 
   UnkeptZeroArgs z{};
   z.dk = p.dk.data, z.dv = p.dv.data;
@@ -316,9 +293,8 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
     z.dscores_bytes = int(dtype_size(static_cast<DType>(p.dkey_scores.dtype)));
     z.dscores_all = !prob.add_scores;
   }
-  if (beside) z.done = carve_dma_lists(static_cast<char*>(p.workspace) + l.select + 2 * l.intervals, l.shape).done + 1;
   check_cuda(zero_unkept_grads(l.shape, lists.info, z, stream, overlap), op, "zero unkept keys");
-  run_backward_kernels(k, prob.dtype, p.stream, /*rows_ready=*/beside);
+  run_backward_kernels(k, prob.dtype, p.stream);
 }
 
 }  // namespace fdma::cuda

@@ -59,7 +59,7 @@ __device__ float load_score(const DmaListInputs& in, int64_t off) {
 
 // The list kernels may be launched overlapping their predecessors (launch.cuh): each waits for
 // them first thing and lets its successor in early.
-__global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags, int32_t* done) {
+__global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int64_t n = s.keys();
@@ -67,7 +67,6 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
   if (e > n) return;
   if (e == n) {  // the scan's extra element: positions[n] = total kept
     flags[n] = 0;
-    if (done) done[0] = done[1] = 0;
     return;
   }
   const int j = int(e % s.Sk), hk = int(e / s.Sk % s.Hk), b = int(e / s.Sk / s.Hk);
@@ -123,16 +122,12 @@ __global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32
 // the (warp, key tile) pairs of a 16K causal forward take the test (24% at 128K), now only the
 // list's last tile or two do. Each query row adds one visible key and drops at most one, so a
 // tile has fewer than 2 * block_m partial keys: they wait in shared memory.
-//
-// done (non-null): the kernel before it (build_dma_lists' side_work) wrote nothing it reads,
-// and the kept list it reads was complete before that kernel started (a CUB sort, launched
-// plainly, came between), so it runs beside that kernel, and its last CTA waits for it.
 constexpr int kTileThreads = 256;
 constexpr int kMaxPartialKeys = 2 * 128;  // 2 * the largest block_m of the kernels (128)
 __global__ void __launch_bounds__(kTileThreads)
     tile_lists_kernel(DmaListShape s, const int32_t* kept, const int2* kept_span, const int32_t* kept_count,
-                      int32_t* tile_keys, int32_t* tile_count, int32_t* done) {
-  if (!done) ptx::griddep_wait();
+                      int32_t* tile_keys, int32_t* tile_count) {
+  ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int t = blockIdx.x;
   const int64_t bh = blockIdx.y;
@@ -195,10 +190,11 @@ __global__ void __launch_bounds__(kTileThreads)
     if (n_cover + k < cap) out[n_cover + k] = partial[k];
   const int written = n_cover + n_partial;
   if (threadIdx.x == 0) tile_count[bh * s.q_tiles() + t] = int32_t(written < cap ? written : cap);
-  if (done) griddep_wait_in_last_cta(done);
 }
 
-__device__ __forceinline__ void zero_unkept_rows(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z) {
+__global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   // One thread per 16-byte chunk of a key's dk and dv rows (D * elem_bytes is a multiple of
   // 16); the key's first chunk also does its dscores entry. A warp per key left half its lanes
   // idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K (perf-notes).
@@ -224,23 +220,13 @@ __device__ __forceinline__ void zero_unkept_rows(const DmaListShape& s, const Ke
   }
 }
 
-// With z.done it runs beside the prepare kernel and the tile lists: it reads only the key
-// records, complete before build_dma_lists' plain CUB launches, and writes rows nothing before it
-// in the backward touches; its last CTA waits for its predecessor.
-__global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
-  if (!z.done) ptx::griddep_wait();
-  ptx::griddep_launch_dependents();
-  zero_unkept_rows(s, info, z);
-  if (z.done) griddep_wait_in_last_cta(z.done);
-}
-
 }  // namespace
 
 size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
   size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
   if (s.causal) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
-  if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(s)) + align_up(2 * 4);
+  if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(s));
   return bytes + align_up(scan_temp_bytes(n));
 }
 
@@ -270,7 +256,6 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
     c.kept_by_end = reinterpret_cast<int32_t*>(take(n * 4));
     c.sort_bytes = end_sort_temp_bytes(s);
     c.sort_temp = take(c.sort_bytes);
-    c.done = reinterpret_cast<int32_t*>(take(2 * 4));
   }
   c.scan_bytes = scan_temp_bytes(n);
   c.scan_temp = take(c.scan_bytes);
@@ -278,11 +263,9 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
 }
 
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
-                            cudaStream_t stream, bool overlap, const std::function<cudaError_t()>& side_work) {
-  if (side_work && !s.by_end) return cudaErrorInvalidValue;  // tile_lists_kernel relies on the sort
+                            cudaStream_t stream, bool overlap) {
   const int64_t n = s.keys();
-  cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info, c.flags,
-                                  s.by_end ? c.done : nullptr);
+  cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info, c.flags);
   if (err != cudaSuccess) return err;
   size_t scan_bytes = c.scan_bytes;
   err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
@@ -303,12 +286,11 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
                                           c.kept_by_end, int(n), 0, end_sort_bits(s), stream);
     if (err != cudaSuccess) return err;
     lists.kept_by_end = c.kept_by_end;
-    if (side_work && (err = side_work()) != cudaSuccess) return err;
   }
   if (s.causal) {
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
     err = launch_kernel(overlap, tile_lists_kernel, grid, kTileThreads, 0, stream, s, c.kept, c.kept_span, c.kept_count,
-                        c.tile_keys, c.tile_count, side_work ? c.done : nullptr);
+                        c.tile_keys, c.tile_count);
     if (err != cudaSuccess) return err;
     lists.keys = c.tile_keys;
     lists.keys_bh_stride = int64_t(s.q_tiles()) * s.cap();

@@ -15,7 +15,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 #include "cuda/attention_fwd_params.hpp"
 
@@ -45,9 +44,6 @@ struct DmaListScratch {
   int32_t *end_vals_in, *kept_by_end;
   void* sort_temp;
   size_t sort_bytes;
-  // by_end: finished-CTA counts of the tile lists and of the unkept-key zeroing, for kernels
-  // beside the backward's prepare kernel (griddep_wait_in_last_cta); zeroed by the key records.
-  int32_t* done;
 };
 
 // Workspace bytes for the pieces above (256-byte aligned, in that order).
@@ -65,13 +61,8 @@ struct DmaListInputs {
 
 // Builds records, kept list and (causal) tile lists; fills `lists` to point at them. overlap:
 // each kernel may start while its predecessor finishes (launch.cuh).
-// side_work (by_end shapes only): launches a kernel that reads nothing the lists write, after
-// the by-end sort and before the tile lists. With overlap, the tile lists then run beside it:
-// it must let its dependents in at its start, and the tile lists' last CTA waits for it, so
-// that their completion still implies its (see tile_lists_kernel).
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& scratch,
-                            KeyLists& lists, cudaStream_t stream, bool overlap = false,
-                            const std::function<cudaError_t()>& side_work = {});
+                            KeyLists& lists, cudaStream_t stream, bool overlap = false);
 
 // Non-causal forward: every query keeps the same kept keys, so their K/V rows and biases are
 // copied once into dense [B, Hk, W, D] / [B, Hk, W] buffers (W = min(w, Sk) slots; slots past
@@ -97,9 +88,6 @@ struct UnkeptZeroArgs {
   int64_t dscores_stride[3];
   int dscores_bytes;
   bool dscores_all;
-  // Non-null: the kernel runs beside the prepare kernel before it (build_dma_lists' side_work)
-  // and waits for it at its end, in its last CTA (a DmaListScratch::done counter).
-  int32_t* done;
 };
 cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream,
                               bool overlap = false);

@@ -4,17 +4,13 @@
 // 1 us (docs/perf-notes.md); launched with overlap_previous, a kernel's CTAs can be placed
 // while its predecessor finishes and wait on the GPU (ptx::griddep_wait) instead.
 //
-// Every kernel launched this way calls ptx::griddep_wait() before touching global memory (or, one
-// that reads nothing its predecessor writes, at its end: griddep_wait_in_last_cta below), and
+// Every kernel launched this way calls ptx::griddep_wait() before touching global memory, and
 // calls ptx::griddep_launch_dependents() to let its own successor in early.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <utility>
-
-#include "cuda/ptx.cuh"
 
 namespace fdma::cuda {
 
@@ -41,18 +37,6 @@ cudaError_t launch_kernel(bool overlap_previous, void (*kernel)(Params...), dim3
     cfg.numAttrs = 1;
   }
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-// For a kernel that reads nothing its predecessor writes and so waits for it at its end, not its
-// start: only the last CTA to finish waits, so that the grid's completion still implies the
-// predecessor's while every other CTA frees its SM slot at once (a CTA waiting at its end holds
-// its slot, docs/perf-notes.md). `done` counts finished CTAs and is zero before the launch.
-__device__ __forceinline__ void griddep_wait_in_last_cta(int32_t* done) {
-  __shared__ bool last;
-  __syncthreads();  // the CTA's work is done
-  if (threadIdx.x == 0) last = atomicAdd(done, 1) == int32_t(gridDim.x * gridDim.y * gridDim.z - 1);
-  __syncthreads();
-  if (last) ptx::griddep_wait();
 }
 
 }  // namespace fdma::cuda

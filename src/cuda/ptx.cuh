@@ -109,9 +109,8 @@ __device__ __forceinline__ void pack_a_frag(uint32_t (&a)[4], const float (&lo)[
 // overlap). A kernel launched with overlap_previous (launch.cuh) may start while the previous
 // kernel of its stream still runs: griddepcontrol.wait blocks until that kernel has finished
 // and its writes are visible, and returns at once in a kernel launched without the attribute.
-// Such a kernel calls it first thing, before any global access and any early return (or, if it
-// reads nothing its predecessor writes, at its end: launch.cuh), so that its own completion
-// still implies its predecessors'.
+// Such a kernel calls it first thing, before any global access and any early return, so that
+// its own completion still implies its predecessors'.
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

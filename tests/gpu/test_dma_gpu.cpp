@@ -526,13 +526,11 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
 //     capability 9.0+; older GPUs launch serially either way), each waiting for its
 //     predecessor on the GPU;
 //   FDMA_LONGEST_FIRST (1 against 0, the default): the forward and dq CTAs of the last query
-//     tiles started first;
-//   FDMA_PREPARE_BESIDE_LISTS (1 against 0, the default): the backward's prepare kernel runs
-//     beside the tile lists and the unkept-key zeroing, whose last CTAs wait for it.
+//     tiles started first.
 TEST(DmaGpu, SchedulingSwitchesGiveBitwiseTheDefault) {
   REQUIRE_GPU();
   uint64_t seed = 1200;
-  for (const char* name : {"FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST", "FDMA_PREPARE_BESIDE_LISTS"}) {
+  for (const char* name : {"FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST"}) {
     const ScopedEnv scheduling(name);
     for (bool causal : {true, false}) {
       DmaCase c;
