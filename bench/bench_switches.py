@@ -1,6 +1,7 @@
 """The library's GPU path switches against its defaults, in one process and interleaved: causal
 dynamic_mask_attention (B1 H16 Hk4 D128 w2048 bf16) forward and forward+backward, medians of
-CUDA events, each configuration timed in turn per round so clock drift hits all alike.
+CUDA events, each configuration timed in turn per round (the order rotated each round) so clock
+drift hits all alike.
 
 Configurations (environment switches, read by the library per call):
   default                   the library's defaults: on Hopper a list's last key tile 32 or 64 keys
@@ -92,8 +93,10 @@ def main():
             outs[label] = [g.clone() for g in grads]
         same = {label: all(torch.equal(a, b) for a, b in zip(outs[label], outs[runs[0][0]])) for label, _, _ in runs}
         times = {label: {"fwd": [], "fwd+bwd": []} for label, _, _ in runs}
-        for _ in range(args.rounds):
-            for label, lib, name in runs:
+        for r in range(args.rounds):
+            # The order rotates each round: in a fixed order the second library of an A/B measured
+            # slower at 128K in three runs out of three (docs/benchmarks.md, thirteenth session).
+            for label, lib, name in runs[r % len(runs):] + runs[:r % len(runs)]:
                 set_config(name)
                 times[label]["fwd"].append(median_ms(lambda: fwd(lib), warmup=2, iters=args.iters))
                 times[label]["fwd+bwd"].append(median_ms(lambda: fwdbwd(lib), warmup=1, iters=args.iters))
