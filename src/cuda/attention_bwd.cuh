@@ -248,7 +248,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         list = tile_key_list(f.lists, bh, m_block, n_listed);
         info = f.lists.info + bh * f.Sk;
       }
-      if (terms_bytes) {  // in shared memory: held in registers across the loop, they slowed the gathered path
+      if (terms_bytes) {  // in shared memory: in registers across the loop they would add to its pressure
         __syncthreads();  // the previous head's loads have read it
         if (tid == 0) s_term_rows = Terms::rows_of(f, b, h);
         __syncthreads();

@@ -363,11 +363,10 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
 
 // The next-active table (the default; FDMA_NEXT_ACTIVE_TABLE=0 turns it off): the forward, dq
 // and dk/dv CTAs step from one active tile to the next through a table built from the mask tile
-// summary (next_active.cuh). They visit the same tiles
-// either way, so every output equals the summary walk's bitwise; then against the CPU. A block
-// mask with a bias broadcast over heads (non-causal bf16 D = 128 and causal, the wgmma kernels
-// on Hopper), and a key padding mask whose summary broadcasts over query tiles (fp16 D = 96,
-// the mma.sync kernels).
+// summary (next_active.cuh). They visit the same tiles either way, so every output equals the
+// summary walk's bitwise; then against the CPU. A block mask with a bias broadcast over heads
+// (non-causal bf16 D = 128 and causal, the wgmma kernels on Hopper), and a key padding mask
+// whose summary broadcasts over query tiles (fp16 D = 96, the mma.sync kernels).
 TEST(AttentionGpu, NextActiveTableMatchesTheSummaryWalk) {
   REQUIRE_GPU();
   const ScopedEnv table("FDMA_NEXT_ACTIVE_TABLE");
