@@ -50,7 +50,8 @@ struct TermTiles {
   __device__ static Rows rows_of(const AttentionFwdParams& p, int b, int h) {
     Rows r{nullptr, nullptr};
     if (p.mask_tiled)
-      r.mask = reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
+      r.mask = reinterpret_cast<const char*>(p.mask) + b * p.mask_stride[0] +
+               head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
     if (bias_in_tiles(p))
       r.bias = static_cast<const char*>(p.bias) +
                (b * p.bias_stride[0] + head_index(p.bias_head_mode, h, p.G) * p.bias_stride[1]) * (p.bias_f32 ? 4 : 2);
@@ -80,7 +81,8 @@ struct TermTiles {
       else if (bias_bcast(p))
         load_bytes_window_async<kThreads, 1, kKeys * 2>(dst, 0, at.bias + key0 * 2, 0, 1, keys * 2, tid);
       else
-        load_bytes_window_async<kThreads, kRows, kKeys * 2>(dst, kBiasPitch * 2, at.bias + (q0 * p.bias_stride[2] + key0) * 2,
+        load_bytes_window_async<kThreads, kRows, kKeys * 2>(dst, kBiasPitch * 2,
+                                                            at.bias + (q0 * p.bias_stride[2] + key0) * 2,
                                                             p.bias_stride[2] * 2, rows, keys * 2, tid);
     }
   }
