@@ -214,14 +214,14 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
   const KeyInfo* s_info = reinterpret_cast<const KeyInfo*>(smem + Tile::kInfoOffset);
   using Terms = typename Tile::Terms;
   unsigned char* s_terms = smem + Tile::kTermsOffset;
-  const int terms_bytes = Terms::bytes(f);
+  const int terms_bytes = gather ? 0 : Terms::bytes(f);  // no mask or bias tiles when gathered
   BiasTerm bias_term;
   const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior tiles read no global terms
 
   const uint32_t s_q = ptx::smem_addr(smem), s_do = s_q + Tile::kQBytes;
   const uint32_t s_k = s_do + Tile::kQBytes, s_v = s_k + 2 * Tile::kKVBytes;
 
-  const bool db_rows = p.dbias_owner == DbiasOwner::rows;
+  const bool db_rows = !gather && p.dbias_owner == DbiasOwner::rows;  // gathered: no dbias (launch)
   const bool key_bias = key_bias_only(f);
   const bool db_direct = db_rows && !p.dbias_acc;
   const bool db_key_sum = db_rows && p.dbias_size[3] == 1 && f.Sk > 1;  // one value per row
@@ -582,12 +582,12 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   int32_t* s_keys = reinterpret_cast<int32_t*>(smem + Tile::kKVBytes + n_groups * Tile::kGroupBytes);
   KeyInfo* s_kinfo = reinterpret_cast<KeyInfo*>(s_keys + Tile::kBlockN);  // group's key indices, -1 = none
   using Terms = typename Tile::Terms;
-  const int terms_bytes = Terms::bytes(f);
+  constexpr bool gather = kGather;  // as in the dq kernel
+  const int terms_bytes = gather ? 0 : Terms::bytes(f);  // no mask or bias tiles when gathered
   unsigned char* s_terms = smem + Tile::terms_offset(n_groups) + wg * 2 * terms_bytes;
 
   const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
   const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
-  constexpr bool gather = kGather;  // as in the dq kernel
   BiasTerm bias_term;
   const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior steps read no global terms
   int q_lo = 0, q_hi = f.Sq, n_group = 0;
@@ -663,7 +663,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   for (int dt = 0; dt < kDC; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-  const bool db_cols = p.dbias_owner == DbiasOwner::columns && chunk == 0;
+  const bool db_cols = !gather && p.dbias_owner == DbiasOwner::columns && chunk == 0;  // as in dq
   const bool key_bias = key_bias_only(f);
   float db[2] = {0.f, 0.f};
   // A bias broadcast over queries: this thread's two keys' biases, read when the head changes
@@ -857,6 +857,7 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   if (!fits()) p.f.mask_tiled = false;
   const AttentionFwdParams& f = p.f;
   const bool gather = f.lists.keys != nullptr;
+  if (gather && p.dbias_owner != DbiasOwner::none) return cudaErrorInvalidValue;  // the gathered kernels have no dbias
   auto dq_kernel = gather ? attention_bwd_dq_kernel<T, kHeadDim, true, Mma> : attention_bwd_dq_kernel<T, kHeadDim, false, Mma>;
   auto dkdv_kernel =
       gather ? attention_bwd_dkdv_kernel<T, kHeadDim, true, Mma> : attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma>;
