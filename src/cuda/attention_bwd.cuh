@@ -195,7 +195,9 @@ struct BwdDqTile {
   }
 };
 
-template <class T, int kHeadDim, class Mma>
+// kGather: dynamic-mask mode (f.lists), an instantiation of its own as in the forward, so that
+// each kernel holds only its own loops (the instruction cache; docs/perf-notes.md).
+template <class T, int kHeadDim, bool kGather, class Mma>
 __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& p) {
   using Tile = BwdDqTile<Mma, kHeadDim>;
   constexpr int kBN = Tile::kBlockN, kN = kBN / 8, kDT = kHeadDim / 8;
@@ -208,18 +210,18 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
   const int m_block = cta.m_block;
   const int row0 = m_block * Tile::kBlockM, warp_row0 = row0 + 16 * warp;
   const int rows[2] = {warp_row0 + g, warp_row0 + g + 8};
-  const bool gather = f.lists.keys != nullptr;  // dynamic-mask mode (KeyLists)
+  constexpr bool gather = kGather;  // dynamic-mask mode (KeyLists)
   const KeyInfo* s_info = reinterpret_cast<const KeyInfo*>(smem + Tile::kInfoOffset);
   using Terms = typename Tile::Terms;
   unsigned char* s_terms = smem + Tile::kTermsOffset;
-  const int terms_bytes = Terms::bytes(f);
+  const int terms_bytes = gather ? 0 : Terms::bytes(f);  // no mask or bias tiles when gathered
   BiasTerm bias_term;
   const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior tiles read no global terms
 
   const uint32_t s_q = ptx::smem_addr(smem), s_do = s_q + Tile::kQBytes;
   const uint32_t s_k = s_do + Tile::kQBytes, s_v = s_k + 2 * Tile::kKVBytes;
 
-  const bool db_rows = p.dbias_owner == DbiasOwner::rows;
+  const bool db_rows = !gather && p.dbias_owner == DbiasOwner::rows;  // gathered: no dbias (launch)
   const bool key_bias = key_bias_only(f);
   const bool db_direct = db_rows && !p.dbias_acc;
   const bool db_key_sum = db_rows && p.dbias_size[3] == 1 && f.Sk > 1;  // one value per row
@@ -438,14 +440,14 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
     }
 }
 
-template <class T, int kHeadDim, class Mma>
+template <class T, int kHeadDim, bool kGather, class Mma>
 __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_kernel(const AttentionBwdParams p) {
   ptx::griddep_wait();  // launched overlapping the prepare kernel (launch.cuh): its delta and lse2
   ptx::griddep_launch_dependents();
   if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
     __trap();
   else
-    attention_bwd_dq_body<T, kHeadDim, Mma>(p);
+    attention_bwd_dq_body<T, kHeadDim, kGather, Mma>(p);
 }
 
 // Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). The kept keys ordered by interval
@@ -555,7 +557,7 @@ struct BwdDkdvTile {
 // partial sums in a fixed order at the end (so the result stays reproducible). Halving the
 // walk of a long key group matters in dynamic-mask mode, where a few groups of keys kept to
 // the end of the sequence span every query (docs/perf-notes.md).
-template <class T, int kHeadDim, class Mma>
+template <class T, int kHeadDim, bool kGather, class Mma>
 __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams& p) {
   using Tile = BwdDkdvTile<Mma, kHeadDim>;
   constexpr int kBM = Tile::kBlockM, kNq = kBM / 8, kDC = Tile::kChunk / 8;
@@ -580,12 +582,12 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   int32_t* s_keys = reinterpret_cast<int32_t*>(smem + Tile::kKVBytes + n_groups * Tile::kGroupBytes);
   KeyInfo* s_kinfo = reinterpret_cast<KeyInfo*>(s_keys + Tile::kBlockN);  // group's key indices, -1 = none
   using Terms = typename Tile::Terms;
-  const int terms_bytes = Terms::bytes(f);
+  constexpr bool gather = kGather;  // as in the dq kernel
+  const int terms_bytes = gather ? 0 : Terms::bytes(f);  // no mask or bias tiles when gathered
   unsigned char* s_terms = smem + Tile::terms_offset(n_groups) + wg * 2 * terms_bytes;
 
   const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
   const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
-  const bool gather = f.lists.keys != nullptr;
   BiasTerm bias_term;
   const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior steps read no global terms
   int q_lo = 0, q_hi = f.Sq, n_group = 0;
@@ -661,7 +663,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   for (int dt = 0; dt < kDC; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-  const bool db_cols = p.dbias_owner == DbiasOwner::columns && chunk == 0;
+  const bool db_cols = !gather && p.dbias_owner == DbiasOwner::columns && chunk == 0;  // as in dq
   const bool key_bias = key_bias_only(f);
   float db[2] = {0.f, 0.f};
   // A bias broadcast over queries: this thread's two keys' biases, read when the head changes
@@ -819,7 +821,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   }
 }
 
-template <class T, int kHeadDim, class Mma>
+template <class T, int kHeadDim, bool kGather, class Mma>
 __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
   // It reads nothing dq writes, but waits for it all the same: then its own completion implies
   // the prepare kernel's and everything before (launch.cuh).
@@ -828,7 +830,7 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
   if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
     __trap();
   else
-    attention_bwd_dkdv_body<T, kHeadDim, Mma>(p);
+    attention_bwd_dkdv_body<T, kHeadDim, kGather, Mma>(p);
 }
 
 // Raises a kernel's dynamic shared-memory limit when a launch needs more than the default.
@@ -854,8 +856,11 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   if (!fits()) p.f.bias_tiled = false;
   if (!fits()) p.f.mask_tiled = false;
   const AttentionFwdParams& f = p.f;
-  auto dq_kernel = attention_bwd_dq_kernel<T, kHeadDim, Mma>;
-  auto dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim, Mma>;
+  const bool gather = f.lists.keys != nullptr;
+  if (gather && p.dbias_owner != DbiasOwner::none) return cudaErrorInvalidValue;  // the gathered kernels have no dbias
+  auto dq_kernel = gather ? attention_bwd_dq_kernel<T, kHeadDim, true, Mma> : attention_bwd_dq_kernel<T, kHeadDim, false, Mma>;
+  auto dkdv_kernel =
+      gather ? attention_bwd_dkdv_kernel<T, kHeadDim, true, Mma> : attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma>;
   const int dq_smem = Dq::smem_bytes(f), dkdv_smem = Dkdv::smem_bytes(dkdv_groups, f);
   err = allow_smem(dq_kernel, dq_smem);
   if (err == cudaSuccess) err = allow_smem(dkdv_kernel, dkdv_smem);
@@ -880,7 +885,7 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   if (err != cudaSuccess) return err;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
-    if (wgmma_path_available(attention_bwd_dkdv_kernel<T, kHeadDim, Sm90>, device))
+    if (wgmma_path_available(attention_bwd_dkdv_kernel<T, kHeadDim, false, Sm90>, device))
       return launch_attention_bwd_path<T, kHeadDim, Sm90>(p, device, stream);
   }
   return launch_attention_bwd_path<T, kHeadDim, BwdMmaSm80<T, kHeadDim, kBwdThreads>>(p, device, stream);
