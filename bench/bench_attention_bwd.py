@@ -24,6 +24,7 @@ from flash_dma import _abi  # noqa: E402
 
 
 CASES = ("dense", "per-key bias [B,H,1,Sk]", "4-D bias [B,H,Sq,Sk]", "block mask 1/8 [B,1,Sq,Sk]",
+         "block mask all active [B,1,Sq,Sk]",
          "softcap 30 (SDPA has none: no baseline, no diff)")
 
 
@@ -58,7 +59,9 @@ def main():
                 elif case.startswith("4-D"):
                     bias = torch.randn(B, H, S, S, device=dev, dtype=torch.bfloat16)
                 elif case.startswith("block"):  # 128 x 128 blocks, as bench_attention.py
-                    blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < 1 / 8
+                    # "all active": the same mask path with every tile kept (issue 3's "all-active time")
+                    share = 1.0 if "all active" in case else 1 / 8
+                    blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < share
                     mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)
                 out, dout = torch.empty_like(q), torch.randn_like(q)
                 lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
