@@ -608,9 +608,13 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   // keys span [q_lo, q_hi).
   const int q_begin = gather ? q_lo / kBM * kBM : f.causal ? max(0, key0 - (f.Sk - f.Sq)) / kBM * kBM : 0;
   const int n_q = q_begin < q_hi ? (q_hi - q_begin + kBM - 1) / kBM : 0;
-  const int n_steps = f.G * n_q;  // (head of the group, query tile), head-major
-  auto head_of = [&](int it) { return hk * f.G + it / n_q; };
-  auto q0_of = [&](int it) { return q_begin + (it % n_q) * kBM; };
+  const int n_steps = f.G * n_q;  // (head of the group, query tile)
+  // Head-major, queries ascending; gathered: query-major from the last query tile down. The
+  // CTAs of a window of kept keys share their intervals' end (gather_key_group), so walking down
+  // they start together at the same query tiles and read each one's Q and dO from L2, where
+  // walking up from their scattered begins every read came from DRAM (docs/perf-notes.md).
+  auto head_of = [&](int it) { return hk * f.G + (gather ? it % f.G : it / n_q); };
+  auto q0_of = [&](int it) { return q_begin + (gather ? n_q - 1 - it / f.G : it % n_q) * kBM; };
   // This warp group's steps are wg, wg + n_groups, ...; mask tiles ruled out are skipped,
   // through each group's next-active table where there is one (its place and presence come from
   // the params each time, as in the forward: fewer registers held across the loop).
@@ -742,8 +746,8 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     }
     Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
 
-    // Whether it_next is past this head's last step (steps are head-major): a multiply, where
-    // head_of(it_next) was a second integer division per step.
+    // Whether it_next is past this head's last step (steps are head-major where not gathered):
+    // a multiply, where head_of(it_next) was a second integer division per step.
     const bool head_ends = it_next >= (h - hk * f.G + 1) * n_q;
     // dbias[.., 0, j] (bias broadcast over queries): after each head, add its sum for the
     // keys this thread's quad owns; heads sharing a bias head add in order. Each warp group
