@@ -22,6 +22,7 @@
 #include "cuda/bwd_mma_sm80.cuh"
 #include "cuda/bwd_mma_sm90.cuh"
 #include "cuda/cta_order.cuh"
+#include "cuda/fast_divmod.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/next_active.cuh"
 #include "cuda/ptx.cuh"
@@ -613,8 +614,12 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   // CTAs of a window of kept keys share their intervals' end (gather_key_group), so walking down
   // they start together at the same query tiles and read each one's Q and dO from L2, where
   // walking up from their scattered begins every read came from DRAM (docs/perf-notes.md).
-  auto head_of = [&](int it) { return hk * f.G + (gather ? it % f.G : it / n_q); };
-  auto q0_of = [&](int it) { return q_begin + (gather ? n_q - 1 - it / f.G : it % n_q) * kBM; };
+  // Gathered: a multiply and a shift per step instead of an integer division (its fix-up
+  // showed in the stall samples). Not gathered, the two registers it holds across the loop
+  // made the sm_90a dk/dv kernel spill, so there it stays a division.
+  const FastDivmod by_group(gather ? f.G : 1);
+  auto head_of = [&](int it) { return hk * f.G + (gather ? it - by_group.div(it) * f.G : it / n_q); };
+  auto q0_of = [&](int it) { return q_begin + (gather ? n_q - 1 - by_group.div(it) : it % n_q) * kBM; };
   // This warp group's steps are wg, wg + n_groups, ...; mask tiles ruled out are skipped,
   // through each group's next-active table where there is one (its place and presence come from
   // the params each time, as in the forward: fewer registers held across the loop).
