@@ -262,8 +262,8 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         const uint32_t sk = s_k + buf * Tile::kKVBytes, sv = s_v + buf * Tile::kKVBytes;
         if (gather) {
           const int n = n_listed - nb * kBN;
-          Mma::template load_rows_gather<kBN>(sk, k, f.k_stride[1], list + nb * kBN, n, f.D, tid);
-          Mma::template load_rows_gather<kBN>(sv, v, f.v_stride[1], list + nb * kBN, n, f.D, tid);
+          Mma::template load_rows_gather_pair<kBN>(sk, k, f.k_stride[1], sv, v, f.v_stride[1], list + nb * kBN, n, f.D,
+                                                   tid);
           load_key_records_async(ptx::smem_addr(s_info + buf * kBN), info, list + nb * kBN, n, kBN, tid);
         } else {
           Mma::template load_rows<kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
@@ -597,8 +597,8 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
                           q_lo, q_hi, n_group))
       return;  // past the (batch, KV head)'s kept keys
     if (wg == 0) {
-      Mma::template load_rows_gather<Tile::kBlockN>(s_k, k, f.k_stride[1], s_keys, n_group, f.D, tid);
-      Mma::template load_rows_gather<Tile::kBlockN>(s_v, v, f.v_stride[1], s_keys, n_group, f.D, tid);
+      Mma::template load_rows_gather_pair<Tile::kBlockN>(s_k, k, f.k_stride[1], s_v, v, f.v_stride[1], s_keys, n_group,
+                                                         f.D, tid);
     }
   } else if (wg == 0) {
     Mma::template load_rows<Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);

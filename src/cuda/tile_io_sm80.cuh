@@ -53,17 +53,22 @@ __device__ __forceinline__ void load_rows_async(uint32_t smem, const T* base, in
   });
 }
 
-// The same for gathered rows: row r of the tile is row idx[r] of the slab for r < nvalid
-// (idx may point to global or shared memory); the rest is zero-filled.
-template <int kThreads, int kHeadDim, int kRows, class T>
-__device__ __forceinline__ void load_rows_gather_async(uint32_t smem, const T* base, int64_t row_stride,
-                                                       const int32_t* idx, int nvalid, int D, int tid) {
+// The same for gathered rows: row r of each tile is row idx[r] of its slab for r < nvalid
+// (idx may point to global or shared memory); the rest is zero-filled. kCopies tiles from the
+// same rows (K and V): each index is read and widened once for all of them.
+template <int kThreads, int kHeadDim, int kRows, int kCopies, class T>
+__device__ __forceinline__ void load_rows_gather_async(const uint32_t (&smem)[kCopies], const T* const (&base)[kCopies],
+                                                       const int64_t (&row_stride)[kCopies], const int32_t* idx,
+                                                       int nvalid, int D, int tid) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kRowBytes = padded_row_bytes(kHeadDim);
   for_each_chunk<kThreads, kRows, kChunks>(tid, [&](int r, int ch) {
     const bool ok = r < nvalid && ch * 8 < D;
-    const T* src = ok ? base + int64_t(idx[r]) * row_stride + ch * 8 : base;
-    ptx::cp_async_16(smem + r * kRowBytes + ch * 16, src, ok ? 16 : 0);
+    const int64_t row = ok ? idx[r] : 0;
+#pragma unroll
+    for (int c = 0; c < kCopies; ++c)
+      ptx::cp_async_16(smem[c] + r * kRowBytes + ch * 16, ok ? base[c] + row * row_stride[c] + ch * 8 : base[c],
+                       ok ? 16 : 0);
   });
 }
 
@@ -118,7 +123,15 @@ struct TileIoSm80 {
   template <int kRows>
   __device__ static void load_rows_gather(uint32_t smem, const T* base, int64_t stride, const int32_t* idx, int n,
                                           int D, int tid) {
-    load_rows_gather_async<kThreads, kHeadDim, kRows>(smem, base, stride, idx, n, D, tid);
+    load_rows_gather_async<kThreads, kHeadDim, kRows, 1, T>({smem}, {base}, {stride}, idx, n, D, tid);
+  }
+  // Two tiles (K and V) from the same gathered rows.
+  template <int kRows>
+  __device__ static void load_rows_gather_pair(uint32_t smem_a, const T* base_a, int64_t stride_a, uint32_t smem_b,
+                                               const T* base_b, int64_t stride_b, const int32_t* idx, int n, int D,
+                                               int tid) {
+    load_rows_gather_async<kThreads, kHeadDim, kRows, 2, T>({smem_a, smem_b}, {base_a, base_b}, {stride_a, stride_b},
+                                                            idx, n, D, tid);
   }
   // Called after a tile's cp.async group landed and before the barrier: nothing to do here.
   __device__ static void tile_landed() {}
