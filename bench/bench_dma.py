@@ -1,8 +1,11 @@
-"""dynamic_mask_attention forward on the GPU (non-causal) against the floor and dense SDPA.
+"""dynamic_mask_attention on the GPU (non-causal), forward and forward+backward, against the
+floor and dense SDPA.
 
 Usage: python3 bench/bench_dma.py [--lib build/libfdma.so] [--seqlens 8192,16384,32768]
 bf16, B1 H16 Hk4 D128 w2048. Floor = SDPA flash over exactly w keys per query (what any
-top-w method must at least do). Useful TF/s counts kept pairs only: 4*B*H*Sq*min(w,Sk)*D / t.
+top-w method must at least do). Useful TF/s counts kept pairs only: 4*B*H*Sq*min(w,Sk)*D / t,
+3.5x that for forward+backward. Ours keeps the forward's selection for the backward
+(keep_begin/keep_end), as the Python autograd path does.
 Medians of CUDA-event timings after warm-up; a markdown table last.
 """
 import argparse
@@ -17,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
-from dma_problem import dma_problem  # noqa: E402
+from dma_problem import attach_workspace, dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
 
@@ -33,13 +36,18 @@ def main():
     for S in [int(s) for s in args.seqlens.split(",")]:
         prob = dma_problem(S, causal=0, B=B, H=H, Hk=Hk, D=D, w=w)
         q, k, v, scores, out, p = prob.q, prob.k, prob.v, prob.scores, prob.out, prob.params
+        kept_sel = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
+        p.keep_begin, p.keep_end = view(kept_sel[0]), view(kept_sel[1])
         nbytes = ctypes.c_size_t(0)
         assert lib.fdma_dma_workspace_size(ctypes.byref(p), 0, ctypes.byref(nbytes)) == 0, lib.fdma_last_error()
-        ws = torch.empty(nbytes.value, device=dev, dtype=torch.uint8)
-        p.workspace, p.workspace_bytes = ws.data_ptr(), nbytes.value
+        ws = attach_workspace([(lib, p)])
 
         def ours():
             assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error().decode()
+
+        def ours_fwdbwd():
+            ours()
+            assert lib.fdma_dma_bwd(ctypes.byref(p)) == 0, lib.fdma_last_error().decode()
 
         # The selection alone, through the public select op.
         begin = torch.empty(B, Hk, S, device=dev, dtype=torch.int32)
@@ -79,20 +87,26 @@ def main():
                                                  vg.transpose(1, 2).repeat_interleave(H // Hk, 1), attn_mask=bias)
         err = (out.transpose(1, 2).float() - ref.float()).abs().max().item()
 
-        qt = q.transpose(1, 2)
-        kgt, vgt = kg.transpose(1, 2), vg.transpose(1, 2)
+        qt = q.transpose(1, 2).detach().requires_grad_()
+        kgt, vgt = (x.transpose(1, 2).detach().requires_grad_() for x in (kg, vg))
         kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+        dot = prob.dout.transpose(1, 2)
 
-        def floor():
+        def floor(backward=False):
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                F.scaled_dot_product_attention(qt, kgt, vgt, enable_gqa=True)
+                o = F.scaled_dot_product_attention(qt, kgt, vgt, enable_gqa=True)
+            if backward:
+                o.backward(dot)
 
         def dense_cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qt, kt.repeat_interleave(H // Hk, 1), vt.repeat_interleave(H // Hk, 1))
 
-        t = {"flash-dma": median_ms(ours), "select": median_ms(select), "select causal": median_ms(select_causal),
-             "floor": median_ms(floor)}
+        with torch.no_grad():
+            t_floor = median_ms(floor)
+        t = {"flash-dma": median_ms(ours), "flash-dma fwd+bwd": median_ms(ours_fwdbwd), "select": median_ms(select),
+             "select causal": median_ms(select_causal), "floor": t_floor,
+             "floor fwd+bwd": median_ms(lambda: floor(True))}
         try:
             t["dense cudnn"] = median_ms(dense_cudnn)
         except RuntimeError as e:
@@ -100,16 +114,20 @@ def main():
             print("cuDNN unavailable:", str(e).splitlines()[0][:100])
         useful = 4 * B * H * S * min(w, S) * D
         rows.append((S, t, useful, err, nbytes.value, cbytes.value))
+        del ws, kept_sel  # held until here: the workspace and the kept selection the runs used
         print(S, {k_: (round(x, 3) if x else None) for k_, x in t.items()}, f"max|diff| {err:.3g}", flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, non-causal, B{B} H{H} Hk{Hk} D{D} w{w}; ms (useful TF/s)")
-    print("| S | flash-dma fwd | selection alone | causal selection alone (workspace MB) | floor: SDPA flash over w keys |"
-          " dense SDPA cuDNN (all keys) | workspace MB | max abs diff |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| S | flash-dma fwd | flash-dma fwd+bwd | selection alone | causal selection alone (workspace MB) |"
+          " floor: SDPA flash over w keys, fwd / fwd+bwd | ours / floor, fwd / fwd+bwd | dense SDPA cuDNN fwd (all keys) |"
+          " workspace MB | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for S, t, useful, err, nbytes, cbytes in rows:
         def cell(x, flops=useful):
             return "-" if x is None else f"{x:.3f} ({flops / x / 1e9:.0f})"
-        print(f"| {S} | {cell(t['flash-dma'])} | {t['select']:.3f} | {t['select causal']:.3f} ({cbytes / 1e6:.1f}) | "
-              f"{cell(t['floor'])} | "
+        ratio = f"{t['flash-dma'] / t['floor']:.2f}x / {t['flash-dma fwd+bwd'] / t['floor fwd+bwd']:.2f}x"
+        print(f"| {S} | {cell(t['flash-dma'])} | {cell(t['flash-dma fwd+bwd'], 3.5 * useful)} | {t['select']:.3f} | "
+              f"{t['select causal']:.3f} ({cbytes / 1e6:.1f}) | "
+              f"{cell(t['floor'])} / {cell(t['floor fwd+bwd'], 3.5 * useful)} | {ratio} | "
               f"{cell(t['dense cudnn'], 4 * B * H * S * S * D)} | {nbytes / 1e6:.1f} | {err:.3g} |")
 
 
