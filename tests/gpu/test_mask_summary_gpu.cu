@@ -15,17 +15,9 @@
 #include "core/problem.hpp"
 #include "cuda/attention_fwd_params.hpp"
 #include "cuda/mask_tile_summary.hpp"
+#include "fdma/fdma.hpp"
 
 namespace {
-
-bool gpu_available() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
 
 struct SummaryCase {
   int64_t planes, rows, keys;  // rows or keys 1: a broadcast dim
@@ -94,7 +86,7 @@ void check(const SummaryCase& sc, uint64_t seed) {
 }
 
 TEST(MaskSummaryGpu, EveryTileMatchesAHostLoop) {
-  if (!gpu_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped";
+  if (!fdma::cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped";
   uint64_t seed = 1;
   const SummaryCase cases[] = {
       {3, 640, 768, 64, 64, false, 0},    // aligned rows: 16-byte reads
