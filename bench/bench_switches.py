@@ -12,6 +12,8 @@ Configurations (environment switches, read by the library per call):
   longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles
                             (the longest lists) start first
   full+serial               the defaults up to the eleventh session
+  dkdv1                     FDMA_DKDV_GROUPS=1: one warp group per dk/dv CTA (two CTAs per SM;
+                            its dk, dv, dkey_scores differ bitwise: another summation order)
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
                                       [--configs default,full,...]
@@ -38,11 +40,12 @@ CONFIGS = {
     "serial": {"FDMA_OVERLAP_LAUNCHES": "0"},
     "longest": {"FDMA_LONGEST_FIRST": "1"},
     "full+serial": {"FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
+    "dkdv1": {"FDMA_DKDV_GROUPS": "1"},
 }
 
 
 def set_config(name):
-    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST"):
+    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST", "FDMA_DKDV_GROUPS"):
         os.environ.pop(var, None)
     os.environ.update(CONFIGS[name])
 

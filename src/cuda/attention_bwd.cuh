@@ -25,6 +25,7 @@
 #include "cuda/fast_divmod.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/next_active.cuh"
+#include "cuda/path_switches.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/score_mod_sm80.cuh"
 #include "cuda/score_terms_bwd.cuh"
@@ -853,7 +854,10 @@ template <class T, int kHeadDim, class Mma>
 cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int device, cudaStream_t stream) {
   using Dq = BwdDqTile<Mma, kHeadDim>;
   using Dkdv = BwdDkdvTile<Mma, kHeadDim>;
-  const int dkdv_groups = 2;  // two warp groups per dk/dv CTA (see the kernel)
+  // Two warp groups per dk/dv CTA (see the kernel). FDMA_DKDV_GROUPS=1 (opt-in, for A/B runs):
+  // one, so that two CTAs fit an SM and one's K/V load and dk/dv stores overlap the other's
+  // steps, where a sparse mask leaves each CTA few steps (docs/perf-notes.md, fourteenth session).
+  const int dkdv_groups = env_is("FDMA_DKDV_GROUPS", "1") ? 1 : 2;
   // Mask/bias tiles that would not fit in shared memory are read per score instead: the
   // bias's first (larger), then the mask's; the next-active table is dropped before either.
   int max_smem = 0;

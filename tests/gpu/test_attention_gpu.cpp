@@ -402,6 +402,37 @@ TEST(AttentionGpu, NextActiveTableMatchesTheSummaryWalk) {
   }
 }
 
+// FDMA_DKDV_GROUPS=1: the dk/dv kernel with one warp group per CTA (walking all its steps
+// itself, no hand-off, half the dbias slots) against the CPU backend: a block mask with a per-key
+// bias (dbias summed over queries through the slots), causal and not, on the wgmma kernels
+// (bf16 D = 128) and the mma.sync kernels (fp16 D = 96); and dense causal GQA.
+TEST(AttentionGpu, DkdvOneWarpGroupMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv groups("FDMA_DKDV_GROUPS");
+  groups.set("1");
+  uint64_t seed = 1300;
+  for (int64_t D : {128, 96})
+    for (bool causal : {false, true}) {
+      AttnCase c = base(700, 900, 4, 2, D, causal, D == 96 ? DType::f16 : DType::bf16, seed++);
+      c.mask.present = true;
+      c.mask.b = false, c.mask.heads = 0;
+      c.bias.present = true;
+      c.bias.q = false;  // [B, H, 1, Sk]: dbias summed over queries by the dk/dv kernel
+      AttnRun r(c);
+      std::mt19937_64 rng(seed);
+      std::bernoulli_distribution block_on(1.0 / 4), elem_on(0.6);
+      const int64_t blk = 64, nbk = (c.Sk + blk - 1) / blk;
+      std::vector<char> on(((c.Sq + blk - 1) / blk) * nbk);
+      for (auto& x : on) x = block_on(rng);
+      for (int64_t i = 0; i < c.Sq; ++i)
+        for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk] && elem_on(rng));
+      auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
+      r.rp.keep.assign(full.begin(), full.end());
+      run_gpu(r, true);
+    }
+  run_gpu(base(1000, 1000, 8, 2, 128, true, DType::bf16, seed++));
+}
+
 // Overlapped launches (the default; FDMA_OVERLAP_LAUNCHES=0 turns them off): the forward kernel
 // launched overlapping the mask tile summary, and the backward's prepare, dq, dk/dv and
 // dbias-finish kernels each overlapping the one before (programmatic dependent launch on

@@ -333,6 +333,24 @@ TEST(DmaGpu, CausalShapesWindowsTiesPadding) {
       }
 }
 
+// FDMA_DKDV_GROUPS=1 in dynamic-mask mode: each gathered dk/dv CTA walks its key group's
+// queries with one warp group; against the CPU backend, causal and not, with rows long enough
+// that key groups span many query tiles.
+TEST(DmaGpu, DkdvOneWarpGroupMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv groups("FDMA_DKDV_GROUPS");
+  groups.set("1");
+  uint64_t seed = 1400;
+  for (bool causal : {true, false})
+    for (int64_t w : {int64_t(40), int64_t(300)}) {
+      DmaCase c;
+      c.B = 2, c.Sq = 900, c.Sk = 1100, c.H = 4, c.Hk = 2, c.D = 128, c.w = w, c.causal = causal, c.seed = seed++;
+      c.dtype = DType::bf16, c.padding = true;
+      DmaRun r(c);
+      run_gpu_dma(r);
+    }
+}
+
 TEST(DmaGpu, HeadDims) {
   REQUIRE_GPU();
   uint64_t seed = 950;
