@@ -164,6 +164,21 @@ AttnCase base(int64_t Sq, int64_t Sk, int64_t H, int64_t Hk, int64_t D, bool cau
   return c;
 }
 
+// A block mask over [Sq, Sk] into r.mask and the reference's keep: blk x blk blocks kept with
+// probability block_p, their elements with elem_p.
+void fill_block_mask(AttnRun& r, uint64_t seed, int64_t blk, double block_p, double elem_p) {
+  const AttnCase& c = r.c;
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution block_on(block_p), elem_on(elem_p);
+  const int64_t nbk = (c.Sk + blk - 1) / blk;
+  std::vector<char> on(((c.Sq + blk - 1) / blk) * nbk);
+  for (auto& x : on) x = block_on(rng);
+  for (int64_t i = 0; i < c.Sq; ++i)
+    for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk] && elem_on(rng));
+  auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
+  r.rp.keep.assign(full.begin(), full.end());
+}
+
 }  // namespace
 
 TEST(AttentionGpu, RaggedLengthsHeadsCausal) {
@@ -348,15 +363,7 @@ TEST(AttentionGpu, BlockSparseMaskSkipsEmptyTiles) {
         c.mask.b = false, c.mask.heads = 0;
         c.bias.present = elem_p < 1.0;  // zeros in dbias where the walk skips tiles
         AttnRun r(c);
-        std::mt19937_64 rng(seed);
-        std::bernoulli_distribution block_on(elem_p == 1.0 ? 1.0 / 3 : 1.0 / 8), elem_on(elem_p);
-        const int64_t nbq = (c.Sq + blk - 1) / blk, nbk = (c.Sk + blk - 1) / blk;
-        std::vector<char> on(nbq * nbk);
-        for (auto& x : on) x = block_on(rng);
-        for (int64_t i = 0; i < c.Sq; ++i)
-          for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk] && elem_on(rng));
-        auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
-        r.rp.keep.assign(full.begin(), full.end());
+        fill_block_mask(r, seed, blk, elem_p == 1.0 ? 1.0 / 3 : 1.0 / 8, elem_p);
         run_gpu(r, true);
       }
 }
@@ -380,18 +387,18 @@ TEST(AttentionGpu, NextActiveTableMatchesTheSummaryWalk) {
     c.bias.heads = 0;
     SCOPED_TRACE(c.str());
     AttnRun r(c);
-    std::mt19937_64 rng(seed);
-    std::bernoulli_distribution block_on(1.0 / 8), elem_on(0.7);
-    const int64_t blk = 64, nbk = (c.Sk + blk - 1) / blk;
-    std::vector<char> on(((c.Sq + blk - 1) / blk) * nbk);
-    for (auto& x : on) x = block_on(rng);
-    if (padding)
-      for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(j, on[j / blk] || j < blk);  // never a row with nothing kept
-    else
-      for (int64_t i = 0; i < c.Sq; ++i)
-        for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk] && elem_on(rng));
-    auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
-    r.rp.keep.assign(full.begin(), full.end());
+    if (padding) {  // a [Sk] mask: 64-key blocks kept with probability 1/8, the first always
+      std::mt19937_64 rng(seed);
+      std::bernoulli_distribution block_on(1.0 / 8);
+      for (int64_t j = 0; j < c.Sk; j += 64) {
+        const bool on = block_on(rng) || j == 0;  // never a row with nothing kept
+        for (int64_t jj = j; jj < std::min(c.Sk, j + 64); ++jj) r.mask.set(jj, on);
+      }
+      auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
+      r.rp.keep.assign(full.begin(), full.end());
+    } else {
+      fill_block_mask(r, seed, 64, 1.0 / 8, 0.7);
+    }
     {
       GpuAttention gpu(r);
       ASSERT_TRUE(gpu.ok());
@@ -419,15 +426,7 @@ TEST(AttentionGpu, DkdvOneWarpGroupMatchesTheCpu) {
       c.bias.present = true;
       c.bias.q = false;  // [B, H, 1, Sk]: dbias summed over queries by the dk/dv kernel
       AttnRun r(c);
-      std::mt19937_64 rng(seed);
-      std::bernoulli_distribution block_on(1.0 / 4), elem_on(0.6);
-      const int64_t blk = 64, nbk = (c.Sk + blk - 1) / blk;
-      std::vector<char> on(((c.Sq + blk - 1) / blk) * nbk);
-      for (auto& x : on) x = block_on(rng);
-      for (int64_t i = 0; i < c.Sq; ++i)
-        for (int64_t j = 0; j < c.Sk; ++j) r.mask.set(i * c.Sk + j, on[(i / blk) * nbk + j / blk] && elem_on(rng));
-      auto full = expand_full(c, r.mask.values(), declared_shape(c, c.mask));
-      r.rp.keep.assign(full.begin(), full.end());
+      fill_block_mask(r, seed, 64, 1.0 / 4, 0.6);
       run_gpu(r, true);
     }
   run_gpu(base(1000, 1000, 8, 2, 128, true, DType::bf16, seed++));
