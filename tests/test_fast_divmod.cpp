@@ -14,10 +14,8 @@ using fdma::cuda::FastDivmod;
 namespace {
 
 void expect_exact(const FastDivmod& f, int d, int n) {
-  int q = -1, r = -1;
-  f.divmod(n, q, r);
-  ASSERT_EQ(q, n / d) << n << " / " << d;
-  ASSERT_EQ(r, n % d) << n << " % " << d;
+  ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+  ASSERT_EQ(f.mod(n), n % d) << n << " % " << d;
 }
 
 }  // namespace

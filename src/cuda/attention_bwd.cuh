@@ -619,7 +619,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   // showed in the stall samples). Not gathered, the two registers it holds across the loop
   // made the sm_90a dk/dv kernel spill, so there it stays a division.
   const FastDivmod by_group(gather ? f.G : 1);
-  auto head_of = [&](int it) { return hk * f.G + (gather ? it - by_group.div(it) * f.G : it / n_q); };
+  auto head_of = [&](int it) { return hk * f.G + (gather ? by_group.mod(it) : it / n_q); };
   auto q0_of = [&](int it) { return q_begin + (gather ? n_q - 1 - by_group.div(it) : it % n_q) * kBM; };
   // This warp group's steps are wg, wg + n_groups, ...; mask tiles ruled out are skipped,
   // through each group's next-active table where there is one (its place and presence come from

@@ -34,10 +34,7 @@ struct FastDivmod {
 #endif
     return int((hi + uint32_t(n)) >> shift);
   }
-  FDMA_HOST_DEVICE void divmod(int n, int& quotient, int& remainder) const {
-    quotient = div(n);
-    remainder = n - quotient * divisor;
-  }
+  FDMA_HOST_DEVICE int mod(int n) const { return n - div(n) * divisor; }
 };
 
 }  // namespace fdma::cuda
