@@ -20,7 +20,6 @@ struct FastDivmod {
   uint32_t multiplier = 1;
   int shift = 0;
 
-  FastDivmod() = default;
   FDMA_HOST_DEVICE explicit FastDivmod(int d) : divisor(d) {
     while ((int64_t(1) << shift) < d) ++shift;
     multiplier = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - uint64_t(d)) / uint64_t(d) + 1);
