@@ -12,8 +12,9 @@ Configurations (environment switches, read by the library per call):
   longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles
                             (the longest lists) start first
   full+serial               the defaults up to the eleventh session
-  dkdv1                     FDMA_DKDV_GROUPS=1: one warp group per dk/dv CTA (two CTAs per SM;
-                            its dk, dv, dkey_scores differ bitwise: another summation order)
+  dkdv1, dkdv2              FDMA_DKDV_GROUPS=1 or 2: one or two warp groups per dk/dv CTA, forced
+                            (the default picks per call: two in dynamic-mask mode; with one, dk,
+                            dv, dkey_scores differ bitwise: another summation order)
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
                                       [--configs default,full,...]
@@ -41,6 +42,7 @@ CONFIGS = {
     "longest": {"FDMA_LONGEST_FIRST": "1"},
     "full+serial": {"FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
     "dkdv1": {"FDMA_DKDV_GROUPS": "1"},
+    "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
 }
 
 

@@ -854,10 +854,14 @@ template <class T, int kHeadDim, class Mma>
 cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int device, cudaStream_t stream) {
   using Dq = BwdDqTile<Mma, kHeadDim>;
   using Dkdv = BwdDkdvTile<Mma, kHeadDim>;
-  // Two warp groups per dk/dv CTA (see the kernel). FDMA_DKDV_GROUPS=1 (opt-in, for A/B runs):
-  // one, so that two CTAs fit an SM and one's K/V load and dk/dv stores overlap the other's
-  // steps, where a sparse mask leaves each CTA few steps (docs/perf-notes.md, fourteenth session).
-  const int dkdv_groups = env_is("FDMA_DKDV_GROUPS", "1") ? 1 : 2;
+  const bool gather = params.f.lists.keys != nullptr;
+  auto dq_kernel = gather ? attention_bwd_dq_kernel<T, kHeadDim, true, Mma> : attention_bwd_dq_kernel<T, kHeadDim, false, Mma>;
+  auto dkdv_kernel =
+      gather ? attention_bwd_dkdv_kernel<T, kHeadDim, true, Mma> : attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma>;
+  // Warp groups per dk/dv CTA: bwd_dkdv_groups, or FDMA_DKDV_GROUPS=1 or 2 (A/B runs and tests).
+  const bool forced = env_is("FDMA_DKDV_GROUPS", "1") || env_is("FDMA_DKDV_GROUPS", "2");
+  int dkdv_groups = forced ? (env_is("FDMA_DKDV_GROUPS", "1") ? 1 : 2)
+                           : bwd_dkdv_groups(kHeadDim, Mma::kHopperOnly, gather, params.f.tile_active != nullptr);
   // Mask/bias tiles that would not fit in shared memory are read per score instead: the
   // bias's first (larger), then the mask's; the next-active table is dropped before either.
   int max_smem = 0;
@@ -865,15 +869,22 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   if (err != cudaSuccess) return err;
   AttentionBwdParams p = params;
   auto fits = [&] { return Dq::smem_bytes(p.f) <= max_smem && Dkdv::smem_bytes(dkdv_groups, p.f) <= max_smem; };
-  if (!fits()) p.f.next_active_table = false;
-  if (!fits()) p.f.bias_tiled = false;
-  if (!fits()) p.f.mask_tiled = false;
+  auto shrink = [&] {
+    if (!fits()) p.f.next_active_table = false;
+    if (!fits()) p.f.bias_tiled = false;
+    if (!fits()) p.f.mask_tiled = false;
+  };
+  shrink();
+  if (dkdv_groups == 1 && !forced) {  // one group pays only where two CTAs share an SM
+    int per_sm = 0;
+    err = allow_smem(dkdv_kernel, Dkdv::smem_bytes(1, p.f));
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dkdv_kernel, kBwdThreads, Dkdv::smem_bytes(1, p.f));
+    if (err != cudaSuccess) return err;
+    if (per_sm < 2) dkdv_groups = 2, shrink();
+  }
   const AttentionFwdParams& f = p.f;
-  const bool gather = f.lists.keys != nullptr;
   if (gather && p.dbias_owner != DbiasOwner::none) return cudaErrorInvalidValue;  // the gathered kernels have no dbias
-  auto dq_kernel = gather ? attention_bwd_dq_kernel<T, kHeadDim, true, Mma> : attention_bwd_dq_kernel<T, kHeadDim, false, Mma>;
-  auto dkdv_kernel =
-      gather ? attention_bwd_dkdv_kernel<T, kHeadDim, true, Mma> : attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma>;
   const int dq_smem = Dq::smem_bytes(f), dkdv_smem = Dkdv::smem_bytes(dkdv_groups, f);
   err = allow_smem(dq_kernel, dq_smem);
   if (err == cudaSuccess) err = allow_smem(dkdv_kernel, dkdv_smem);

@@ -16,6 +16,15 @@ constexpr int kBwdBlockM = 64, kBwdBlockN = 64;
 constexpr int bwd_dq_block_n(int head_dim) { return head_dim > 128 ? 32 : 64; }
 constexpr int bwd_dkdv_block_m(int head_dim) { return head_dim > 64 ? 32 : 64; }
 constexpr int bwd_dkdv_chunk(int head_dim) { return head_dim <= 128 ? head_dim : head_dim / 2; }
+// Warp groups per dk/dv CTA (the launcher falls back to two where two one-group CTAs would not
+// share an SM). One, so that two CTAs share an SM and one's K/V load and dk/dv stores overlap
+// the other's steps: 3-10% faster with a block mask, 5-6% at D = 64 and 192 without one. Two
+// for the gathered walk, where a few key groups span every query and halving their walk sets
+// the makespan (one measured 23% slower), and for the unmasked wgmma kernel at D = 128 (one
+// measured 3-4% slower at 16K). docs/perf-notes.md, fifteenth session.
+constexpr int bwd_dkdv_groups(int head_dim, bool wgmma, bool gathered, bool masked) {
+  return gathered || (wgmma && head_dim == 128 && !masked) ? 2 : 1;
+}
 
 // Who reduces dbias (the CPU backend makes the same split, attention_cpu.cpp).
 enum class DbiasOwner : int { none = 0, rows = 1, columns = 2 };

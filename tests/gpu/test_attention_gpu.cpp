@@ -409,27 +409,31 @@ TEST(AttentionGpu, NextActiveTableMatchesTheSummaryWalk) {
   }
 }
 
-// FDMA_DKDV_GROUPS=1: the dk/dv kernel with one warp group per CTA (walking all its steps
-// itself, no hand-off, half the dbias slots) against the CPU backend: a block mask with a per-key
+// The dk/dv kernel with each number of warp groups per CTA forced (FDMA_DKDV_GROUPS; the
+// default picks one per call, bwd_dkdv_groups): one walks all its steps itself (no hand-off,
+// half the dbias slots), two take turns. Against the CPU backend: a block mask with a per-key
 // bias (dbias summed over queries through the slots), causal and not, on the wgmma kernels
 // (bf16 D = 128) and the mma.sync kernels (fp16 D = 96); and dense causal GQA.
-TEST(AttentionGpu, DkdvOneWarpGroupMatchesTheCpu) {
+TEST(AttentionGpu, DkdvWarpGroupsMatchTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv groups("FDMA_DKDV_GROUPS");
-  groups.set("1");
   uint64_t seed = 1300;
-  for (int64_t D : {128, 96})
-    for (bool causal : {false, true}) {
-      AttnCase c = base(700, 900, 4, 2, D, causal, D == 96 ? DType::f16 : DType::bf16, seed++);
-      c.mask.present = true;
-      c.mask.b = false, c.mask.heads = 0;
-      c.bias.present = true;
-      c.bias.q = false;  // [B, H, 1, Sk]: dbias summed over queries by the dk/dv kernel
-      AttnRun r(c);
-      fill_block_mask(r, seed, 64, 1.0 / 4, 0.6);
-      run_gpu(r, true);
-    }
-  run_gpu(base(1000, 1000, 8, 2, 128, true, DType::bf16, seed++));
+  for (const char* n : {"1", "2"}) {
+    SCOPED_TRACE(std::string("FDMA_DKDV_GROUPS=") + n);
+    groups.set(n);
+    for (int64_t D : {128, 96})
+      for (bool causal : {false, true}) {
+        AttnCase c = base(700, 900, 4, 2, D, causal, D == 96 ? DType::f16 : DType::bf16, seed++);
+        c.mask.present = true;
+        c.mask.b = false, c.mask.heads = 0;
+        c.bias.present = true;
+        c.bias.q = false;  // [B, H, 1, Sk]: dbias summed over queries by the dk/dv kernel
+        AttnRun r(c);
+        fill_block_mask(r, seed, 64, 1.0 / 4, 0.6);
+        run_gpu(r, true);
+      }
+    run_gpu(base(1000, 1000, 8, 2, 128, true, DType::bf16, seed++));
+  }
 }
 
 // Overlapped launches (the default; FDMA_OVERLAP_LAUNCHES=0 turns them off): the forward kernel

@@ -333,8 +333,8 @@ TEST(DmaGpu, CausalShapesWindowsTiesPadding) {
       }
 }
 
-// FDMA_DKDV_GROUPS=1 in dynamic-mask mode: each gathered dk/dv CTA walks its key group's
-// queries with one warp group; against the CPU backend, causal and not, with rows long enough
+// FDMA_DKDV_GROUPS=1 in dynamic-mask mode (whose default is two): each gathered dk/dv CTA
+// walks its key group's queries with one warp group; against the CPU backend, causal and not, with rows long enough
 // that key groups span many query tiles.
 TEST(DmaGpu, DkdvOneWarpGroupMatchesTheCpu) {
   REQUIRE_GPU();
