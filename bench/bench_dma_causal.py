@@ -1,8 +1,9 @@
 """Causal dynamic_mask_attention on the GPU, forward and forward+backward, against the
 baselines of issue 4 in one run: dense SDPA cuDNN causal (no sparsity), the floor (SDPA flash
 over exactly w keys per query), FlexAttention compiled with an O(N) mask_mod for the same
-selection (built from our select op's intervals), and SDPA efficient with the selection as a
-dense additive bias (where it fits).
+selection (built from our select op's intervals), SDPA efficient with the selection as a
+dense additive bias (where it fits), and this project's attention kernel fed the selection as a
+[B, Hk, S, S] mask and the scores as a [B, Hk, 1, S] bias (up to --mask-max).
 
 Ours keeps the forward's selection for the backward (keep_begin/keep_end, as the Python
 autograd path does); "selecting twice" times the backward selecting again.
@@ -42,12 +43,52 @@ def try_time(name, fn, t, iters=10):
     torch.cuda.empty_cache()
 
 
+def attention_with_mask(lib, S, B, H, q, k, v, dout, scores, begin, end, ours_out, stream, t, diff):
+    """This project's attention kernel fed the same selection as a [B, Hk, S, S] mask (keys
+    kept by their query intervals, causal) and the scores as a [B, Hk, 1, S] bias with its
+    gradient: what a user of the general operation would run for the same attention."""
+    dev = q.device
+    try:
+        idx = torch.arange(S, device=dev)
+        kept = (begin.unsqueeze(2) <= idx.view(1, 1, S, 1)) & (end.unsqueeze(2) > idx.view(1, 1, S, 1))
+        kb = scores.to(torch.bfloat16).unsqueeze(2).contiguous()
+        dkb, o, lse = torch.empty_like(kb), torch.empty_like(q), torch.empty(B, H, S, device=dev)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        a = _abi.AttentionParams()
+        a.q, a.k, a.v, a.mask, a.bias = view(q), view(k), view(v), view(kept), view(kb)
+        a.out, a.lse, a.dout, a.dq, a.dk, a.dv, a.dbias = view(o), view(lse), view(dout), view(dq), view(dk), view(dv), view(dkb)
+        a.causal, a.stream = 1, stream
+        need = []
+        for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
+            n = ctypes.c_size_t(0)
+            ok(lib, lib.fdma_attention_workspace_size(ctypes.byref(a), ps, ctypes.byref(n)))
+            need.append(n.value)
+        ws = torch.empty(max(1, *need), device=dev, dtype=torch.uint8)
+        a.workspace, a.workspace_bytes = ws.data_ptr(), ws.numel()
+
+        def run(backward):
+            def go():
+                ok(lib, lib.fdma_attention_fwd(ctypes.byref(a)))
+                if backward:
+                    ok(lib, lib.fdma_attention_bwd(ctypes.byref(a)))
+            return go
+
+        try_time("attention+mask fwd", run(False), t)
+        try_time("attention+mask fwd+bwd", run(True), t)
+        diff["diff"] = (o.float() - ours_out.float()).abs().max().item()
+    except (RuntimeError, torch.OutOfMemoryError) as e:  # noqa: PERF203
+        print(f"  attention + 4-D mask unavailable: {str(e).splitlines()[0][:120]}", flush=True)
+    torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfdma.so")
     ap.add_argument("--seqlens", default="4096,8192,16384,32768,65536,131072")
     ap.add_argument("--flex-max", type=int, default=32768)
     ap.add_argument("--bias-max", type=int, default=8192)
+    ap.add_argument("--mask-max", type=int, default=65536,
+                    help="longest S for this project's attention fed the selection as a 4-D mask (B*Hk*S*S bytes)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
@@ -154,6 +195,12 @@ def main():
             del bias, ref
             torch.cuda.empty_cache()
 
+        if S <= args.mask_max:
+            mask_diff = {}
+            attention_with_mask(lib, S, B, H, q, k, v, dout, scores, begin, end, out, p.stream, t, mask_diff)
+            if "diff" in mask_diff:
+                print(f"  attention + 4-D mask: max |out - flash-dma out| {mask_diff['diff']:.4f}", flush=True)
+
         if S <= args.flex_max:
             try:
                 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -199,8 +246,8 @@ def main():
     print(f"\n{torch.cuda.get_device_name()}, bf16, causal top-w, B{B} H{H} Hk{Hk} D{D} w{w}; "
           "ms fwd / fwd+bwd (useful TF/s of fwd+bwd)")
     print("| S | flash-dma | fwd+bwd selecting twice | selection (share of fwd) | floor | dense cuDNN causal |"
-          " FlexAttention (+ block mask) | SDPA + dense bias | workspace fwd / bwd MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          " FlexAttention (+ block mask) | SDPA + dense bias | attention + 4-D mask | workspace fwd / bwd MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         t, S = r["times_ms"], r["S"]
         flops = 4 * D * r["pairs"]
@@ -221,7 +268,7 @@ def main():
         twice = t.get("flash-dma fwd+bwd selecting twice")
         twice = f"{twice:.2f}" if twice else "-"
         print(f"| {S} | {cell('flash-dma')} | {twice} | {share} | {cell('floor')} | {cell('cudnn')} | {flex} | "
-              f"{cell('sdpa+bias')} | {r['workspace_fwd'] / 1e6:.0f} / {r['workspace_bwd'] / 1e6:.0f} |")
+              f"{cell('sdpa+bias')} | {cell('attention+mask')} | {r['workspace_fwd'] / 1e6:.0f} / {r['workspace_bwd'] / 1e6:.0f} |")
 
 
 if __name__ == "__main__":

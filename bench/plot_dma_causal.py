@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 SYSTEMS = [("flash-dma", "Flash-DMA (top-w)"), ("floor", "floor: flash over w keys"),
            ("cudnn", "dense SDPA cuDNN causal"), ("flex", "FlexAttention (kernel only)"),
-           ("sdpa+bias", "SDPA efficient + dense bias")]
+           ("sdpa+bias", "SDPA efficient + dense bias"), ("attention+mask", "Flash-DMA attention + 4-D mask")]
 
 
 def main():
