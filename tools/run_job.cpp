@@ -30,7 +30,10 @@ const char* const kRunHelp =
     "  --headdim N      (64)     --window N     (256)    keys kept per query\n"
     "  --dtype T        (bf16)   bf16, fp16, fp32 or fp64\n"
     "  --causal 0|1     (1)      --backend B    (auto)   auto, cpu or cuda\n"
-    "  --threads N      (0 = all cores)  --seed N (1)    --check 0|1 (1)\n";
+    "  --threads N      (0 = all cores)  --seed N (1)    --check 0|1 (1)\n"
+    "\n"
+    "The check runs on the CPU in float64, and a sampled key's gradients walk every query that\n"
+    "keeps it: at long lengths it can take minutes (--check 0 skips it).\n";
 
 namespace {
 
