@@ -4,8 +4,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "dma_problem.hpp"
@@ -80,26 +82,37 @@ class SliceReference {
     double dscore = 0;
   };
 
-  // Gradients of key j of (b, hk): every query of the group that keeps j contributes.
-  KeyGrads key(int64_t b, int64_t hk, int64_t j) {
-    KeyGrads g;
-    g.dk.assign(s_.D, 0.0);
-    g.dv.assign(s_.D, 0.0);
-    const int64_t G = s_.H / s_.Hk;
-    for (int64_t i = 0; i < s_.Sq; ++i) {
-      if (s_.causal && j > i + s_.Sk - s_.Sq) continue;
-      if (!keeps(b, hk, i, j)) continue;
-      for (int64_t h = hk * G; h < hk * G + G; ++h) {
-        const Row& r = row(b, h, i);
-        const size_t t = std::find(r.keys.begin(), r.keys.end(), j) - r.keys.begin();
-        const double ds = r.p[t] * (dot_dout_v(b, h, i, j) - r.delta);
-        for (int64_t dd = 0; dd < s_.D; ++dd) {
-          g.dv[dd] += r.p[t] * qrow(d_.dout, b, i, h, dd);
-          g.dk[dd] += ds * scale_ * qrow(d_.q, b, i, h, dd);
-        }
-        g.dscore += ds;
+  // Gradients of keys js of (b, hk): every query of the group that keeps one contributes. One
+  // pass over the queries for all of js, in chunks over `threads` threads (summed in chunk
+  // order, so the result does not depend on the threads); a query's lse and delta are worked
+  // out only where it keeps one of js. Per key and query that walk was the slow part of the
+  // check at long lengths.
+  std::vector<KeyGrads> keys(int64_t b, int64_t hk, const std::vector<int64_t>& js, int threads) const {
+    constexpr int64_t kChunk = 64;
+    const int64_t n_chunks = (s_.Sq + kChunk - 1) / kChunk;
+    std::vector<std::vector<KeyGrads>> part(n_chunks, std::vector<KeyGrads>(js.size(), empty_grads()));
+    // The KV head's K and V rows as doubles, read once: the element accessor in the inner
+    // loops made this check minutes long at 4K tokens.
+    std::vector<double> kd(s_.Sk * s_.D), vd(s_.Sk * s_.D);
+    for (int64_t j = 0; j < s_.Sk; ++j)
+      for (int64_t dd = 0; dd < s_.D; ++dd)
+        kd[j * s_.D + dd] = kv(d_.k, b, j, hk, dd), vd[j * s_.D + dd] = kv(d_.v, b, j, hk, dd);
+    std::atomic<int64_t> next{0};
+    auto work = [&] {
+      for (int64_t c; (c = next.fetch_add(1)) < n_chunks;)
+        for (int64_t i = c * kChunk; i < std::min(s_.Sq, (c + 1) * kChunk); ++i)
+          add_query(b, hk, i, js, kd.data(), vd.data(), part[c]);
+    };
+    std::vector<std::thread> pool;
+    for (int w = 1; w < threads; ++w) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+    std::vector<KeyGrads> g(js.size(), empty_grads());
+    for (const auto& pc : part)
+      for (size_t k = 0; k < js.size(); ++k) {
+        for (int64_t dd = 0; dd < s_.D; ++dd) g[k].dk[dd] += pc[k].dk[dd], g[k].dv[dd] += pc[k].dv[dd];
+        g[k].dscore += pc[k].dscore;
       }
-    }
     return g;
   }
 
@@ -121,16 +134,52 @@ class SliceReference {
     for (int64_t dd = 0; dd < s_.D; ++dd) x += qrow(d_.dout, b, i, h, dd) * kv(d_.v, b, j, h / (s_.H / s_.Hk), dd);
     return x;
   }
-  // Query i keeps key j iff fewer than w of its candidates rank above j.
-  bool keeps(int64_t b, int64_t hk, int64_t i, int64_t j) const {
-    const int64_t last = s_.causal ? std::min(s_.Sk - 1, i + s_.Sk - s_.Sq) : s_.Sk - 1;
-    const double sj = score(b, hk, j);
-    int64_t above = 0;
-    for (int64_t x = 0; x <= last && above < s_.w; ++x) {
-      const double sx = score(b, hk, x);
-      above += sx > sj || (sx == sj && x < j);
+  KeyGrads empty_grads() const { return {std::vector<double>(s_.D, 0.0), std::vector<double>(s_.D, 0.0), 0.0}; }
+
+  // Query i's contributions, over the group's heads, to those of keys js it keeps (kd, vd:
+  // the KV head's K and V, [Sk][D] doubles).
+  void add_query(int64_t b, int64_t hk, int64_t i, const std::vector<int64_t>& js, const double* kd, const double* vd,
+                 std::vector<KeyGrads>& g) const {
+    const std::vector<int64_t> kept = kept_keys(b, hk, i);
+    std::vector<size_t> which;  // positions in js of the keys query i keeps
+    for (size_t k = 0; k < js.size(); ++k)
+      if (std::binary_search(kept.begin(), kept.end(), js[k])) which.push_back(k);
+    if (which.empty()) return;
+    const int64_t G = s_.H / s_.Hk, D = s_.D;
+    auto dot = [D](const double* x, const double* y) {
+      double a = 0;
+      for (int64_t dd = 0; dd < D; ++dd) a += x[dd] * y[dd];
+      return a;
+    };
+    std::vector<double> sc(kept.size()), out(D), q(D), dout(D);
+    for (int64_t h = hk * G; h < hk * G + G; ++h) {
+      for (int64_t dd = 0; dd < D; ++dd) q[dd] = qrow(d_.q, b, i, h, dd), dout[dd] = qrow(d_.dout, b, i, h, dd);
+      double m = -INFINITY;
+      for (size_t t = 0; t < kept.size(); ++t) {
+        sc[t] = scale_ * dot(q.data(), kd + kept[t] * D) + score(b, hk, kept[t]);
+        m = std::max(m, sc[t]);
+      }
+      double l = 0;
+      for (double x : sc) l += std::exp(x - m);
+      const double lse = m + std::log(l);
+      std::fill(out.begin(), out.end(), 0.0);
+      for (size_t t = 0; t < kept.size(); ++t) {
+        const double pt = std::exp(sc[t] - lse);
+        const double* vj = vd + kept[t] * D;
+        for (int64_t dd = 0; dd < D; ++dd) out[dd] += pt * vj[dd];
+      }
+      const double delta = dot(dout.data(), out.data());
+      for (size_t k : which) {
+        const int64_t j = js[k];
+        const double pj = std::exp(scale_ * dot(q.data(), kd + j * D) + score(b, hk, j) - lse);
+        const double ds = pj * (dot(dout.data(), vd + j * D) - delta);
+        for (int64_t dd = 0; dd < D; ++dd) {
+          g[k].dv[dd] += pj * dout[dd];
+          g[k].dk[dd] += ds * scale_ * q[dd];
+        }
+        g[k].dscore += ds;
+      }
     }
-    return above < s_.w;
   }
 
   const DmaProblemData& d_;
