@@ -167,8 +167,13 @@ int run_main_job(const std::vector<std::string>& argv) {
     if (s.B == 1) break;
   }
   std::fprintf(stderr, "[fdma] checking keys against the float64 reference...\n");
-  const std::vector<int64_t> sampled_keys = {0, s.Sk / 2, s.Sk - 1};
   for (int64_t hk = 0; hk < s.Hk; ++hk) {
+    // The ends, the middle, and the best-scored key: without a causal mask every query keeps
+    // the same w keys, which the other three may all miss (their gradients then all zero).
+    int64_t best = 0;
+    for (int64_t j = 1; j < s.Sk; ++j)
+      if (data.scores.get(hk * s.Sk + j) > data.scores.get(hk * s.Sk + best)) best = j;
+    const std::vector<int64_t> sampled_keys = {0, s.Sk / 2, s.Sk - 1, best};
     const auto grads = ref.keys(0, hk, sampled_keys, num_threads());
     for (size_t k = 0; k < sampled_keys.size(); ++k) {
       const int64_t j = sampled_keys[k];
