@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct layout or a function signature changes. */
-#define FDMA_ABI_VERSION 2
+#define FDMA_ABI_VERSION 3
 #define FDMA_MAX_DIMS 4
 #define FDMA_MAX_HEAD_DIM 256
 
@@ -130,6 +130,42 @@ typedef struct fdma_dma_params {
   size_t workspace_bytes;
 } fdma_dma_params;
 
+/* Attention of a few new queries against a KV cache (design.md 2.3), the inference path,
+ * forward only. dynamic_mask_attention when score_cache is given (each query keeps its top-w
+ * cached keys by score), plain attention over the whole cache when it is not.
+ *
+ * Caches, contiguous (block_table absent) or paged (block_table given, as vLLM/FlashInfer):
+ *   k_cache, v_cache : [B, max_len, Hk, D]            or [num_pages, page_size, Hk, D]
+ *   score_cache      : [B, Hk, max_len]               or [num_pages, page_size, Hk]
+ *                      float32 or q's dtype
+ *   block_table      : [B, max_pages] int32: page p of sequence b is block_table[b, p];
+ *                      page_size must be a multiple of 16
+ *   cache_seqlens    : [B] int32, keys in the cache of sequence b before this call
+ * Optional new tokens, appended in place at positions cache_seqlens[b] + t before attending
+ * (the caller advances cache_seqlens afterwards, as with FlashAttention):
+ *   k, v : [B, Snew, Hk, D] (q's dtype)      scores : [B, Hk, Snew] (score_cache's dtype)
+ * Sequence b then holds L_b = cache_seqlens[b] + Snew keys, and query i of q [B, Sq, H, D]
+ * sits at position L_b - Sq + i: causal, it sees keys j <= L_b - Sq + i. Outputs out
+ * [B, Sq, H, D] and optionally lse [B, H, Sq] float32; a query that sees no key gets 0 / -inf.
+ * The CPU backend rejects lengths past the cache and block_table entries outside
+ * [0, num_pages); the CUDA backend, which cannot read them without a synchronization, clamps
+ * L_b to the cache's capacity and treats keys on such pages as absent (never read or written). */
+typedef struct fdma_kvcache_params {
+  fdma_tensor q;
+  fdma_tensor k_cache, v_cache, score_cache;
+  fdma_tensor cache_seqlens, block_table;
+  fdma_tensor k, v, scores;
+  int64_t window;     /* w >= 1 with score_cache; must be 0 without */
+  int32_t causal;
+  int32_t add_scores; /* nonzero: the kept keys' scores are added as a bias */
+  double scale, softcap;
+  fdma_tensor out, lse;
+  int32_t backend;
+  void* stream;
+  void* workspace;
+  size_t workspace_bytes;
+} fdma_kvcache_params;
+
 FDMA_API int32_t fdma_abi_version(void);
 FDMA_API const char* fdma_version_string(void);
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
@@ -153,6 +189,11 @@ FDMA_API int32_t fdma_select(const fdma_select_params* p);
 FDMA_API int32_t fdma_dma_workspace_size(const fdma_dma_params* p, int32_t pass, size_t* bytes);
 FDMA_API int32_t fdma_dma_fwd(const fdma_dma_params* p);
 FDMA_API int32_t fdma_dma_bwd(const fdma_dma_params* p);
+
+/* The workspace size depends on shapes and flags only (not on cache_seqlens or block_table
+ * values), so one size serves every step of a decode loop and a captured CUDA graph. */
+FDMA_API int32_t fdma_kvcache_workspace_size(const fdma_kvcache_params* p, size_t* bytes);
+FDMA_API int32_t fdma_kvcache_fwd(const fdma_kvcache_params* p);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -70,6 +70,9 @@ struct SelectParams : fdma_select_params {
 struct DmaParams : fdma_dma_params {
   DmaParams() : fdma_dma_params{} {}
 };
+struct KvCacheParams : fdma_kvcache_params {
+  KvCacheParams() : fdma_kvcache_params{} {}
+};
 
 FDMA_API size_t attention_workspace_size(const fdma_attention_params& p, Pass pass);
 FDMA_API void attention_forward(const fdma_attention_params& p);
@@ -81,6 +84,11 @@ FDMA_API void select_keys(const fdma_select_params& p);
 FDMA_API size_t dma_workspace_size(const fdma_dma_params& p, Pass pass);
 FDMA_API void dma_forward(const fdma_dma_params& p);
 FDMA_API void dma_backward(const fdma_dma_params& p);
+
+// Decode / chunked prefill against a KV cache (fdma.h, fdma_kvcache_params): dynamic-mask
+// attention with score_cache, dense attention without. Appends k, v, scores first when given.
+FDMA_API size_t kvcache_workspace_size(const fdma_kvcache_params& p);
+FDMA_API void kvcache_forward(const fdma_kvcache_params& p);
 
 FDMA_API void set_num_threads(int n);  // 0 = default
 FDMA_API int num_threads();

@@ -201,6 +201,32 @@ void dma_backward(const fdma_dma_params& p) {
   cpu::dma_backward(p, prob);
 }
 
+size_t kvcache_workspace_size(const fdma_kvcache_params& p) {
+  auto prob = detail::validate_kvcache(p);
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    return cuda::kvcache_workspace(p, prob);
+#else
+    no_cuda_kernels("kvcache attention");
+#endif
+  }
+  return cpu::kvcache_workspace(p, prob);
+}
+
+void kvcache_forward(const fdma_kvcache_params& p) {
+  auto prob = detail::validate_kvcache(p);
+  if (prob.backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    detail::check_workspace("kvcache attention", p.workspace, p.workspace_bytes, cuda::kvcache_workspace(p, prob));
+    return cuda::kvcache_forward(p, prob);
+#else
+    no_cuda_kernels("kvcache attention");
+#endif
+  }
+  detail::check_workspace("kvcache attention", p.workspace, p.workspace_bytes, cpu::kvcache_workspace(p, prob));
+  cpu::kvcache_forward(p, prob);
+}
+
 void set_num_threads(int n) { detail::set_num_threads(n); }
 int num_threads() { return detail::num_threads(); }
 bool cuda_available() { return detail::cuda_runtime_usable(); }

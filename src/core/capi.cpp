@@ -131,4 +131,18 @@ int32_t fdma_dma_bwd(const fdma_dma_params* p) {
   });
 }
 
+int32_t fdma_kvcache_workspace_size(const fdma_kvcache_params* p, size_t* bytes) {
+  return guarded([&] {
+    require(p, "fdma_kvcache_workspace_size");
+    require_out(bytes, "fdma_kvcache_workspace_size");
+    *bytes = fdma::kvcache_workspace_size(*p);
+  });
+}
+int32_t fdma_kvcache_fwd(const fdma_kvcache_params* p) {
+  return guarded([&] {
+    require(p, "fdma_kvcache_fwd");
+    fdma::kvcache_forward(*p);
+  });
+}
+
 }  // extern "C"

@@ -62,9 +62,23 @@ struct DmaProblem {
   }
 };
 
+// A KV-cache call: dims.Sk is the cache's capacity (max_len, or max_pages * page_size), the
+// most keys a sequence can hold; each sequence's own length is read from cache_seqlens.
+struct KvCacheProblem {
+  Dims dims;
+  bool paged = false, dynamic = false, append = false, causal = false, add_scores = false;
+  int64_t page_size = 0, num_pages = 0, max_pages = 0;  // paged
+  int64_t Snew = 0;                                     // appended tokens per sequence
+  int64_t window = 0;                                   // dynamic
+  double scale = 0, softcap = 0;
+  DType dtype = DType::unset, score_dtype = DType::unset;
+  Backend backend = Backend::cpu;
+};
+
 AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass);
 SelectProblem validate_select(const fdma_select_params& p);
 DmaProblem validate_dma(const fdma_dma_params& p, Pass pass);
+KvCacheProblem validate_kvcache(const fdma_kvcache_params& p);
 
 // Throws FDMA_ERR_WORKSPACE unless [workspace, +bytes) holds `needed` bytes.
 void check_workspace(const char* op, const void* workspace, size_t bytes, size_t needed);

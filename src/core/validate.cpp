@@ -441,4 +441,167 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
   return prob;
 }
 
+namespace {
+
+// Host-side checks of the lengths and page table, for the CPU backend, whose tensors are host
+// memory (the CUDA backend clamps on the device instead: fdma.h).
+void check_cache_contents(const Checker& c, const fdma_kvcache_params& p, const KvCacheProblem& prob) {
+  const auto* lens = static_cast<const int32_t*>(p.cache_seqlens.data);
+  const auto* table = static_cast<const int32_t*>(p.block_table.data);
+  for (int64_t b = 0; b < prob.dims.B; ++b) {
+    const int64_t len = lens[b * p.cache_seqlens.stride[0]];
+    if (len < 0 || len + prob.Snew > prob.dims.Sk)
+      c.bad("cache_seqlens[" + std::to_string(b) + "] = " + std::to_string(len) +
+            (prob.Snew ? " plus " + std::to_string(prob.Snew) + " appended keys" : std::string()) +
+            " does not fit the cache's " + std::to_string(prob.dims.Sk) + " positions");
+    if (!prob.paged) continue;
+    const int64_t pages = (len + prob.Snew + prob.page_size - 1) / prob.page_size;
+    for (int64_t pg = 0; pg < pages; ++pg) {
+      const int64_t page = table[b * p.block_table.stride[0] + pg * p.block_table.stride[1]];
+      if (page < 0 || page >= prob.num_pages)
+        c.bad("block_table[" + std::to_string(b) + ", " + std::to_string(pg) + "] = " + std::to_string(page) +
+              " is not a page of the cache (0.." + std::to_string(prob.num_pages - 1) + ")");
+    }
+  }
+}
+
+}  // namespace
+
+KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
+  Checker c("kvcache attention");
+  KvCacheProblem prob;
+  c.layout(p.q, "q", 4, "[B, Sq, H, D]");
+  c.dtype_in(p.q, "q", {DType::f32, DType::f16, DType::bf16, DType::f64}, "float16, bfloat16, float32 or float64");
+  prob.dtype = static_cast<DType>(p.q.dtype);
+  Dims& d = prob.dims;
+  d.B = p.q.shape[0], d.Sq = p.q.shape[1], d.H = p.q.shape[2], d.D = p.q.shape[3];
+  if (d.D > FDMA_MAX_HEAD_DIM)
+    c.bad("head dim D = q.shape[3] = " + std::to_string(d.D) + " is not supported (1 to " +
+          std::to_string(FDMA_MAX_HEAD_DIM) + ")");
+  c.unit_last_stride(p.q, "q");
+  const std::string qdt = dtype_name(prob.dtype);
+  Collected io;
+  io.input(p.q, "q");
+
+  prob.paged = p.block_table.data != nullptr;
+  const char* cache_dims = prob.paged ? "[num_pages, page_size, Hk, D]" : "[B, max_len, Hk, D]";
+  for (auto [t, name] : {std::pair{&p.k_cache, "k_cache"}, std::pair{&p.v_cache, "v_cache"}}) {
+    c.layout(*t, name, 4, cache_dims);
+    if (t->dtype != p.q.dtype)
+      c.bad(std::string(name) + " has dtype " + dtype_name(static_cast<DType>(t->dtype)) + ", expected q's dtype " + qdt);
+    c.dim(*t, name, 3, d.D, "head dim D");
+    c.unit_last_stride(*t, name);
+  }
+  d.Hk = p.k_cache.shape[2];
+  for (int k = 0; k < 3; ++k) c.dim(p.v_cache, "v_cache", k, p.k_cache.shape[k], "k_cache's size");
+  if (d.H % d.Hk != 0)
+    c.bad("H = " + std::to_string(d.H) + " (q.shape[2]) must be a multiple of Hk = " + std::to_string(d.Hk) +
+          " (k_cache.shape[2])");
+  if (prob.paged) {
+    prob.num_pages = p.k_cache.shape[0];
+    prob.page_size = p.k_cache.shape[1];
+    if (prob.page_size % 16 != 0)
+      c.bad("page_size = k_cache.shape[1] = " + std::to_string(prob.page_size) + " must be a multiple of 16");
+    c.layout(p.block_table, "block_table", 2, "[B, max_pages]");
+    c.dtype_in(p.block_table, "block_table", {DType::i32}, "int32");
+    c.dim(p.block_table, "block_table", 0, d.B, "B");
+    prob.max_pages = p.block_table.shape[1];
+    d.Sk = prob.max_pages * prob.page_size;
+    if (d.Sk > kMaxDim) c.bad("max_pages * page_size = " + std::to_string(d.Sk) + " exceeds 2^31 - 1 positions");
+    io.input(p.block_table, "block_table");
+  } else {
+    c.dim(p.k_cache, "k_cache", 0, d.B, "B");
+    d.Sk = p.k_cache.shape[1];
+  }
+  c.layout(p.cache_seqlens, "cache_seqlens", 1, "[B]");
+  c.dtype_in(p.cache_seqlens, "cache_seqlens", {DType::i32}, "int32");
+  c.dim(p.cache_seqlens, "cache_seqlens", 0, d.B, "B");
+  io.input(p.cache_seqlens, "cache_seqlens");
+
+  prob.dynamic = p.score_cache.data != nullptr;
+  if (prob.dynamic) {
+    if (prob.paged) {
+      c.layout(p.score_cache, "score_cache", 3, "[num_pages, page_size, Hk]");
+      c.dim(p.score_cache, "score_cache", 0, prob.num_pages, "num_pages");
+      c.dim(p.score_cache, "score_cache", 1, prob.page_size, "page_size");
+      c.dim(p.score_cache, "score_cache", 2, d.Hk, "Hk");
+    } else {
+      c.layout(p.score_cache, "score_cache", 3, "[B, Hk, max_len]");
+      c.dim(p.score_cache, "score_cache", 0, d.B, "B");
+      c.dim(p.score_cache, "score_cache", 1, d.Hk, "Hk");
+      c.dim(p.score_cache, "score_cache", 2, d.Sk, "max_len");
+    }
+    check_q_or_f32(c, p.score_cache, "score_cache", prob.dtype);
+    prob.score_dtype = static_cast<DType>(p.score_cache.dtype);
+    check_window(c, p.window);
+    prob.window = p.window;
+  } else if (p.window != 0) {
+    c.bad("window = " + std::to_string(p.window) + " needs score_cache (without it the call is dense attention, window 0)");
+  }
+
+  // New tokens to append.
+  prob.append = p.k.data || p.v.data || p.scores.data;
+  if (prob.append) {
+    if (!p.k.data || !p.v.data) c.bad("k and v go together: give both or neither");
+    if (prob.dynamic && !p.scores.data) c.bad("scores is required with k and v when score_cache is given");
+    if (!prob.dynamic && p.scores.data) c.bad("scores is given but score_cache is not");
+    for (auto [t, name] : {std::pair{&p.k, "k"}, std::pair{&p.v, "v"}}) {
+      c.layout(*t, name, 4, "[B, Snew, Hk, D]");
+      if (t->dtype != p.q.dtype)
+        c.bad(std::string(name) + " has dtype " + dtype_name(static_cast<DType>(t->dtype)) + ", expected q's dtype " + qdt);
+      c.dim(*t, name, 0, d.B, "B");
+      c.dim(*t, name, 2, d.Hk, "Hk");
+      c.dim(*t, name, 3, d.D, "head dim D");
+      c.unit_last_stride(*t, name);
+      io.input(*t, name);
+    }
+    prob.Snew = p.k.shape[1];
+    c.dim(p.v, "v", 1, prob.Snew, "Snew (k.shape[1])");
+    if (prob.dynamic) {
+      c.layout(p.scores, "scores", 3, "[B, Hk, Snew]");
+      c.dim(p.scores, "scores", 0, d.B, "B");
+      c.dim(p.scores, "scores", 1, d.Hk, "Hk");
+      c.dim(p.scores, "scores", 2, prob.Snew, "Snew (k.shape[1])");
+      if (p.scores.dtype != p.score_cache.dtype)
+        c.bad(std::string("scores has dtype ") + dtype_name(static_cast<DType>(p.scores.dtype)) +
+              ", expected score_cache's dtype " + dtype_name(prob.score_dtype));
+      io.input(p.scores, "scores");
+    }
+  }
+  // The caches are written when appending: they must not overlap each other or the inputs.
+  std::vector<std::pair<const fdma_tensor*, const char*>> caches = {{&p.k_cache, "k_cache"}, {&p.v_cache, "v_cache"}};
+  if (prob.dynamic) caches.emplace_back(&p.score_cache, "score_cache");
+  Collected written;
+  for (auto [t, name] : caches) {
+    if (prob.append) {
+      c.no_self_overlap(*t, name);
+      written.output(*t, name);
+    } else {
+      io.input(*t, name);
+    }
+  }
+  prob.causal = p.causal != 0;
+  prob.add_scores = p.add_scores != 0;
+  check_scalars(c, p.scale, p.softcap);
+  prob.scale = resolve_scale(p.scale, d.D);
+  prob.softcap = p.softcap;
+
+  check_like(c, p.out, "out", p.q, "q", true);
+  io.output(p.out, "out");
+  if (p.lse.data) {
+    check_lse(c, p.lse, d, prob.dtype, true);
+    io.output(p.lse, "lse");
+  }
+  // Outputs and written caches against every input; the caches are read too, so out and lse
+  // must not overlap them either.
+  std::vector<Span> outputs = io.outputs, inputs = io.inputs;
+  outputs.insert(outputs.end(), written.outputs.begin(), written.outputs.end());
+  c.no_overlap(outputs, inputs);
+  auto ptrs = io.ptrs;
+  ptrs.insert(ptrs.end(), written.ptrs.begin(), written.ptrs.end());
+  prob.backend = c.backend(p.backend, ptrs);
+  if (prob.backend == Backend::cpu) check_cache_contents(c, p, prob);
+  return prob;
+}
+
 }  // namespace fdma::detail

@@ -19,4 +19,9 @@ size_t dma_workspace(const detail::DmaProblem& prob, Pass pass);
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 
+// Attention against a KV cache: appends the new tokens, then runs dynamic_mask_attention
+// (or attention, without a score cache) per sequence over its first L_b cached keys.
+size_t kvcache_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
+void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
+
 }  // namespace fdma::cpu

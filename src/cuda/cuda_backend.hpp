@@ -25,4 +25,8 @@ size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, P
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 
+// Attention against a KV cache (kvcache_cuda.cu): the decode path.
+size_t kvcache_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
+void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
+
 }  // namespace fdma::cuda
