@@ -1,4 +1,4 @@
-"""ctypes mirror of include/fdma/fdma.h (C ABI version 2).
+"""ctypes mirror of include/fdma/fdma.h (C ABI version 3).
 
 The structs here must match the C header field for field; `load_library` refuses a library
 whose fdma_abi_version() differs from ABI_VERSION.
@@ -6,7 +6,7 @@ whose fdma_abi_version() differs from ABI_VERSION.
 import ctypes
 import os
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_DIMS = 4
 
 # fdma_dtype
@@ -61,6 +61,18 @@ class DmaParams(ctypes.Structure):
     ]
 
 
+class KvCacheParams(ctypes.Structure):
+    _fields_ = [
+        ("q", Tensor), ("k_cache", Tensor), ("v_cache", Tensor), ("score_cache", Tensor),
+        ("cache_seqlens", Tensor), ("block_table", Tensor), ("k", Tensor), ("v", Tensor), ("scores", Tensor),
+        ("window", ctypes.c_int64), ("causal", ctypes.c_int32), ("add_scores", ctypes.c_int32),
+        ("scale", ctypes.c_double), ("softcap", ctypes.c_double),
+        ("out", Tensor), ("lse", Tensor),
+        ("backend", ctypes.c_int32), ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
 def load_library(path=None):
     """Loads libfdma and checks its ABI version; returns the ctypes CDLL."""
     path = path or os.environ.get("FDMA_LIBRARY") or os.path.join(os.path.dirname(__file__), "libfdma.so")
@@ -79,5 +91,8 @@ def load_library(path=None):
     lib.fdma_select.argtypes, lib.fdma_select.restype = [ctypes.POINTER(SelectParams)], ctypes.c_int32
     lib.fdma_select_workspace_size.argtypes = [ctypes.POINTER(SelectParams), ctypes.POINTER(ctypes.c_size_t)]
     lib.fdma_select_workspace_size.restype = ctypes.c_int32
+    lib.fdma_kvcache_fwd.argtypes, lib.fdma_kvcache_fwd.restype = [ctypes.POINTER(KvCacheParams)], ctypes.c_int32
+    lib.fdma_kvcache_workspace_size.argtypes = [ctypes.POINTER(KvCacheParams), ctypes.POINTER(ctypes.c_size_t)]
+    lib.fdma_kvcache_workspace_size.restype = ctypes.c_int32
     lib.fdma_cuda_available.restype = ctypes.c_int32
     return lib

@@ -89,6 +89,55 @@ def select_keys(key_scores, window_size, num_queries=None, is_causal=True, key_p
     return Selection(begin, end)
 
 
+def _check_kvcache(what, q, k_cache, v_cache, cache_seqlens, block_table, k, v, window_size=None):
+    check_qkv(what, q, k_cache, v_cache)
+    check_same_device(what, q, cache_seqlens=cache_seqlens, block_table=block_table, k=k, v=v)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
+        raise TypeError(f"{what}: cache_seqlens must be an int32 tensor [batch]")
+    if block_table is not None and block_table.dtype != torch.int32:
+        raise TypeError(f"{what}: block_table must be an int32 tensor [batch, max_pages], got {block_table.dtype}")
+    if (k is None) != (v is None):
+        raise ValueError(f"{what}: k and v go together: give both or neither")
+    if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1):
+        raise ValueError(f"{what}: window_size must be an integer >= 1, got {window_size!r}")
+
+
+def dynamic_mask_attention_with_kvcache(q, k_cache, v_cache, score_cache, cache_seqlens, window_size,
+                                        block_table=None, k=None, v=None, scores=None, softmax_scale=None,
+                                        softcap=0.0, return_lse=False, is_causal=True, add_scores=True):
+    """Decode (or chunked prefill) against a KV cache, each query keeping the top-`window_size`
+    cached keys it may see by their score, as FlashAttention's flash_attn_with_kvcache lays the
+    cache out. q [B, Sq, H, D]; k_cache, v_cache [B, max_len, Hk, D] and score_cache
+    [B, Hk, max_len], or paged [num_pages, page_size, Hk, D] / [num_pages, page_size, Hk] with
+    block_table [B, max_pages] int32; cache_seqlens [B] int32. New tokens k, v [B, Snew, Hk, D]
+    and scores [B, Hk, Snew] are written into the caches at cache_seqlens first (advance
+    cache_seqlens yourself afterwards). Query i then sits at position L - Sq + i of its
+    sequence's L = cache_seqlens + Snew keys. No host synchronization: CUDA-graph capturable.
+    Returns out [B, Sq, H, D], and lse [B, H, Sq] when return_lse.
+    """
+    what = "flash_dma.dynamic_mask_attention_with_kvcache"
+    _check_kvcache(what, q, k_cache, v_cache, cache_seqlens, block_table, k, v, window_size)
+    check_same_device(what, q, score_cache=score_cache, scores=scores)
+    if score_cache is None:
+        raise ValueError(f"{what}: score_cache is required (attention_with_kvcache is the dense variant)")
+    out, lse = torch.ops.flash_dma.kvcache_fwd(q, k_cache, v_cache, score_cache, cache_seqlens, block_table, k, v,
+                                               scores, window_size, bool(is_causal), bool(add_scores),
+                                               float(softmax_scale or 0.0), float(softcap or 0.0))
+    return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, k=None, v=None, softmax_scale=None,
+                           softcap=0.0, return_lse=False, is_causal=True):
+    """Dense attention against a KV cache (every cached key), with the same cache layouts,
+    appending and position rules as dynamic_mask_attention_with_kvcache."""
+    what = "flash_dma.attention_with_kvcache"
+    _check_kvcache(what, q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    out, lse = torch.ops.flash_dma.kvcache_fwd(q, k_cache, v_cache, None, cache_seqlens, block_table, k, v, None, 0,
+                                               bool(is_causal), False, float(softmax_scale or 0.0),
+                                               float(softcap or 0.0))
+    return (out, lse) if return_lse else out
+
+
 def get_available_backends():
     """Backends this build can run now: "cpu" always, "cuda" with a usable GPU."""
     return ["cpu"] + (["cuda"] if library().fdma_cuda_available() else [])

@@ -2,7 +2,7 @@
 tensors' device and current stream, every buffer allocated by torch), fake implementation
 (shapes only, for torch.compile), and autograd.
 
-Ops (namespace flash_dma): attention_fwd, attention_bwd, dma_fwd, dma_bwd, select.
+Ops (namespace flash_dma): attention_fwd, attention_bwd, dma_fwd, dma_bwd, select, kvcache_fwd.
 """
 import ctypes
 from typing import Optional, Tuple
@@ -218,3 +218,29 @@ def select(key_scores: Tensor, key_padding: Optional[Tensor], num_queries: int, 
 def _(key_scores, key_padding, num_queries, window, causal):
     return (key_scores.new_empty(key_scores.shape, dtype=torch.int32),
             key_scores.new_empty(key_scores.shape, dtype=torch.int32))
+
+
+# --- attention against a KV cache (inference; forward only) -------------------------------
+
+# The caches are written in place when new tokens (k, v, scores) are given.
+@torch.library.custom_op("flash_dma::kvcache_fwd", mutates_args=("k_cache", "v_cache", "score_cache"))
+def kvcache_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, score_cache: Optional[Tensor], cache_seqlens: Tensor,
+                block_table: Optional[Tensor], k: Optional[Tensor], v: Optional[Tensor], scores: Optional[Tensor],
+                window: int, causal: bool, add_scores: bool, scale: float,
+                softcap: float) -> Tuple[Tensor, Tensor]:
+    lib = library()
+    out, lse = _out_and_lse(q)
+    params, key = pack(_abi.KvCacheParams,
+                       (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("score_cache", score_cache),
+                        ("cache_seqlens", cache_seqlens), ("block_table", block_table), ("k", k), ("v", v),
+                        ("scores", scores), ("out", out), ("lse", lse)),
+                       window=window, causal=causal, add_scores=add_scores, scale=scale, softcap=softcap)
+    _run(lib.fdma_kvcache_fwd, lib.fdma_kvcache_workspace_size, params, key, None, q.device, "kvcache attention")
+    return out, lse
+
+
+@kvcache_fwd.register_fake
+def _(q, k_cache, v_cache, score_cache, cache_seqlens, block_table, k, v, scores, window, causal, add_scores, scale,
+      softcap):
+    B, Sq, H, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)

@@ -1,5 +1,6 @@
 """Hugging Face transformers: an attention implementation named "flash_dma", and the same
-under the alias "fdma".
+under the alias "fdma"; and `enable(model)`, which runs the Doge models' dynamic mask
+attention through flash_dma in O(N) (doge.py beside this file).
 
     import flash_dma  # registers both when transformers is installed
     model = AutoModelForCausalLM.from_config(config, attn_implementation="fdma")
@@ -17,6 +18,7 @@ model uses one.
 import torch
 
 from .._api import attention
+from .doge import DOGE_IMPLEMENTATION, enable  # noqa: F401  (public: flash_dma.integrations.transformers.enable)
 
 NAMES = ("flash_dma", "fdma")
 
@@ -58,13 +60,15 @@ def register():
         from transformers import AttentionInterface
     except ImportError:
         return False
-    for name in NAMES:
+    for name in NAMES + (DOGE_IMPLEMENTATION,):
         AttentionInterface.register(name, flash_dma_attention_forward)
     try:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
         for name in NAMES:
             AttentionMaskInterface.register(name, sdpa_mask)
+        # The Doge layers enable() switches take the [B, Sk] padding mask (or None), never a 4-D one.
+        AttentionMaskInterface.register(DOGE_IMPLEMENTATION, flash_attention_mask)
     except ImportError:
         pass  # older transformers build 4-D masks for every implementation
     return True

@@ -1,0 +1,182 @@
+"""Decode against long KV caches: flash_dma.dynamic_mask_attention_with_kvcache against dense
+SDPA flash over the whole cache and torch topk + gather + SDPA over the kept keys, in one run.
+
+Every system runs captured in a CUDA graph (as a serving loop runs it) and is timed by events
+over many replays; each call reads its own copy of the caches, rotated so that the bytes one
+call touches are not in L2 from the call before. Prints a table (and --json writes it):
+  ms per call, the kept K/V + scores bytes over the time (GB/s), and ours against each baseline.
+
+  python bench/bench_decode.py                 # the issue's configurations
+  python bench/bench_decode.py --sweep         # latency against cache length (plot data)
+"""
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+import flash_dma
+
+L2_BYTES = 50 * 2 ** 20
+
+
+def make_sets(B, K, Hk, D, page_size, count, seed):
+    sets = []
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for _ in range(count):
+        if page_size:
+            pages = B * ((K + page_size - 1) // page_size)
+            perm = torch.randperm(pages, device="cuda", generator=g).to(torch.int32)
+            table = perm.view(B, -1)
+            k = torch.randn(pages, page_size, Hk, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            v = torch.randn(pages, page_size, Hk, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            s = torch.randn(pages, page_size, Hk, device="cuda", generator=g)
+            sets.append(dict(k_cache=k, v_cache=v, score_cache=s, block_table=table))
+        else:
+            k = torch.randn(B, K, Hk, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            v = torch.randn(B, K, Hk, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            s = torch.randn(B, Hk, K, device="cuda", generator=g)
+            sets.append(dict(k_cache=k, v_cache=v, score_cache=s))
+    return sets
+
+
+def graph_time(fns, reps=20):
+    """ms per call of fns (called in turn), captured once and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            for f in fns:
+                f()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / (reps * len(fns)))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_config(B, H, Hk, K, D, w, Sq=1, page_size=0, baselines=True):
+    G = H // Hk
+    kept = min(w, K)
+    touched = B * Hk * (K * 4 + kept * D * 2 * 2)  # scores + kept K/V rows
+    count = max(1, min(16, math.ceil(2 * L2_BYTES / touched)))
+    cache_bytes = B * K * Hk * D * 2 * 2
+    count = max(1, min(count, int(20e9 // max(cache_bytes, 1))))
+    sets = make_sets(B, K, Hk, D, page_size, count, seed=K + B)
+    lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, Sq, H, D, device="cuda", dtype=torch.bfloat16)
+    row = dict(B=B, H=H, Hk=Hk, K=K, D=D, w=w, Sq=Sq, page=page_size, sets=count)
+
+    def ours(c):
+        return lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **c)
+
+    row["ours_ms"] = graph_time([ours(c) for c in sets])
+    row["ours_GBps"] = touched / row["ours_ms"] / 1e6
+    if not baselines or page_size:
+        return row
+
+    # Dense flash over the whole cache (GQA through SDPA's enable_gqa).
+    def dense(c):
+        kk, vv = c["k_cache"].transpose(1, 2), c["v_cache"].transpose(1, 2)
+        qq = q.transpose(1, 2)
+
+        def f():
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=True)
+        return f
+
+    try:
+        row["dense_flash_ms"] = graph_time([dense(c) for c in sets])
+    except RuntimeError as e:  # noqa: PERF203
+        row["dense_flash_ms"] = float("nan")
+        print("dense flash failed:", str(e).splitlines()[0])
+
+    # torch topk + gather + SDPA over the kept keys (Sq = 1: every query keeps the same keys).
+    def topk(c):
+        kk, vv, ss = c["k_cache"], c["v_cache"], c["score_cache"]
+        qq = q.transpose(1, 2)  # [B, H, Sq, D]
+
+        def f():
+            idx = torch.topk(ss, kept, dim=-1).indices  # [B, Hk, w]
+            kg = torch.gather(kk.transpose(1, 2), 2, idx.unsqueeze(-1).expand(-1, -1, -1, D))
+            vg = torch.gather(vv.transpose(1, 2), 2, idx.unsqueeze(-1).expand(-1, -1, -1, D))
+            bias = torch.gather(ss, 2, idx).repeat_interleave(G, 1).unsqueeze(2).to(q.dtype)
+            return F.scaled_dot_product_attention(qq, kg.repeat_interleave(G, 1), vg.repeat_interleave(G, 1),
+                                                  attn_mask=bias)
+        return f
+
+    if Sq == 1:
+        row["topk_ms"] = graph_time([topk(c) for c in sets])
+        ref = topk(sets[0])().transpose(1, 2).float()
+        got = ours(sets[0])().float()
+        row["max_diff_vs_topk"] = (ref - got).abs().max().item()
+    return row
+
+
+def selection_share(B, H, Hk, K, D, w):
+    """Kernel times of one call by the profiler: the selection's and the whole step's (µs)."""
+    sets = make_sets(B, K, Hk, D, 0, 1, seed=3)
+    lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+    f = lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **sets[0])  # noqa
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            f()
+        torch.cuda.synchronize()
+    sel = tot = 0.0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.device_time if hasattr(e, "device_time") else e.cuda_time
+        tot += us
+        if "select" in e.name or "Memset" in e.name or "memset" in e.name:
+            sel += us
+    return sel / 10, tot / 10
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    if args.sweep:
+        for K in [4096, 16384, 65536, 262144, 1048576]:
+            rows.append(run_config(1, 32, 8, K, 128, 2048))
+    else:
+        rows.append(run_config(8, 32, 8, 131072, 128, 2048))
+        rows.append(run_config(1, 2, 1, 524288, 64, 1024))
+        rows.append(run_config(64, 32, 8, 32768, 128, 2048))
+        rows.append(run_config(8, 32, 8, 131072, 128, 2048, Sq=4, baselines=False))
+        for page in (16, 64):
+            rows.append(run_config(8, 32, 8, 131072, 128, 2048, page_size=page))
+        sel, tot = selection_share(8, 32, 8, 131072, 128, 2048)
+        print(f"selection kernels {sel:.1f} us of {tot:.1f} us of kernel time per step (B8 Hk8 K128K w2048)")
+    print(f"{'config':<40} {'ours ms':>8} {'GB/s':>7} {'dense':>8} {'topk':>8} {'diff':>8}")
+    for r in rows:
+        name = f"B{r['B']} H{r['H']} Hk{r['Hk']} K{r['K']} D{r['D']} w{r['w']} Sq{r['Sq']} p{r['page']}"
+        print(f"{name:<40} {r['ours_ms']:8.4f} {r['ours_GBps']:7.0f} {r.get('dense_flash_ms', float('nan')):8.4f} "
+              f"{r.get('topk_ms', float('nan')):8.4f} {r.get('max_diff_vs_topk', float('nan')):8.4f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

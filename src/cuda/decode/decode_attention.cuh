@@ -1,0 +1,280 @@
+// Split-K attention of a few queries over a row's kept keys (design.md 2.3). Grid (splits,
+// B * Hk, m-tiles): a CTA takes one KV head's 16 (group head, query) rows, so the G query heads
+// of the head share every K/V row read, and one contiguous share of the row's kept-key list
+// (or, dense, of its cached positions). Its 4 warps each walk 16 keys of every 64-key block,
+// with an online softmax of their own (mma.sync m16n8k16, fp32 accumulation); the warps'
+// results merge in shared memory at the end, and the splits' in decode_combine.cu.
+//
+// Memory-bound by design: each kept K/V row is read once per m-tile (once in all when
+// G * Sq <= 16), gathered with cp.async into a two-stage buffer.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda/decode/cache_view.cuh"
+#include "cuda/decode/decode_params.hpp"
+#include "cuda/ptx.cuh"
+#include "cuda/tile_io_sm80.cuh"
+
+namespace fdma::cuda {
+
+template <class T, int kHeadDim>
+struct DecodeTile {
+  static constexpr int kWarps = 4, kThreads = 128, kBlockN = 64, kRows = 16, kStages = 2;
+  static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kKvBytes = kBlockN * kRowBytes;  // K or V, one stage
+  static constexpr int kStageBytes = 2 * kKvBytes;
+  static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4;  // the warps' O, after the loop
+  static_assert(kMergeBytes <= kStages * kStageBytes, "the merge reuses the K/V buffers");
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Per stage, per key of the block: its queries, score and the K/V row offsets.
+struct BlockKeys {
+  int64_t k_off[64], v_off[64];
+  uint32_t queries[64];
+  float score[64];
+};
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(128) decode_attention_kernel(DecodeAttentionArgs a) {
+  using Tile = DecodeTile<T, kHeadDim>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ BlockKeys keys[Tile::kStages];
+  __shared__ float warp_m[Tile::kWarps][16], warp_l[Tile::kWarps][16];
+  __shared__ int warp_nan[Tile::kWarps][16];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int split = blockIdx.x, row = blockIdx.y, mtile = blockIdx.z;
+  const CacheView& c = a.cache;
+  const int b = row / c.Hk, hk = row - b * c.Hk;
+  const int L = cache_length(c, b);
+  const int n = a.list ? min(a.state[row].listed, a.list_cap) : L;
+  const int k_begin = split * a.split_keys, k_end = min(n, k_begin + a.split_keys);
+  const int rows_total = a.G * a.Sq;
+
+  const uint32_t q_smem = ptx::smem_addr(smem);
+  const uint32_t kv_smem = q_smem + Tile::kQBytes;
+
+  // Q: rows (group head gh, query i) = (r / Sq, r % Sq) of this m-tile.
+  {
+    const T* q = static_cast<const T*>(a.q);
+    for (int e = tid; e < 16 * Tile::kChunks; e += 128) {
+      const int r = e / Tile::kChunks, ch = e % Tile::kChunks, rr = mtile * 16 + r;
+      const bool ok = rr < rows_total && ch * 8 < a.D;
+      const int gh = ok ? rr / a.Sq : 0, i = ok ? rr - gh * a.Sq : 0;
+      const T* src = q + b * a.q_stride[0] + i * a.q_stride[1] + (hk * a.G + gh) * a.q_stride[2] + ch * 8;
+      ptx::cp_async_16(q_smem + r * Tile::kRowBytes + ch * 16, ok ? src : q, ok ? 16 : 0);
+    }
+    ptx::cp_async_commit();
+  }
+  // The queries of this thread's two accumulator rows (g, g + 8); -1 for padding rows.
+  int qi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = mtile * 16 + g + 8 * h;
+    qi[h] = rr < rows_total ? rr % a.Sq : -1;
+  }
+
+  // Records and K/V rows of block `blk` into `stage`.
+  const T* kc = static_cast<const T*>(c.k);
+  const T* vc = static_cast<const T*>(c.v);
+  auto prefetch = [&](int blk, int stage) {
+    if (tid < 64) {
+      const int idx = k_begin + blk * 64 + tid;
+      uint32_t queries = 0;
+      float score = 0.f;
+      int outer = 0, inner = 0;
+      if (idx < k_end) {
+        if (a.list) {
+          const KeptKey kk = a.list[size_t(row) * a.list_cap + idx];
+          queries = kk.queries, score = kk.score, outer = kk.page, inner = kk.pos;
+          if (c.block_table) inner = kk.pos - c.page_size.div(kk.pos) * c.page_size.divisor;
+        } else if (locate(c, b, idx, outer, inner)) {
+          const int first = a.causal ? max(0, idx - (L - a.Sq)) : 0;
+          queries = uint32_t(first) | (uint32_t(a.Sq) << 16);
+        }
+      }
+      keys[stage].queries[tid] = queries;
+      keys[stage].score[tid] = score;
+      keys[stage].k_off[tid] = queries ? outer * c.k_stride[0] + inner * c.k_stride[1] + hk * c.k_stride[2] : -1;
+      keys[stage].v_off[tid] = queries ? outer * c.v_stride[0] + inner * c.v_stride[1] + hk * c.v_stride[2] : -1;
+    }
+    __syncthreads();
+    const uint32_t base = kv_smem + stage * Tile::kStageBytes;
+    for (int e = tid; e < 64 * Tile::kChunks; e += 128) {
+      const int r = e / Tile::kChunks, ch = e % Tile::kChunks;
+      const int64_t ko = keys[stage].k_off[r], vo = keys[stage].v_off[r];
+      const bool ok = ko >= 0 && ch * 8 < a.D;
+      ptx::cp_async_16(base + r * Tile::kRowBytes + ch * 16, ok ? kc + ko + ch * 8 : kc, ok ? 16 : 0);
+      ptx::cp_async_16(base + Tile::kKvBytes + r * Tile::kRowBytes + ch * 16, ok ? vc + vo + ch * 8 : vc, ok ? 16 : 0);
+    }
+    ptx::cp_async_commit();
+  };
+
+  constexpr int kDTiles = kHeadDim / 8;
+  float o[kDTiles][4];
+#pragma unroll
+  for (int d = 0; d < kDTiles; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  bool nan_row[2] = {false, false};
+
+  const int nblk = k_end > k_begin ? (k_end - k_begin + 63) / 64 : 0;
+  if (nblk > 0) prefetch(0, 0);
+  for (int blk = 0; blk < nblk; ++blk) {
+    const int stage = blk & 1;
+    if (blk + 1 < nblk) {
+      prefetch(blk + 1, stage ^ 1);
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint32_t k_tile = kv_smem + stage * Tile::kStageBytes + warp * 16 * Tile::kRowBytes;
+    const uint32_t v_tile = k_tile + Tile::kKvBytes;
+
+    // S = Q K^T for the warp's 16 keys: two n-tiles of 8.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t qa[4], kb[4];
+      const int mat = lane / 8, r8 = lane % 8;
+      ptx::ldmatrix_x4(qa, q_smem + ((mat % 2) * 8 + r8) * Tile::kRowBytes + (kk * 16 + (mat / 2) * 8) * 2);
+      ptx::ldmatrix_x4(kb, k_tile + ((mat / 2) * 8 + r8) * Tile::kRowBytes + (kk * 16 + (mat % 2) * 8) * 2);
+      ptx::mma_16816<T>(s[0], qa, kb[0], kb[1]);
+      ptx::mma_16816<T>(s[1], qa, kb[2], kb[3]);
+    }
+
+    // Scores in log2 units, masked by each key's query interval; the online softmax.
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = warp * 16 + nt * 8 + 2 * t + (e & 1), h = e >> 1;
+        const uint32_t qs = keys[stage].queries[key];
+        const bool visible = qi[h] >= int(qs & 0xffffu) && qi[h] < int(qs >> 16);
+        float x = s[nt][e] * a.scale;
+        if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
+        if (a.add_scores) x += keys[stage].score[key];
+        x *= kLog2e;
+        if (visible && isnan(x)) nan_row[h] = true;
+        x = visible && !isnan(x) ? x : -INFINITY;
+        s[nt][e] = x;
+        row_max[h] = fmaxf(row_max[h], x);
+      }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
+      const float m_new = fmaxf(m[h], row_max[h]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      corr[h] = ptx::exp2_approx(m[h] - m_use[h]);
+      m[h] = m_new;
+      l[h] *= corr[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = ptx::exp2_approx(s[nt][e] - m_use[e >> 1]);
+        l[e >> 1] += s[nt][e];
+      }
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d) {
+      o[d][0] *= corr[0], o[d][1] *= corr[0], o[d][2] *= corr[1], o[d][3] *= corr[1];
+    }
+    // O += P V: P from the accumulators (keys 0-7 in s[0], 8-15 in s[1]); V through ldmatrix.trans.
+    uint32_t pa[4];
+    ptx::pack_a_frag<T>(pa, s[0], s[1]);
+#pragma unroll
+    for (int d = 0; d < kDTiles; d += 2) {
+      uint32_t vb[4];
+      const int mat = lane / 8, r8 = lane % 8;
+      ptx::ldmatrix_x4_trans(vb, v_tile + ((mat % 2) * 8 + r8) * Tile::kRowBytes + ((d + mat / 2) * 8) * 2);
+      ptx::mma_16816<T>(o[d], pa, vb[0], vb[1]);
+      ptx::mma_16816<T>(o[d + 1], pa, vb[2], vb[3]);
+    }
+    __syncthreads();  // the stage is refilled two blocks on
+  }
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the warps: m, l, NaN flags per row, O through shared memory (over the K/V buffers).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    int any_nan = nan_row[h];  // over the row's quad
+    any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, 1);
+    any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, 2);
+    if (t == 0) {
+      warp_m[warp][g + 8 * h] = m[h];
+      warp_l[warp][g + 8 * h] = l[h];
+      warp_nan[warp][g + 8 * h] = any_nan;
+    }
+  }
+  float* merge = reinterpret_cast<float*>(smem + Tile::kQBytes);  // [warp][16][kHeadDim]
+#pragma unroll
+  for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      merge[(warp * 16 + g + 8 * (e >> 1)) * kHeadDim + d * 8 + 2 * t + (e & 1)] = o[d][e];
+  __syncthreads();
+
+  const int qrow_base = (b * a.H + hk * a.G) * a.Sq;  // ((b * H + h) * Sq + i) = base + rr
+  for (int e = tid; e < 16 * a.D; e += 128) {
+    const int r = e / a.D, col = e - r * a.D, rr = mtile * 16 + r;
+    if (rr >= rows_total) continue;
+    float M = -INFINITY;
+    bool nan = false;
+#pragma unroll
+    for (int w = 0; w < Tile::kWarps; ++w) M = fmaxf(M, warp_m[w][r]), nan |= warp_nan[w][r] != 0;
+    float Lsum = 0.f, Osum = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < Tile::kWarps; ++w) {
+        const float f = ptx::exp2_approx(warp_m[w][r] - M);
+        Lsum += warp_l[w][r] * f;
+        Osum += merge[(w * 16 + r) * kHeadDim + col] * f;
+      }
+    }
+    const float out = nan ? NAN : Lsum > 0.f ? Osum / Lsum : 0.f;
+    const float lse = nan ? NAN : Lsum > 0.f ? (M + log2f(Lsum)) * kLn2 : -INFINITY;
+    const int gh = rr / a.Sq, i = rr - gh * a.Sq, h = hk * a.G + gh;
+    if (a.splits == 1) {
+      T* dst = static_cast<T*>(a.out) + b * a.out_stride[0] + i * a.out_stride[1] + h * a.out_stride[2];
+      dst[col] = T(out);
+      if (a.lse && col == 0) a.lse[b * a.lse_stride[0] + h * a.lse_stride[1] + i * a.lse_stride[2]] = lse;
+    } else {
+      const size_t qrow = size_t(qrow_base + rr);
+      a.part_out[(qrow * a.splits + split) * a.D + col] = out;
+      if (col == 0) a.part_lse[qrow * a.splits + split] = lse;
+    }
+  }
+}
+
+template <class T, int kHeadDim>
+cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream) {
+  using Tile = DecodeTile<T, kHeadDim>;
+  auto kernel = decode_attention_kernel<T, kHeadDim>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, 128, Tile::kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace fdma::cuda
+
+#define FDMA_INSTANTIATE_DECODE_ATTENTION(T, HD) \
+  template cudaError_t fdma::cuda::launch_decode_attention<T, HD>(const fdma::cuda::DecodeAttentionArgs&, dim3, cudaStream_t);

@@ -1,0 +1,12 @@
+// Host entry of the split-K merge (decode_combine.cu): one CTA per (batch, head, query) row.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/decode/decode_params.hpp"
+
+namespace fdma::cuda {
+
+cudaError_t run_decode_combine(const DecodeAttentionArgs& args, int rows, bool bf16, cudaStream_t stream);
+
+}  // namespace fdma::cuda

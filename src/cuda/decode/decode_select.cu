@@ -1,0 +1,317 @@
+// Top-w selection for the decode path: per (batch, KV head) row, the w best keys among the
+// first V0 cached ones (V0 = L - Sq + 1 when causal: what the first new query sees; L when
+// not), found by a radix select over the keys' order-preserving score bits instead of a sort,
+// and written as a compact list of kept keys. Causal calls with Sq > 1 then let the later
+// queries' extra keys arrive one by one (select_arrivals_kernel).
+//
+// The radix select: three passes over the row's scores, each a histogram of the next digit
+// (11, 11, 10 bits) among the keys whose higher bits match the threshold found so far; the
+// row's last CTA to finish a pass reads the histogram and picks the digit holding the w-th
+// key. 16-bit scores have nothing below bit 16 (as floats), so two passes settle them. Keys
+// whose bits equal the threshold are kept lowest position first: when more of them exist than
+// are needed, a count per chunk (select_ties_kernel) gives each CTA the rank of its first one.
+#include "cuda/decode/cache_view.cuh"
+#include "cuda/decode/decode_select.hpp"
+
+namespace fdma::cuda {
+namespace {
+
+struct Row {
+  int row, b, hk, L, V0, chunks;
+};
+
+__device__ __forceinline__ Row row_of(const DecodeSelectArgs& a, int row) {
+  Row r;
+  r.row = row;
+  r.b = row / a.cache.Hk;
+  r.hk = row - r.b * a.cache.Hk;
+  r.L = cache_length(a.cache, r.b);
+  r.V0 = a.causal ? max(0, min(r.L, r.L - a.Sq + 1)) : r.L;
+  r.chunks = max(1, (r.V0 + kSelectChunk - 1) / kSelectChunk);
+  return r;
+}
+
+// A score's order bits as the selection ranks them. 16-bit scores carry nothing below bit 16
+// as floats; setting those bits to ones makes every key of a settled bucket equal (negative
+// scores have ones there already), so two passes finish them (the threshold's low digit is
+// then all ones too: resolve_digit).
+__device__ __forceinline__ uint32_t order_bits(const CacheView& c, float score) {
+  return score_order_bits(score) | (c.score_dtype == 1 ? 0u : 0xffffu);
+}
+
+// A cached key's score, order bits (0: absent) and where it lives.
+struct KeyRead {
+  uint32_t bits;
+  int outer;
+  float score;
+};
+__device__ __forceinline__ KeyRead read_key(const CacheView& c, int b, int hk, int pos) {
+  KeyRead k{0u, 0, 0.f};
+  int inner;
+  if (!locate(c, b, pos, k.outer, inner)) return k;
+  k.score = load_cached_score(c, k.outer, inner, hk);
+  k.bits = order_bits(c, k.score);
+  return k;
+}
+
+template <int kPass>
+struct Digit {
+  static constexpr int kShift = kPass == 0 ? 21 : kPass == 1 ? 10 : 0;
+  static constexpr int kWidth = kPass == 2 ? 10 : 11;
+  static constexpr int kBins = 1 << kWidth;
+  // Whether bits lie in the bucket the earlier passes chose.
+  __device__ static bool in_bucket(uint32_t bits, uint32_t prefix) {
+    if constexpr (kPass == 0) return true;
+    else return (bits >> (kShift + kWidth)) == (prefix >> (kShift + kWidth));
+  }
+  __device__ static uint32_t of(uint32_t bits) { return (bits >> kShift) & (kBins - 1); }
+};
+
+// The last CTA of a pass: the digit holding the `need`-th key from the top, from the
+// histogram in shared memory (kBins <= 2048 = 256 threads x 8 bins).
+template <int kPass>
+__device__ void resolve_digit(const uint32_t* hist, SelectState& st, int need, bool final_pass) {
+  using Dg = Digit<kPass>;
+  __shared__ uint32_t part[kSelectThreads];
+  const int tid = threadIdx.x;
+  constexpr int kPer = Dg::kBins / kSelectThreads;  // 8 or 4
+  uint32_t s = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) s += hist[tid * kPer + k];
+  part[tid] = s;
+  __syncthreads();
+  if (tid >= 32) return;
+  const int lane = tid;
+  uint32_t group = 0;  // lane covers parts [8 lane, 8 lane + 8)
+#pragma unroll
+  for (int k = 0; k < 8; ++k) group += part[lane * 8 + k];
+  uint32_t incl = group;  // keys in this lane's bins and above
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
+    if (lane + off < 32) incl += v;
+  }
+  const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
+  if (kPass == 0 && total <= uint32_t(need)) {  // at most w candidates: keep them all
+    if (lane == 0) st.keep_all = 1, st.arrived = 0;
+    return;
+  }
+  uint32_t above = incl - group;
+  if (above < uint32_t(need) && uint32_t(need) <= incl) {  // exactly one lane
+    int p = lane * 8 + 7;
+    while (above + part[p] < uint32_t(need)) above += part[p--];
+    int bin = p * kPer + kPer - 1;
+    while (above + hist[bin] < uint32_t(need)) above += hist[bin--];
+    st.prefix |= uint32_t(bin) << Dg::kShift;
+    if (final_pass && kPass == 1) st.prefix |= 0x3ffu;  // 16-bit scores: order_bits' low ones
+    st.remaining = need - int(above);
+    if (final_pass) st.count_eq = int(hist[bin]);
+    st.arrived = 0;
+  }
+}
+
+template <int kPass>
+__global__ void __launch_bounds__(kSelectThreads) select_pass_kernel(DecodeSelectArgs a, int final_pass) {
+  using Dg = Digit<kPass>;
+  __shared__ uint32_t hist[Dg::kBins];
+  __shared__ int is_last;
+  const Row r = row_of(a, blockIdx.y);
+  if (int(blockIdx.x) >= r.chunks || kPass > final_pass) return;
+  SelectState& st = a.state[r.row];
+  if (kPass > 0 && st.keep_all) return;
+  const uint32_t prefix = kPass > 0 ? st.prefix : 0u;
+  const int tid = threadIdx.x;
+  for (int i = tid; i < Dg::kBins; i += kSelectThreads) hist[i] = 0;
+  __syncthreads();
+  const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
+  for (int j = j0 + tid; j < j1; j += kSelectThreads) {
+    const uint32_t bits = read_key(a.cache, r.b, r.hk, j).bits;
+    if (bits != 0 && Dg::in_bucket(bits, prefix)) atomicAdd(&hist[Dg::of(bits)], 1u);
+  }
+  __syncthreads();
+  uint32_t* g = a.hist + size_t(r.row) * kSelectBins;
+  for (int i = tid; i < Dg::kBins; i += kSelectThreads)
+    if (hist[i]) atomicAdd(&g[i], hist[i]);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) is_last = atomicAdd(&st.arrived, 1u) == uint32_t(r.chunks - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int i = tid; i < Dg::kBins; i += kSelectThreads) {
+    hist[i] = __ldcg(&g[i]);
+    g[i] = 0;  // zero for the next pass
+  }
+  __syncthreads();
+  resolve_digit<kPass>(hist, st, kPass == 0 ? a.w : st.remaining, kPass == final_pass);
+}
+
+// Sum over the CTA (every thread gets it).
+__device__ __forceinline__ int block_sum(int x) {
+  __shared__ int warp_sums[kSelectThreads / 32];
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
+  __syncthreads();
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < kSelectThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
+__device__ __forceinline__ bool ties_matter(const SelectState& st) { return !st.keep_all && st.count_eq > st.remaining; }
+
+// Threshold ties: how many keys of each chunk equal the threshold, where more than needed do.
+__global__ void __launch_bounds__(kSelectThreads) select_ties_kernel(DecodeSelectArgs a) {
+  const Row r = row_of(a, blockIdx.y);
+  if (int(blockIdx.x) >= r.chunks) return;
+  const SelectState& st = a.state[r.row];
+  if (!ties_matter(st)) return;
+  int n = 0;
+  const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
+  for (int j = j0 + threadIdx.x; j < j1; j += kSelectThreads) n += read_key(a.cache, r.b, r.hk, j).bits == st.prefix;
+  n = block_sum(n);
+  if (threadIdx.x == 0) a.eq_count[size_t(r.row) * a.chunks + blockIdx.x] = n;
+}
+
+// The kept keys of each chunk into the row's list, kept by queries [0, Sq) for now.
+__global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSelectArgs a) {
+  __shared__ int warp_ties[kSelectThreads / 32];
+  const Row r = row_of(a, blockIdx.y);
+  if (int(blockIdx.x) >= r.chunks) return;
+  SelectState& st = a.state[r.row];
+  const bool keep_all = st.keep_all != 0, ties = ties_matter(st);
+  const uint32_t tau = st.prefix;
+  const int need = st.remaining;
+  // Threshold keys in earlier chunks: this chunk's first one ranks after them.
+  int tie_rank = 0;
+  if (ties) {
+    int before = 0;
+    for (int c = threadIdx.x; c < int(blockIdx.x); c += kSelectThreads) before += a.eq_count[size_t(r.row) * a.chunks + c];
+    tie_rank = block_sum(before);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  KeptKey* list = a.list + size_t(r.row) * a.list_cap;
+  const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
+  // Whole iterations for every thread: the tie ranks need the CTA's barriers.
+  for (int base = j0; base < j1; base += kSelectThreads) {
+    const int j = base + threadIdx.x;
+    const KeyRead key = j < j1 ? read_key(a.cache, r.b, r.hk, j) : KeyRead{0u, 0, 0.f};
+    bool keep = key.bits != 0 && (keep_all || key.bits > tau);
+    if (ties) {  // rank among the threshold keys, in position order
+      const bool eq = !keep_all && key.bits != 0 && key.bits == tau;
+      const unsigned mask = __ballot_sync(0xffffffffu, eq);
+      __syncthreads();
+      if (lane == 0) warp_ties[warp] = __popc(mask);
+      __syncthreads();
+      int rank = tie_rank + __popc(mask & ((1u << lane) - 1));
+      for (int w = 0; w < warp; ++w) rank += warp_ties[w];
+      for (int w = 0; w < kSelectThreads / 32; ++w) tie_rank += warp_ties[w];
+      keep |= eq && rank < need;
+    } else {
+      keep |= !keep_all && key.bits != 0 && key.bits == tau;
+    }
+    // One atomic per warp for its kept keys' slots.
+    const unsigned kept = __ballot_sync(0xffffffffu, keep);
+    int slot0 = 0;
+    if (lane == 0 && kept) slot0 = atomicAdd(&st.listed, __popc(kept));
+    slot0 = __shfl_sync(0xffffffffu, slot0, 0);
+    const int slot = slot0 + __popc(kept & ((1u << lane) - 1));
+    if (keep && slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
+  }
+}
+
+// Causal calls with Sq > 1: query t of the new ones also sees keys V0 .. V0 + t - 1 (at most
+// Sq - 1 of them). They arrive in position order; one that ranks above the current worst
+// kept key takes its place from its first query on. One CTA per row: the worst key is a
+// CTA-wide minimum over the list, once per arrival.
+__global__ void __launch_bounds__(kSelectThreads) select_arrivals_kernel(DecodeSelectArgs a) {
+  __shared__ uint64_t warp_min[kSelectThreads / 32];
+  __shared__ int warp_arg[kSelectThreads / 32];
+  __shared__ uint64_t worst_rank;
+  __shared__ int worst_slot;
+  const Row r = row_of(a, blockIdx.x);
+  SelectState& st = a.state[r.row];
+  KeptKey* list = a.list + size_t(r.row) * a.list_cap;
+  const int listed = min(st.listed, a.list_cap);
+  const int off = r.L - a.Sq;  // query i sees positions <= i + off
+  int size = listed, entered = 0;
+  const uint32_t all = uint32_t(a.Sq) << 16;
+  for (int j = r.V0; j < r.L; ++j) {
+    const KeyRead key = read_key(a.cache, r.b, r.hk, j);
+    if (key.bits == 0) continue;  // absent: never kept
+    const uint32_t first = uint32_t(j - off);
+    const KeptKey arrival{j, key.outer, first | all, key.score};
+    if (size < a.w) {  // room left: kept from its first query on
+      if (threadIdx.x == 0 && listed + entered < a.list_cap) list[listed + entered] = arrival;
+      ++entered, ++size;
+      __syncthreads();
+      continue;
+    }
+    // The worst key still kept by the last query: among the listed ones and the arrivals so far.
+    uint64_t best = ~uint64_t(0);
+    int arg = -1;
+    for (int s = threadIdx.x; s < listed + entered; s += kSelectThreads) {
+      const KeptKey k = list[s];
+      if ((k.queries >> 16) != uint32_t(a.Sq)) continue;  // already evicted
+      const uint64_t rk = rank_of(order_bits(a.cache, k.score), k.pos);
+      if (rk < best) best = rk, arg = s;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const uint64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+      if (ob < best) best = ob, arg = oa;
+    }
+    if (threadIdx.x % 32 == 0) warp_min[threadIdx.x / 32] = best, warp_arg[threadIdx.x / 32] = arg;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t b = ~uint64_t(0);
+      int s = -1;
+      for (int w = 0; w < kSelectThreads / 32; ++w)
+        if (warp_min[w] < b) b = warp_min[w], s = warp_arg[w];
+      worst_rank = b, worst_slot = s;
+    }
+    __syncthreads();
+    if (rank_of(key.bits, j) > worst_rank && worst_slot >= 0) {  // the arrival replaces the worst
+      if (threadIdx.x == 0) {
+        KeptKey& out = list[worst_slot];
+        out.queries = (out.queries & 0xffffu) | (first << 16);  // kept until this query
+        if (listed + entered < a.list_cap) list[listed + entered] = arrival;
+      }
+      ++entered;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) st.listed = min(listed + entered, a.list_cap);
+}
+
+}  // namespace
+
+size_t decode_select_workspace(int rows, int chunks, int list_cap, SelectScratch* s) {
+  auto up = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t state = up(sizeof(SelectState) * rows), hist = up(sizeof(uint32_t) * kSelectBins * rows);
+  const size_t eq = up(sizeof(int32_t) * size_t(rows) * chunks), list = up(sizeof(KeptKey) * size_t(rows) * list_cap);
+  if (s) {
+    s->zeroed_bytes = state + hist;
+    s->state_offset = 0, s->hist_offset = state, s->eq_offset = state + hist, s->list_offset = state + hist + eq;
+  }
+  return state + hist + eq + list;
+}
+
+cudaError_t run_decode_select(const DecodeSelectArgs& a, int rows, void* zeroed, size_t zeroed_bytes,
+                              cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(zeroed, 0, zeroed_bytes, stream);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(a.chunks, rows);
+  // 16-bit scores are settled after two passes (nothing below bit 16).
+  const int final_pass = a.cache.score_dtype == 1 ? 2 : 1;
+  select_pass_kernel<0><<<grid, kSelectThreads, 0, stream>>>(a, final_pass);
+  select_pass_kernel<1><<<grid, kSelectThreads, 0, stream>>>(a, final_pass);
+  if (final_pass == 2) select_pass_kernel<2><<<grid, kSelectThreads, 0, stream>>>(a, final_pass);
+  select_ties_kernel<<<grid, kSelectThreads, 0, stream>>>(a);
+  select_collect_kernel<<<grid, kSelectThreads, 0, stream>>>(a);
+  if (a.causal && a.Sq > 1) select_arrivals_kernel<<<rows, kSelectThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace fdma::cuda

@@ -1,0 +1,248 @@
+// Attention against a KV cache on the GPU (design.md 2.3): append the new tokens, select each
+// (batch, KV head) row's kept keys (decode_select.cu; dynamic mask only), attend over them
+// split across CTAs (decode_attention.cuh), merge the splits (decode_combine.cu). Every launch
+// is on the caller's stream, reads lengths and pages on the device and sizes its grid from
+// shapes alone: no host synchronization and no allocation, so a decode step captures into a
+// CUDA graph.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/device.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/decode/cache_view.cuh"
+#include "cuda/decode/decode_combine.hpp"
+#include "cuda/decode/decode_params.hpp"
+#include "cuda/decode/decode_select.hpp"
+#include "cuda/device_guard.hpp"
+#include "cuda/kernel_table.hpp"
+
+namespace fdma::cuda {
+
+template <class T, int kHeadDim>
+cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream);
+
+namespace {
+
+constexpr const char* kOp = "kvcache attention (CUDA)";
+
+[[noreturn]] void unsupported(const std::string& msg) { detail::fail(Status::unsupported, std::string(kOp) + ": " + msg); }
+
+void check(cudaError_t err, const char* what) { cuda::check_cuda(err, std::string(kOp) + ": " + what); }
+
+// cp.async moves 16-byte chunks of rows: row starts 16-byte aligned.
+void check_rows_aligned(const fdma_tensor& t, const char* name) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int d = 0; d < 3; ++d) ok &= t.shape[d] == 1 || t.stride[d] % 8 == 0;
+  if (!ok) unsupported(std::string(name) + " must be 16-byte aligned with strides that are multiples of 8 elements");
+}
+
+void check_inputs(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  if (prob.dtype != DType::bf16 && prob.dtype != DType::f16)
+    unsupported(std::string("q has dtype ") + dtype_name(prob.dtype) + "; the GPU takes float16 or bfloat16");
+  if (d.D % 8 != 0) unsupported("head dim D = " + std::to_string(d.D) + " must be a multiple of 8 on the GPU");
+  if (d.Sq > 65535) unsupported("at most 65535 queries per call (Sq = " + std::to_string(d.Sq) + ")");
+  if (d.B * d.Hk > 65535) unsupported("B * Hk must be <= 65535");
+  if ((d.G() * d.Sq + 15) / 16 > 65535) unsupported("(H / Hk) * Sq must be below 2^20");
+  for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.out, "out"}, {&p.k_cache, "k_cache"}, {&p.v_cache, "v_cache"}})
+    check_rows_aligned(*t, name);
+  if (prob.append) {
+    check_rows_aligned(p.k, "k");
+    check_rows_aligned(p.v, "v");
+  }
+  if (!detail::locate_pointer(p.workspace).device && p.workspace)
+    detail::fail(Status::workspace, std::string(kOp) + ": the workspace must be CUDA device memory");
+}
+
+int sm_count() {
+  int device = 0, sms = 132;
+  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaGetLastError();
+  return sms;
+}
+
+// Grid and workspace of one call, from shapes alone.
+struct Plan {
+  int rows, m_tiles, chunks = 0, list_cap = 0, splits, split_keys;
+  SelectScratch select{};
+  size_t select_bytes = 0, part_out = 0, part_lse = 0, total = 0;
+};
+
+Plan plan_of(const detail::KvCacheProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  Plan pl;
+  pl.rows = int(d.B * d.Hk);
+  pl.m_tiles = int((d.G() * d.Sq + 15) / 16);
+  int64_t n_max = d.Sk;  // keys a row may attend: all cached (dense) or the kept list
+  if (prob.dynamic) {
+    pl.chunks = int((d.Sk + kSelectChunk - 1) / kSelectChunk);
+    pl.list_cap = int(std::min<int64_t>(prob.window, d.Sk) + (prob.causal ? d.Sq - 1 : 0));
+    n_max = pl.list_cap;
+    pl.select_bytes = decode_select_workspace(pl.rows, pl.chunks, pl.list_cap, &pl.select);
+  }
+  // About four CTAs per SM over all rows, and at least one 64-key block per split.
+  const int64_t ctas = int64_t(pl.rows) * pl.m_tiles;
+  int64_t splits = std::max<int64_t>(1, (4 * sm_count() + ctas - 1) / ctas);
+  splits = std::min<int64_t>(splits, (n_max + 63) / 64);
+  splits = std::max<int64_t>(splits, 1);
+  int64_t per = (n_max + splits - 1) / splits;
+  per = (per + 63) / 64 * 64;
+  pl.split_keys = int(std::max<int64_t>(per, 64));
+  pl.splits = int(std::max<int64_t>(1, (n_max + pl.split_keys - 1) / pl.split_keys));
+  auto up = [](size_t x) { return (x + 255) / 256 * 256; };
+  size_t off = up(pl.select_bytes);
+  if (pl.splits > 1) {
+    const size_t qrows = size_t(d.B * d.H * d.Sq);
+    pl.part_out = off;
+    off += up(qrows * pl.splits * d.D * 4);
+    pl.part_lse = off;
+    off += up(qrows * pl.splits * 4);
+  }
+  pl.total = off;
+  return pl;
+}
+
+CacheView cache_view(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  CacheView c{};
+  c.k = p.k_cache.data, c.v = p.v_cache.data;
+  for (int i = 0; i < 3; ++i) c.k_stride[i] = p.k_cache.stride[i], c.v_stride[i] = p.v_cache.stride[i];
+  if (prob.dynamic) {
+    c.scores = p.score_cache.data;
+    c.score_dtype = p.score_cache.dtype;
+    const int64_t* s = p.score_cache.stride;
+    if (prob.paged)  // [num_pages, page_size, Hk]
+      c.score_stride[0] = s[0], c.score_stride[1] = s[1], c.score_stride[2] = s[2];
+    else  // [B, Hk, max_len]
+      c.score_stride[0] = s[0], c.score_stride[1] = s[2], c.score_stride[2] = s[1];
+  }
+  c.seqlens = static_cast<const int32_t*>(p.cache_seqlens.data);
+  c.seqlens_stride = p.cache_seqlens.stride[0];
+  if (prob.paged) {
+    c.block_table = static_cast<const int32_t*>(p.block_table.data);
+    c.table_stride[0] = p.block_table.stride[0], c.table_stride[1] = p.block_table.stride[1];
+    c.page_size = FastDivmod(int(prob.page_size));
+    c.num_pages = int(prob.num_pages), c.max_pages = int(prob.max_pages);
+  }
+  c.capacity = int(d.Sk);
+  c.Snew = int(prob.Snew);
+  c.B = int(d.B), c.Hk = int(d.Hk);
+  return c;
+}
+
+// New tokens into the caches at positions cache_seqlens[b] + t: one CTA per (t, b). Positions
+// outside the cache, or on pages that are not the cache's, are skipped.
+__global__ void __launch_bounds__(128) append_kernel(CacheView c, const char* k, const char* v, int64_t ks0, int64_t ks1,
+                                                     int64_t ks2, int64_t vs0, int64_t vs1, int64_t vs2,
+                                                     const char* s, int64_t ss0, int64_t ss1, int64_t ss2,
+                                                     int row_bytes, int elem, int score_bytes) {
+  const int t = blockIdx.x, b = blockIdx.y;
+  const int64_t pos = int64_t(c.seqlens[b * c.seqlens_stride]) + t;
+  if (pos < 0 || pos >= c.capacity) return;
+  int outer, inner;
+  if (!locate(c, b, int(pos), outer, inner)) return;
+  const int chunks = row_bytes / 16;
+  char* kc = static_cast<char*>(const_cast<void*>(c.k));
+  char* vc = static_cast<char*>(const_cast<void*>(c.v));
+  for (int e = threadIdx.x; e < c.Hk * chunks; e += blockDim.x) {
+    const int hk = e / chunks, ch = e - hk * chunks;
+    const int64_t src_k = (b * ks0 + t * ks1 + hk * ks2) * elem + ch * 16;
+    const int64_t src_v = (b * vs0 + t * vs1 + hk * vs2) * elem + ch * 16;
+    const int64_t dst_k = (outer * c.k_stride[0] + inner * c.k_stride[1] + hk * c.k_stride[2]) * elem + ch * 16;
+    const int64_t dst_v = (outer * c.v_stride[0] + inner * c.v_stride[1] + hk * c.v_stride[2]) * elem + ch * 16;
+    *reinterpret_cast<uint4*>(kc + dst_k) = *reinterpret_cast<const uint4*>(k + src_k);
+    *reinterpret_cast<uint4*>(vc + dst_v) = *reinterpret_cast<const uint4*>(v + src_v);
+  }
+  if (s)
+    for (int hk = threadIdx.x; hk < c.Hk; hk += blockDim.x) {
+      const char* src = s + (b * ss0 + hk * ss1 + t * ss2) * score_bytes;
+      char* dst = static_cast<char*>(const_cast<void*>(c.scores)) +
+                  (outer * c.score_stride[0] + inner * c.score_stride[1] + hk * c.score_stride[2]) * score_bytes;
+      if (score_bytes == 4)
+        *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+      else
+        *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
+    }
+}
+
+}  // namespace
+
+size_t kvcache_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob) {
+  check_inputs(p, prob);
+  return plan_of(prob).total;
+}
+
+void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob) {
+  check_inputs(p, prob);
+  DeviceGuard guard(p.q.data);
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  const detail::Dims& d = prob.dims;
+  const Plan pl = plan_of(prob);
+  const CacheView cache = cache_view(p, prob);
+  char* ws = static_cast<char*>(p.workspace);
+
+  if (prob.append) {
+    const int elem = int(dtype_size(prob.dtype));
+    const int score_bytes = prob.dynamic ? int(dtype_size(prob.score_dtype)) : 0;
+    append_kernel<<<dim3(unsigned(prob.Snew), unsigned(d.B)), 128, 0, stream>>>(
+        cache, static_cast<const char*>(p.k.data), static_cast<const char*>(p.v.data), p.k.stride[0], p.k.stride[1],
+        p.k.stride[2], p.v.stride[0], p.v.stride[1], p.v.stride[2],
+        prob.dynamic ? static_cast<const char*>(p.scores.data) : nullptr, p.scores.stride[0], p.scores.stride[1],
+        p.scores.stride[2], int(d.D) * elem, elem, score_bytes);
+    check(cudaGetLastError(), "append");
+  }
+
+  DecodeAttentionArgs a{};
+  if (prob.dynamic) {
+    DecodeSelectArgs s{};
+    s.cache = cache;
+    s.Sq = int(d.Sq), s.w = int(std::min<int64_t>(prob.window, int64_t(1) << 30)), s.causal = prob.causal;
+    s.chunks = pl.chunks, s.list_cap = pl.list_cap;
+    s.state = reinterpret_cast<SelectState*>(ws + pl.select.state_offset);
+    s.hist = reinterpret_cast<uint32_t*>(ws + pl.select.hist_offset);
+    s.eq_count = reinterpret_cast<int32_t*>(ws + pl.select.eq_offset);
+    s.list = reinterpret_cast<KeptKey*>(ws + pl.select.list_offset);
+    check(run_decode_select(s, pl.rows, ws, pl.select.zeroed_bytes, stream), "selection");
+    a.list = s.list;
+    a.state = s.state;
+    a.list_cap = pl.list_cap;
+  }
+  a.cache = cache;
+  a.q = p.q.data;
+  for (int i = 0; i < 3; ++i) a.q_stride[i] = p.q.stride[i], a.out_stride[i] = p.out.stride[i];
+  a.out = p.out.data;
+  if (p.lse.data) {
+    a.lse = static_cast<float*>(p.lse.data);
+    for (int i = 0; i < 3; ++i) a.lse_stride[i] = p.lse.stride[i];
+  }
+  a.Sq = int(d.Sq), a.H = int(d.H), a.G = int(d.G()), a.D = int(d.D);
+  a.causal = prob.causal, a.add_scores = prob.dynamic && prob.add_scores;
+  a.scale = float(prob.scale), a.softcap = float(prob.softcap);
+  a.splits = pl.splits, a.split_keys = pl.split_keys;
+  if (pl.splits > 1) {
+    a.part_out = reinterpret_cast<float*>(ws + pl.part_out);
+    a.part_lse = reinterpret_cast<float*>(ws + pl.part_lse);
+  }
+
+  const bool bf16 = prob.dtype == DType::bf16;
+  const int bucket = head_dim_bucket(int(d.D));
+  const dim3 grid(unsigned(pl.splits), unsigned(pl.rows), unsigned(pl.m_tiles));
+  cudaError_t err = cudaErrorInvalidValue;
+  bool launched = false;
+#define FDMA_KERNEL(T, IS_BF16, HD)                       \
+  if (!launched && bf16 == IS_BF16 && bucket == HD) {     \
+    err = launch_decode_attention<T, HD>(a, grid, stream); \
+    launched = true;                                      \
+  }
+#include "kernel_list.inc"
+#undef FDMA_KERNEL
+  if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(d.D));
+  check(err, "attention");
+  if (pl.splits > 1) check(run_decode_combine(a, int(d.B * d.H * d.Sq), bf16, stream), "split merge");
+}
+
+}  // namespace fdma::cuda

@@ -1,0 +1,176 @@
+// Attention against a KV cache on the GPU (the decode path) against the float64 reference,
+// with the CPU backend's error on the same inputs as the yardstick (FlashAttention's rule):
+// ragged lengths around the window, paged caches with shuffled pages, appended tokens, Sq
+// 1..16 and a chunked prefill, GQA 1..8, head dims 64/128/256, long rows that take many
+// selection CTAs, 16-bit and tied scores, NaN scores, dense attention; and lengths and page
+// tables that point outside the cache, which must never move an access out of it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "device_tensor.hpp"
+#include "kvcache_case.hpp"
+
+using namespace fdma;
+using namespace fdma::test;
+
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped"
+
+double max_err(const std::vector<double>& a, const std::vector<double>& r) {
+  double m = 0;
+  for (size_t i = 0; i < r.size(); ++i)
+    if (std::isfinite(r[i]) && std::isfinite(a[i])) m = std::max(m, std::fabs(a[i] - r[i]));
+  return m;
+}
+
+// The GPU call on device copies of r's tensors; the caches come back (appends) into r.
+void run_gpu(KvRun& r) {
+  std::vector<HostTensor*> hosts = {&r.q, &r.k_cache, &r.v_cache, &r.score_cache, &r.seqlens, &r.out, &r.lse};
+  if (r.c.page_size) hosts.push_back(&r.table);
+  if (r.c.Snew) hosts.insert(hosts.end(), {&r.k_new, &r.v_new, &r.s_new});
+  std::vector<std::unique_ptr<DeviceTensor>> dev;
+  for (HostTensor* h : hosts) dev.push_back(std::make_unique<DeviceTensor>(*h));
+  auto view = [&](HostTensor& h) {
+    for (size_t i = 0; i < hosts.size(); ++i)
+      if (hosts[i] == &h) return dev[i]->view();
+    return Tensor();
+  };
+  auto device_of = [&](HostTensor& h) -> DeviceTensor& {
+    for (size_t i = 0; i < hosts.size(); ++i)
+      if (hosts[i] == &h) return *dev[i];
+    return *dev[0];
+  };
+  device_of(r.out).poison();
+  device_of(r.lse).poison();
+  KvCacheParams p = r.params();
+  p.q = view(r.q), p.k_cache = view(r.k_cache), p.v_cache = view(r.v_cache);
+  if (r.c.dynamic) p.score_cache = view(r.score_cache);
+  p.cache_seqlens = view(r.seqlens);
+  if (r.c.page_size) p.block_table = view(r.table);
+  if (r.c.Snew) {
+    p.k = view(r.k_new), p.v = view(r.v_new);
+    if (r.c.dynamic) p.scores = view(r.s_new);
+  }
+  p.out = view(r.out), p.lse = view(r.lse);
+  const size_t bytes = kvcache_workspace_size(p);
+  void* ws = nullptr;
+  if (bytes) ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+  p.workspace = ws, p.workspace_bytes = bytes;
+  kvcache_forward(p);
+  FDMA_CUDA_OK(cudaDeviceSynchronize());
+  if (ws) cudaFree(ws);
+  for (HostTensor* h : {&r.out, &r.lse, &r.k_cache, &r.v_cache, &r.score_cache}) device_of(*h).download();
+}
+
+// GPU out/lse against the reference, within twice the CPU backend's error plus rounding.
+void check_case(const KvCase& c) {
+  SCOPED_TRACE(c.str());
+  KvRun cpu(c), gpu(c);
+  cpu.run_cpu();
+  run_gpu(gpu);
+  if (c.Snew) {
+    EXPECT_EQ(cpu.k_cache.values(), gpu.k_cache.values()) << "appended k";
+    EXPECT_EQ(cpu.v_cache.values(), gpu.v_cache.values()) << "appended v";
+    if (c.dynamic) EXPECT_EQ(cpu.score_cache.values(), gpu.score_cache.values()) << "appended scores";
+    cpu.append_reference();
+  }
+  auto [ref_out, ref_lse] = cpu.reference();
+  const auto co = cpu.out.values(), go = gpu.out.values();
+  const double bound = 2 * max_err(co, ref_out) + unit(c.dtype) * std::max(1e-3, max_abs(ref_out)) + 1e-4;
+  EXPECT_TRUE(all_close(go, ref_out, {bound, 0.0}, "out (GPU)")) << "CPU error " << max_err(co, ref_out);
+  EXPECT_TRUE(all_close(gpu.lse.values(), ref_lse, {2e-3, 1e-3}, "lse (GPU)"));
+}
+
+}  // namespace
+
+TEST(KvCacheGpu, DecodeRaggedPagedGroups) {
+  REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (int64_t page : {0, 16, 64})
+    for (auto [H, Hk] : {std::pair<int64_t, int64_t>{4, 4}, {8, 2}, {8, 1}})
+      for (bool causal : {true, false}) {
+        KvCase c;
+        c.B = 6, c.Sq = 1, c.H = H, c.Hk = Hk, c.D = 64, c.w = 40, c.max_len = 300, c.page_size = page;
+        c.causal = causal, c.dtype = DType::bf16, c.seed = seed++;
+        c.lens = {0, 1, 39, 40, 41, 300};
+        check_case(c);
+      }
+}
+
+TEST(KvCacheGpu, SpeculativeQueriesAndChunkedPrefill) {
+  REQUIRE_GPU();
+  uint64_t seed = 30;
+  for (int64_t Sq : {2, 4, 16, 100})
+    for (int64_t page : {0, 32}) {
+      KvCase c;
+      c.B = 3, c.Sq = Sq, c.H = 8, c.Hk = 2, c.D = 128, c.w = 50, c.max_len = 400, c.page_size = page;
+      c.dtype = DType::f16, c.seed = seed++;
+      c.lens = {0, 60, 400 - 0};
+      check_case(c);
+    }
+}
+
+TEST(KvCacheGpu, LongRowsManySelectionCtas) {
+  REQUIRE_GPU();
+  uint64_t seed = 60;
+  for (DType sdt : {DType::f32, DType::bf16})
+    for (bool ties : {false, true}) {
+      KvCase c;
+      c.B = 2, c.Sq = 3, c.H = 4, c.Hk = 2, c.D = 128, c.w = 700, c.max_len = 20000, c.page_size = 64;
+      c.dtype = DType::bf16, c.score_dtype = sdt, c.ties = ties, c.seed = seed++;
+      c.lens = {19999, 9000};
+      check_case(c);
+    }
+}
+
+TEST(KvCacheGpu, AppendsHeadDimsSoftcapNan) {
+  REQUIRE_GPU();
+  uint64_t seed = 90;
+  for (int64_t D : {64, 128, 256})
+    for (bool nan : {false, true}) {
+      KvCase c;
+      c.B = 2, c.Sq = 2, c.H = 4, c.Hk = 1, c.D = D, c.w = 30, c.max_len = 200, c.page_size = 16, c.Snew = 2;
+      c.dtype = DType::bf16, c.nan_scores = nan, c.softcap = nan ? 0.0 : 10.0, c.add_scores = !nan || D != 64;
+      c.seed = seed++;
+      c.lens = {100, 198};
+      check_case(c);
+    }
+}
+
+TEST(KvCacheGpu, DenseAttention) {
+  REQUIRE_GPU();
+  uint64_t seed = 120;
+  for (int64_t page : {0, 16})
+    for (int64_t Sq : {1, 5}) {
+      KvCase c;
+      c.B = 3, c.Sq = Sq, c.H = 8, c.Hk = 2, c.D = 64, c.max_len = 3000, c.page_size = page, c.dynamic = false;
+      c.dtype = DType::bf16, c.seed = seed++, c.Snew = 1;
+      c.lens = {0, 7, 2999};
+      check_case(c);
+    }
+}
+
+// Lengths past the cache are clamped to it; pages outside the cache hold no keys. Nothing is
+// read or written out of bounds (compute-sanitizer runs this test on the device).
+TEST(KvCacheGpu, OutOfRangeLengthsAndPagesStayInBounds) {
+  REQUIRE_GPU();
+  KvCase c;
+  c.B = 3, c.Sq = 2, c.H = 4, c.Hk = 2, c.D = 64, c.w = 20, c.max_len = 128, c.page_size = 16, c.Snew = 1;
+  c.dtype = DType::bf16, c.seed = 150;
+  c.lens = {10, 20, 30};
+  KvRun r(c);
+  r.seqlens.set(0, 1000);   // past the capacity: clamped to 128
+  r.seqlens.set(1, -50);    // negative: no key, nothing appended
+  r.table.set(2 * r.max_pages + 0, 1 << 30);  // sequence 2's first page: not the cache's
+  r.table.set(2 * r.max_pages + 1, -3);
+  run_gpu(r);
+  for (int64_t i = 0; i < r.out.numel(); ++i) ASSERT_TRUE(std::isfinite(r.out.get(i))) << i;
+  // Sequence 1 sees no key: zeros and -inf.
+  for (int64_t i = 0; i < c.Sq * c.H * c.D; ++i) EXPECT_EQ(r.out.get(c.Sq * c.H * c.D + i), 0.0);
+  for (int64_t i = 0; i < c.H * c.Sq; ++i) EXPECT_EQ(r.lse.get(c.H * c.Sq + i), -INFINITY);
+}

@@ -1,0 +1,105 @@
+"""transformers' own Doge model code against the same model switched to flash_dma by
+flash_dma.integrations.transformers.enable: loss, logits and every parameter's gradient
+(A and dt_proj included) in training with the top-w active and with a padded batch, and greedy
+generation through the cache. Token sequences never repeat a token: a repeated token repeats
+its value and so its score, and torch.topk (transformers' path) breaks ties in no set order.
+"""
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import DogeConfig, DogeForCausalLM  # noqa: E402
+
+import flash_dma  # noqa: E402
+
+
+def tiny_doge(device, dtype, keep_window_size=8):
+    torch.manual_seed(0)
+    config = DogeConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, keep_window_size=keep_window_size,
+                        max_position_embeddings=256, attention_dropout=0.0, hidden_dropout=0.0)
+    config._attn_implementation = "eager"
+    model = DogeForCausalLM(config)
+    with torch.no_grad():  # A starts at 0 (every score 1): make the scores differ per key
+        for layer in model.model.layers:
+            layer.self_attn.A.normal_(0, 1)
+    return model.to(device=device, dtype=dtype)
+
+
+def tokens(B, S, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(128, generator=g)[:S] for _ in range(B)]).to(device)
+
+
+def dtype_for(device):
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def tol(dtype):
+    return 1e-4 if dtype == torch.float32 else 5e-2
+
+
+def run(model, ids, mask, labels):
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    return out.loss.detach(), out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                                    if p.grad is not None}
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_training_matches_transformers(device, padded):
+    dtype = dtype_for(device)
+    ref = tiny_doge(device, dtype)
+    ours = flash_dma.integrations.transformers.enable(copy.deepcopy(ref))
+    B, S = 2, 40  # S > keep_window_size: the top-w is active
+    ids = tokens(B, S, device, seed=1)
+    mask = torch.ones(B, S, dtype=torch.long, device=device)
+    labels = ids.clone()
+    if padded:  # right padding on the second sequence
+        mask[1, 30:] = 0
+        labels[1, 30:] = -100
+    loss_r, logits_r, grads_r = run(ref, ids, mask, labels)
+    loss_o, logits_o, grads_o = run(ours, ids, mask, labels)
+    t = tol(dtype)
+    assert abs(loss_r.item() - loss_o.item()) <= t * max(1.0, abs(loss_r.item()))
+    real = mask.bool()
+    assert (logits_r[real].float() - logits_o[real].float()).abs().max().item() <= t * max(
+        1.0, logits_r[real].abs().max().item())
+    assert grads_r.keys() == grads_o.keys()
+    for name in grads_r:
+        g_r, g_o = grads_r[name].float(), grads_o[name].float()
+        scale = max(1e-3, g_r.abs().max().item())
+        assert (g_r - g_o).abs().max().item() <= 10 * t * scale, name
+    assert any("dt_proj" in n for n in grads_o) and any(n.endswith(".A") for n in grads_o)
+
+
+def test_greedy_generation_matches_transformers(device, monkeypatch):
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    ref = tiny_doge(device, dtype, keep_window_size=6)
+    ours = flash_dma.integrations.transformers.enable(copy.deepcopy(ref))
+    from flash_dma.integrations import doge
+
+    decode_calls = []
+    kvcache = doge.dynamic_mask_attention_with_kvcache
+    monkeypatch.setattr(doge, "dynamic_mask_attention_with_kvcache",
+                        lambda *a, **k: decode_calls.append(1) or kvcache(*a, **k))
+    ids = tokens(2, 12, device, seed=2)
+    mask = torch.ones_like(ids)
+    kw = dict(max_new_tokens=10, do_sample=False, attention_mask=mask, pad_token_id=0)
+    with torch.no_grad():
+        out_r = ref.generate(ids, **kw)
+        out_o = ours.generate(ids, **kw)
+    assert torch.equal(out_r, out_o)
+    assert len(decode_calls) == 10 * 2  # the 12-token prompt and every step, both layers: the KV-cache path
+
+
+def test_enable_needs_doge_layers():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2))
+    with pytest.raises(ValueError, match="DogeAttention"):
+        flash_dma.integrations.transformers.enable(model)

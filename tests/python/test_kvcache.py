@@ -1,0 +1,199 @@
+"""flash_dma's KV-cache calls (the inference path) against dynamic_mask_attention / attention
+on each sequence's own contiguous tensors and against the float64 reference: ragged lengths,
+paged caches with shuffled pages, appended tokens, GQA, dense attention; torch.compile with
+fullgraph; CUDA graph capture of a decode loop (on CUDA); bad input.
+
+`pytest tests/python --device cuda` runs them on the GPU.
+"""
+import pytest
+import torch
+
+import flash_dma
+from reference import attention_ref, select_ref
+
+
+def rand(shape, dtype, device, seed, lo=-1.0, hi=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(device=device, dtype=dtype)
+
+
+def dtype_of(device):
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def tol(dtype):
+    return {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]
+
+
+class Cache:
+    """Random contiguous caches [B, max_len, Hk, D] / [B, Hk, max_len] and, with page_size, the
+    same content in shuffled pages [num_pages, page_size, Hk, D] / [num_pages, page_size, Hk]."""
+
+    def __init__(self, B, max_len, Hk, D, dtype, device, seed, page_size=0):
+        self.k = rand((B, max_len, Hk, D), dtype, device, seed)
+        self.v = rand((B, max_len, Hk, D), dtype, device, seed + 1)
+        self.s = rand((B, Hk, max_len), torch.float32, device, seed + 2, -2, 2)
+        self.page_size = page_size
+        if page_size:
+            pages = (max_len + page_size - 1) // page_size
+            g = torch.Generator().manual_seed(seed + 3)
+            perm = torch.randperm(B * pages + 2, generator=g)[: B * pages].to(torch.int32)
+            self.table = perm.view(B, pages).to(device)
+            n = B * pages + 2
+            self.kp = torch.zeros((n, page_size, Hk, D), dtype=dtype, device=device)
+            self.vp = torch.zeros_like(self.kp)
+            self.sp = torch.zeros((n, page_size, Hk), dtype=torch.float32, device=device)
+            for b in range(B):
+                for p in range(pages):
+                    lo, hi = p * page_size, min(max_len, (p + 1) * page_size)
+                    page = int(self.table[b, p])
+                    self.kp[page, : hi - lo] = self.k[b, lo:hi]
+                    self.vp[page, : hi - lo] = self.v[b, lo:hi]
+                    self.sp[page, : hi - lo] = self.s[b, :, lo:hi].transpose(0, 1)
+
+    def args(self):
+        if self.page_size:
+            return dict(k_cache=self.kp, v_cache=self.vp, score_cache=self.sp, block_table=self.table)
+        return dict(k_cache=self.k, v_cache=self.v, score_cache=self.s)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+@pytest.mark.parametrize("Sq", [1, 4])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+def test_dynamic_kvcache_matches_per_sequence_calls(device, page_size, Sq, heads):
+    H, Hk = heads
+    B, D, w, max_len = 4, 32, 10, 70
+    dtype = dtype_of(device)
+    c = Cache(B, max_len, Hk, D, dtype, device, seed=11 + Sq + H, page_size=page_size)
+    lens = torch.tensor([0, 5, 10, 70], dtype=torch.int32, device=device)
+    q = rand((B, Sq, H, D), dtype, device, 5)
+    out, lse = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, return_lse=True,
+                                                             **c.args())
+    for b in range(B):
+        L = int(lens[b])
+        if L == 0:
+            assert torch.all(out[b] == 0) and torch.all(lse[b] == float("-inf"))
+            continue
+        kb, vb, sb = c.k[b:b + 1, :L], c.v[b:b + 1, :L], c.s[b:b + 1, :, :L]
+        expect = flash_dma.dynamic_mask_attention(q[b:b + 1], kb, vb, sb, window_size=w)
+        scale = max(1.0, expect.abs().max().item())
+        assert (out[b:b + 1].double() - expect.double()).abs().max().item() <= tol(dtype) * scale
+        keep = select_ref(sb, w, Sq, True)  # [1, Hk, Sq, L]
+        ref = attention_ref(q[b:b + 1], kb, vb, mask=keep, bias=sb.unsqueeze(2))
+        assert (out[b:b + 1].double() - ref).abs().max().item() <= tol(dtype) * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_appends_new_tokens_before_attending(device, page_size):
+    B, Hk, H, D, w, max_len, Snew = 2, 2, 4, 16, 6, 48, 3
+    dtype = dtype_of(device)
+    c = Cache(B, max_len, Hk, D, dtype, device, seed=31, page_size=page_size)
+    lens = torch.tensor([4, 40], dtype=torch.int32, device=device)
+    k, v = rand((B, Snew, Hk, D), dtype, device, 40), rand((B, Snew, Hk, D), dtype, device, 41)
+    s = rand((B, Hk, Snew), torch.float32, device, 42, -2, 2)
+    q = rand((B, Snew, H, D), dtype, device, 43)
+    out = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, k=k, v=v, scores=s,
+                                                        **c.args())
+    for b in range(B):
+        L0 = int(lens[b])
+        c.k[b, L0:L0 + Snew], c.v[b, L0:L0 + Snew], c.s[b, :, L0:L0 + Snew] = k[b], v[b], s[b]
+        L = L0 + Snew
+        expect = flash_dma.dynamic_mask_attention(q[b:b + 1], c.k[b:b + 1, :L], c.v[b:b + 1, :L],
+                                                  c.s[b:b + 1, :, :L], window_size=w)
+        assert (out[b:b + 1].float() - expect.float()).abs().max().item() <= tol(dtype)
+        if page_size:  # the new rows landed on the sequence's pages
+            for t in range(Snew):
+                page, slot = int(c.table[b, (L0 + t) // page_size]), (L0 + t) % page_size
+                assert torch.equal(c.kp[page, slot], k[b, t]) and torch.equal(c.sp[page, slot], s[b, :, t])
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_dense_kvcache_matches_attention(device, page_size):
+    B, Hk, H, D, max_len, Sq = 3, 1, 4, 32, 40, 2
+    dtype = dtype_of(device)
+    c = Cache(B, max_len, Hk, D, dtype, device, seed=51, page_size=page_size)
+    a = c.args()
+    a.pop("score_cache")
+    lens = torch.tensor([1, 17, 40], dtype=torch.int32, device=device)
+    q = rand((B, Sq, H, D), dtype, device, 52)
+    out = flash_dma.attention_with_kvcache(q, cache_seqlens=lens, **a)
+    for b in range(B):
+        L = int(lens[b])
+        expect = flash_dma.attention(q[b:b + 1], c.k[b:b + 1, :L], c.v[b:b + 1, :L], is_causal=True)
+        assert (out[b:b + 1].float() - expect.float()).abs().max().item() <= tol(dtype)
+
+
+def test_compiles_with_fullgraph(device):
+    B, Hk, H, D, w, max_len = 2, 2, 4, 16, 8, 64
+    dtype = dtype_of(device)
+    c = Cache(B, max_len, Hk, D, dtype, device, seed=61, page_size=16)
+    lens = torch.tensor([20, 63], dtype=torch.int32, device=device)
+    q = rand((B, 1, H, D), dtype, device, 62)
+    eager = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **c.args())
+
+    @torch.compile(fullgraph=True)
+    def step(q, lens):
+        return flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **c.args())
+
+    assert torch.equal(step(q, lens), eager)
+
+
+def test_cuda_graph_decode_loop(device):
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    B, Hk, H, D, w, max_len, steps = 2, 2, 8, 64, 16, 256, 5
+    dtype = torch.bfloat16
+    c = Cache(B, max_len, Hk, D, dtype, device, seed=71, page_size=16)
+    ref = Cache(B, max_len, Hk, D, dtype, device, seed=71, page_size=16)
+    lens = torch.tensor([30, 100], dtype=torch.int32, device=device)
+    q = torch.zeros((B, 1, H, D), dtype=dtype, device=device)
+    k, v = torch.zeros((B, 1, Hk, D), dtype=dtype, device=device), torch.zeros((B, 1, Hk, D), dtype=dtype, device=device)
+    s = torch.zeros((B, Hk, 1), dtype=torch.float32, device=device)
+
+    def step():
+        return flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, k=k, v=v, scores=s,
+                                                             **c.args())
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up (workspace sizes, module load); appends at 30 and 100, overwritten below
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    ref_lens = lens.clone()
+    for t in range(steps):
+        q.copy_(rand(q.shape, dtype, device, 100 + t))
+        k.copy_(rand(k.shape, dtype, device, 200 + t))
+        v.copy_(rand(v.shape, dtype, device, 300 + t))
+        s.copy_(rand(s.shape, torch.float32, device, 400 + t, -2, 2))
+        graph.replay()
+        expect = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=ref_lens, window_size=w, k=k, v=v,
+                                                               scores=s, **ref.args())
+        torch.cuda.synchronize()
+        assert torch.equal(out, expect), f"step {t}"
+        lens += 1
+        ref_lens += 1
+
+
+def test_bad_input_names_the_argument(device):
+    B, Hk, H, D = 2, 2, 4, 16
+    dtype = dtype_of(device)
+    c = Cache(B, 32, Hk, D, dtype, device, seed=81)
+    q = rand((B, 1, H, D), dtype, device, 82)
+    lens = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=0, **c.args())
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens.long(), window_size=4, **c.args())
+    with pytest.raises(ValueError, match="k and v go together"):
+        flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=4, k=c.k[:, :1], **c.args())
+    bad = c.args()
+    bad["score_cache"] = bad["score_cache"][:, :1]
+    with pytest.raises(ValueError, match="score_cache.shape"):
+        flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=4, **bad)
+    if device.type == "cpu":  # the CPU reads the lengths; the GPU clamps them instead
+        with pytest.raises(ValueError, match=r"cache_seqlens\[1\]"):
+            flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=torch.tensor([3, 33], dtype=torch.int32),
+                                                          window_size=4, **c.args())
