@@ -14,7 +14,7 @@ start=$(date +%s)
 cmake --build build -j "$(nproc)" --target fdma fdma_gpu_tests >"$OUT/build.log" 2>&1 ||
   { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
-export FDMA_LIBRARY=$PWD/build/libfdma.so PYTHONUNBUFFERED=1
+export FDMA_LIBRARY=$PWD/build/libfdma.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 build/tests/fdma_gpu_tests --gtest_filter="${GTEST_FILTER:-KvCache*}" >"$OUT/gtest.log" 2>&1
 echo "gtest rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.log" | tr '\n' ' ')"
 grep -E "Failure|FAILED|error" "$OUT/gtest.log" | head -20
