@@ -154,9 +154,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true", help="ours alone on the two latency configurations")
     args = ap.parse_args()
     rows = []
-    if args.sweep:
+    if args.quick:
+        rows.append(run_config(8, 32, 8, 131072, 128, 2048, baselines=False))
+        rows.append(run_config(1, 2, 1, 524288, 64, 1024, baselines=False))
+        rows.append(run_config(8, 32, 8, 131072, 128, 2048, page_size=64))
+    elif args.sweep:
         for K in [4096, 16384, 65536, 262144, 1048576]:
             rows.append(run_config(1, 32, 8, K, 128, 2048))
     else:

@@ -124,9 +124,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_pass_kernel(DecodeSelec
   for (int i = tid; i < Dg::kBins; i += kSelectThreads) hist[i] = 0;
   __syncthreads();
   const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
-  for (int j = j0 + tid; j < j1; j += kSelectThreads) {
-    const uint32_t bits = read_key(a.cache, r.b, r.hk, j).bits;
-    if (bits != 0 && Dg::in_bucket(bits, prefix)) atomicAdd(&hist[Dg::of(bits)], 1u);
+  // Scores crowd into few bins (a float's top bits are its sign and exponent): lanes with the
+  // same bin add once, through their lowest lane, instead of serializing on one address.
+  for (int base = j0; base < j1; base += kSelectThreads) {
+    const int j = base + tid;
+    const uint32_t bits = j < j1 ? read_key(a.cache, r.b, r.hk, j).bits : 0u;
+    const bool counted = bits != 0 && Dg::in_bucket(bits, prefix);
+    const uint32_t bin = counted ? Dg::of(bits) : ~0u;
+    const unsigned same = __match_any_sync(0xffffffffu, bin);
+    if (counted && (tid % 32) == __ffs(same) - 1) atomicAdd(&hist[bin], uint32_t(__popc(same)));
   }
   __syncthreads();
   uint32_t* g = a.hist + size_t(r.row) * kSelectBins;

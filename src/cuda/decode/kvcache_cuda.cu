@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "core/device.hpp"
@@ -65,6 +66,8 @@ int sm_count() {
   return sms;
 }
 
+constexpr int kCtasPerSm = 8;
+
 // Grid and workspace of one call, from shapes alone.
 struct Plan {
   int rows, m_tiles, chunks = 0, list_cap = 0, splits, split_keys;
@@ -84,9 +87,12 @@ Plan plan_of(const detail::KvCacheProblem& prob) {
     n_max = pl.list_cap;
     pl.select_bytes = decode_select_workspace(pl.rows, pl.chunks, pl.list_cap, &pl.select);
   }
-  // About four CTAs per SM over all rows, and at least one 64-key block per split.
+  // About kCtasPerSm CTAs per SM over all rows, and at least one 64-key block per split.
+  // FDMA_DECODE_CTAS_PER_SM overrides it for tuning runs (bench/bench_decode.py).
   const int64_t ctas = int64_t(pl.rows) * pl.m_tiles;
-  int64_t splits = std::max<int64_t>(1, (4 * sm_count() + ctas - 1) / ctas);
+  int64_t per_sm = kCtasPerSm;
+  if (const char* env = std::getenv("FDMA_DECODE_CTAS_PER_SM")) per_sm = std::max(1, std::atoi(env));
+  int64_t splits = std::max<int64_t>(1, (per_sm * sm_count() + ctas - 1) / ctas);
   splits = std::min<int64_t>(splits, (n_max + 63) / 64);
   splits = std::max<int64_t>(splits, 1);
   int64_t per = (n_max + splits - 1) / splits;
