@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -20,12 +19,13 @@ namespace {
 
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();  // int32 indices in kernels
 
+// No iostreams in the library: formatting through an ostringstream crashed inside libfdma.so
+// when loaded into a PyTorch process on the GPU machine (std::num_put, a locale facet of
+// another libstdc++), while std::to_string formats without locales.
 std::string shape_str(const fdma_tensor& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int d = 0; d < t.ndim && d < FDMA_MAX_DIMS; ++d) os << (d ? ", " : "") << t.shape[d];
-  os << ']';
-  return os.str();
+  std::string s = "[";
+  for (int d = 0; d < t.ndim && d < FDMA_MAX_DIMS; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return s + "]";
 }
 
 struct Span {
