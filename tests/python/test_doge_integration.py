@@ -77,8 +77,11 @@ def test_training_matches_transformers(device, padded):
 
 
 def test_greedy_generation_matches_transformers(device, monkeypatch):
+    # On the GPU the model runs in float16, whose scores tie often enough that torch.topk's
+    # arbitrary tie order changes the selection: there the window holds every key (the decode
+    # path end to end); the top-w under generate() is compared on the CPU, in float32.
     dtype = torch.float32 if device.type == "cpu" else torch.float16
-    ref = tiny_doge(device, dtype, keep_window_size=6)
+    ref = tiny_doge(device, dtype, keep_window_size=6 if device.type == "cpu" else 64)
     ours = flash_dma.integrations.transformers.enable(copy.deepcopy(ref))
     from flash_dma.integrations import doge
 

@@ -54,6 +54,27 @@ __device__ __forceinline__ KeyRead read_key(const CacheView& c, int b, int hk, i
   return k;
 }
 
+constexpr int kItems = kSelectChunk / kSelectThreads;  // keys per thread and chunk
+
+// A chunk's keys, thread t taking keys j0 + i * kSelectThreads + t: every load is issued
+// before any is used (one at a time, a CTA waited out its 16 memory latencies in turn).
+__device__ __forceinline__ void load_chunk(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
+                                           KeyRead (&keys)[kItems]) {
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int j = j0 + i * kSelectThreads + int(threadIdx.x);
+    keys[i] = j < j1 ? read_key(a.cache, r.b, r.hk, j) : KeyRead{0u, 0, 0.f};
+  }
+}
+__device__ __forceinline__ void load_chunk_bits(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
+                                                uint32_t (&bits)[kItems]) {
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int j = j0 + i * kSelectThreads + int(threadIdx.x);
+    bits[i] = j < j1 ? read_key(a.cache, r.b, r.hk, j).bits : 0u;
+  }
+}
+
 template <int kPass>
 struct Digit {
   static constexpr int kShift = kPass == 0 ? 21 : kPass == 1 ? 10 : 0;
@@ -124,16 +145,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_pass_kernel(DecodeSelec
   for (int i = tid; i < Dg::kBins; i += kSelectThreads) hist[i] = 0;
   __syncthreads();
   const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
-  // Scores crowd into few bins (a float's top bits are its sign and exponent): lanes with the
-  // same bin add once, through their lowest lane, instead of serializing on one address.
-  for (int base = j0; base < j1; base += kSelectThreads) {
-    const int j = base + tid;
-    const uint32_t bits = j < j1 ? read_key(a.cache, r.b, r.hk, j).bits : 0u;
-    const bool counted = bits != 0 && Dg::in_bucket(bits, prefix);
-    const uint32_t bin = counted ? Dg::of(bits) : ~0u;
-    const unsigned same = __match_any_sync(0xffffffffu, bin);
-    if (counted && (tid % 32) == __ffs(same) - 1) atomicAdd(&hist[bin], uint32_t(__popc(same)));
-  }
+  uint32_t bits[kItems];
+  load_chunk_bits(a, r, j0, j1, bits);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i)
+    if (bits[i] != 0 && Dg::in_bucket(bits[i], prefix)) atomicAdd(&hist[Dg::of(bits[i])], 1u);
   __syncthreads();
   uint32_t* g = a.hist + size_t(r.row) * kSelectBins;
   for (int i = tid; i < Dg::kBins; i += kSelectThreads)
@@ -173,9 +189,12 @@ __global__ void __launch_bounds__(kSelectThreads) select_ties_kernel(DecodeSelec
   if (int(blockIdx.x) >= r.chunks) return;
   const SelectState& st = a.state[r.row];
   if (!ties_matter(st)) return;
-  int n = 0;
   const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
-  for (int j = j0 + threadIdx.x; j < j1; j += kSelectThreads) n += read_key(a.cache, r.b, r.hk, j).bits == st.prefix;
+  uint32_t bits[kItems];
+  load_chunk_bits(a, r, j0, j1, bits);
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) n += bits[i] != 0 && bits[i] == st.prefix;
   n = block_sum(n);
   if (threadIdx.x == 0) a.eq_count[size_t(r.row) * a.chunks + blockIdx.x] = n;
 }
@@ -199,10 +218,14 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   KeptKey* list = a.list + size_t(r.row) * a.list_cap;
   const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
+  KeyRead keys[kItems];
+  load_chunk(a, r, j0, j1, keys);
   // Whole iterations for every thread: the tie ranks need the CTA's barriers.
-  for (int base = j0; base < j1; base += kSelectThreads) {
-    const int j = base + threadIdx.x;
-    const KeyRead key = j < j1 ? read_key(a.cache, r.b, r.hk, j) : KeyRead{0u, 0, 0.f};
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (j0 + i * kSelectThreads >= j1) break;  // uniform over the CTA
+    const int j = j0 + i * kSelectThreads + threadIdx.x;
+    const KeyRead key = keys[i];
     bool keep = key.bits != 0 && (keep_all || key.bits > tau);
     if (ties) {  // rank among the threshold keys, in position order
       const bool eq = !keep_all && key.bits != 0 && key.bits == tau;
