@@ -126,8 +126,9 @@ def run_config(B, H, Hk, K, D, w, Sq=1, page_size=0, baselines=True):
     return row
 
 
-def selection_share(B, H, Hk, K, D, w):
-    """Kernel times of one call by the profiler: the selection's and the whole step's (µs)."""
+def kernel_breakdown(B, H, Hk, K, D, w):
+    """Per-kernel device time of one call (µs, from the profiler over 10 calls), and the
+    selection's share (its kernels and the state memset)."""
     sets = make_sets(B, K, Hk, D, 0, 1, seed=3)
     lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
     q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
@@ -139,15 +140,18 @@ def selection_share(B, H, Hk, K, D, w):
         for _ in range(10):
             f()
         torch.cuda.synchronize()
-    sel = tot = 0.0
+    per = {}
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-        tot += us
-        if "select" in e.name or "Memset" in e.name or "memset" in e.name:
-            sel += us
-    return sel / 10, tot / 10
+        name = e.name.split("(")[0].split("<")[0].replace("void ", "").replace("fdma::cuda::", "")
+        per[name] = per.get(name, 0.0) + us / 10
+    sel = sum(v for n, v in per.items() if "select" in n or "emset" in n)
+    print(f"kernels of one call, B{B} Hk{Hk} K{K} w{w}: " +
+          ", ".join(f"{n.strip()} {v:.1f}" for n, v in per.items()))
+    print(f"  selection {sel:.1f} us of {sum(per.values()):.1f} us of kernel time")
+    return sel, sum(per.values())
 
 
 def main():
@@ -158,6 +162,8 @@ def main():
     args = ap.parse_args()
     rows = []
     if args.quick:
+        kernel_breakdown(8, 32, 8, 131072, 128, 2048)
+        kernel_breakdown(1, 32, 8, 4096, 128, 2048)
         rows.append(run_config(8, 32, 8, 131072, 128, 2048, baselines=False))
         rows.append(run_config(1, 2, 1, 524288, 64, 1024, baselines=False))
         rows.append(run_config(8, 32, 8, 131072, 128, 2048, page_size=64))
@@ -171,8 +177,7 @@ def main():
         rows.append(run_config(8, 32, 8, 131072, 128, 2048, Sq=4, baselines=False))
         for page in (16, 64):
             rows.append(run_config(8, 32, 8, 131072, 128, 2048, page_size=page))
-        sel, tot = selection_share(8, 32, 8, 131072, 128, 2048)
-        print(f"selection kernels {sel:.1f} us of {tot:.1f} us of kernel time per step (B8 Hk8 K128K w2048)")
+        kernel_breakdown(8, 32, 8, 131072, 128, 2048)
     print(f"{'config':<40} {'ours ms':>8} {'GB/s':>7} {'dense':>8} {'topk':>8} {'diff':>8}")
     for r in rows:
         name = f"B{r['B']} H{r['H']} Hk{r['Hk']} K{r['K']} D{r['D']} w{r['w']} Sq{r['Sq']} p{r['page']}"

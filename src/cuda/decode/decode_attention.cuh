@@ -85,29 +85,39 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeAttentionAr
     qi[h] = rr < rows_total ? rr % a.Sq : -1;
   }
 
-  // Records and K/V rows of block `blk` into `stage`.
+  // Block blk's key records (threads < 64, one key each): the kept list's entry, or dense, the
+  // position itself. They are fetched one block ahead of their K/V rows, into registers, so
+  // that a block's K/V loads never wait on its records' latency.
   const T* kc = static_cast<const T*>(c.k);
   const T* vc = static_cast<const T*>(c.v);
-  auto prefetch = [&](int blk, int stage) {
-    if (tid < 64) {
-      const int idx = k_begin + blk * 64 + tid;
-      uint32_t queries = 0;
-      float score = 0.f;
-      int outer = 0, inner = 0;
-      if (idx < k_end) {
-        if (a.list) {
-          const KeptKey kk = a.list[size_t(row) * a.list_cap + idx];
-          queries = kk.queries, score = kk.score, outer = kk.page, inner = kk.pos;
-          if (c.block_table) inner = kk.pos - c.page_size.div(kk.pos) * c.page_size.divisor;
-        } else if (locate(c, b, idx, outer, inner)) {
+  auto fetch_record = [&](int blk) {
+    KeptKey rec{0, 0, 0u, 0.f};
+    const int idx = k_begin + blk * 64 + tid;
+    if (tid < 64 && idx < k_end) {
+      if (a.list) {
+        rec = a.list[size_t(row) * a.list_cap + idx];
+      } else {
+        int outer, inner;
+        if (locate(c, b, idx, outer, inner)) {
           const int first = a.causal ? max(0, idx - (L - a.Sq)) : 0;
-          queries = uint32_t(first) | (uint32_t(a.Sq) << 16);
+          rec = KeptKey{idx, outer, uint32_t(first) | (uint32_t(a.Sq) << 16), 0.f};
         }
       }
-      keys[stage].queries[tid] = queries;
-      keys[stage].score[tid] = score;
-      keys[stage].k_off[tid] = queries ? outer * c.k_stride[0] + inner * c.k_stride[1] + hk * c.k_stride[2] : -1;
-      keys[stage].v_off[tid] = queries ? outer * c.v_stride[0] + inner * c.v_stride[1] + hk * c.v_stride[2] : -1;
+    }
+    return rec;
+  };
+  KeptKey pending = fetch_record(0);
+  // Block blk's records into keys[stage] and its K/V rows on their way into `stage`.
+  auto prefetch = [&](int blk, int stage) {
+    if (tid < 64) {
+      const KeptKey rec = pending;
+      pending = fetch_record(blk + 1);
+      const int outer = rec.page;  // the page, or the batch of a contiguous cache
+      const int inner = c.block_table ? rec.pos - c.page_size.div(rec.pos) * c.page_size.divisor : rec.pos;
+      keys[stage].queries[tid] = rec.queries;
+      keys[stage].score[tid] = rec.score;
+      keys[stage].k_off[tid] = rec.queries ? outer * c.k_stride[0] + inner * c.k_stride[1] + hk * c.k_stride[2] : -1;
+      keys[stage].v_off[tid] = rec.queries ? outer * c.v_stride[0] + inner * c.v_stride[1] + hk * c.v_stride[2] : -1;
     }
     __syncthreads();
     const uint32_t base = kv_smem + stage * Tile::kStageBytes;
