@@ -145,7 +145,8 @@ def kernel_breakdown(B, H, Hk, K, D, w):
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-        name = e.name.split("(")[0].split("<")[0].replace("void ", "").replace("fdma::cuda::", "")
+        name = e.name.replace("(anonymous namespace)::", "").replace("void ", "").replace("fdma::cuda::", "")
+        name = name.split("(")[0].split("<")[0] + ("<" + name.split("<")[1].split(">")[0] + ">" if "pass" in name else "")
         per[name] = per.get(name, 0.0) + us / 10
     sel = sum(v for n, v in per.items() if "select" in n or "emset" in n)
     print(f"kernels of one call, B{B} Hk{Hk} K{K} w{w}: " +
