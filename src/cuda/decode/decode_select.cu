@@ -131,31 +131,28 @@ __device__ void resolve_digit(const uint32_t* hist, SelectState& st, int need, b
   }
 }
 
-// The first digit's histogram without atomics. A float's top 11 bits are its sign, exponent
-// and 2 mantissa bits, so scores crowd into a few bins: shared-memory atomics serialized on
-// them (about 10 us per 4096-key CTA on the H100), and letting same-bin lanes add once
-// (match_any) cost more than it saved. Here each lane counts in bytes of its own
-// (bytes[bin * 32 + lane], at most kItems per chunk), then the CTA sums each bin's 32 bytes.
-__device__ __forceinline__ void lane_private_histogram(const uint32_t (&bits)[kItems], uint32_t* hist) {
-  extern __shared__ __align__(16) unsigned char counts[];  // [kSelectBins][32]
-  const int tid = threadIdx.x, lane = tid % 32;
-  uint4* zero = reinterpret_cast<uint4*>(counts);
-  for (int i = tid; i < kSelectBins * 32 / 16; i += kSelectThreads) zero[i] = make_uint4(0, 0, 0, 0);
+// The first digit's histogram. A float's top 11 bits are its sign, exponent and 2 mantissa
+// bits, so scores crowd into a few bins, and shared-memory atomics on one address serialize:
+// about 10 us per 4096-key CTA on the H100 with one counter per bin (letting same-bin lanes add
+// once through match_any cost more than it saved). Eight replicas of each counter, lane % 8
+// choosing one, cut the collisions eightfold; the CTA then sums each bin's eight.
+__device__ __forceinline__ void replicated_histogram(const uint32_t (&bits)[kItems], uint32_t* hist) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  uint32_t* rep = reinterpret_cast<uint32_t*>(smem_bytes);  // [kSelectBins][8]
+  const int tid = threadIdx.x;
+  uint4* zero = reinterpret_cast<uint4*>(rep);
+  for (int i = tid; i < kSelectBins * 8 / 4; i += kSelectThreads) zero[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < kItems; ++i)
-    if (bits[i] != 0) ++counts[Digit<0>::of(bits[i]) * 32 + lane];
+    if (bits[i] != 0) atomicAdd(&rep[Digit<0>::of(bits[i]) * 8 + (tid & 7)], 1u);
   __syncthreads();
   // Thread t sums bins t + 256 k; its 8 words start at a lane-dependent offset so that a
   // warp's 32 reads fall in 32 banks.
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(counts);
   for (int bin = tid; bin < kSelectBins; bin += kSelectThreads) {
     uint32_t sum = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t w = words[bin * 8 + ((i + tid / 4) & 7)];
-      sum += (w & 0xffu) + ((w >> 8) & 0xffu) + ((w >> 16) & 0xffu) + (w >> 24);
-    }
+    for (int i = 0; i < 8; ++i) sum += rep[bin * 8 + ((i + tid / 4) & 7)];
     hist[bin] = sum;
   }
 }
@@ -177,7 +174,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_pass_kernel(DecodeSelec
   uint32_t bits[kItems];
   load_chunk_bits(a, r, j0, j1, bits);
   if constexpr (kPass == 0) {
-    lane_private_histogram(bits, hist);
+    replicated_histogram(bits, hist);
   } else {  // only the keys of one bucket count, spread over its sub-bins: few collide
 #pragma unroll
     for (int i = 0; i < kItems; ++i)
@@ -193,9 +190,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_pass_kernel(DecodeSelec
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  for (int i = tid; i < Dg::kBins; i += kSelectThreads) {
-    hist[i] = __ldcg(&g[i]);
-    g[i] = 0;  // zero for the next pass
+  // All of this thread's bins in flight at once, then zeroed for the next pass.
+  constexpr int kPer = Dg::kBins / kSelectThreads;
+  uint32_t v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) v[k] = __ldcg(&g[tid + k * kSelectThreads]);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    hist[tid + k * kSelectThreads] = v[k];
+    g[tid + k * kSelectThreads] = 0;
   }
   __syncthreads();
   resolve_digit<kPass>(hist, st, kPass == 0 ? a.w : st.remaining, kPass == final_pass);
@@ -253,11 +256,12 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
   const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
   KeyRead keys[kItems];
   load_chunk(a, r, j0, j1, keys);
-  // Whole iterations for every thread: the tie ranks need the CTA's barriers.
+  // Which of this thread's keys are kept. Whole iterations for every thread: the tie ranks
+  // need the CTA's barriers.
+  uint32_t kept = 0;  // bit i: keys[i]
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     if (j0 + i * kSelectThreads >= j1) break;  // uniform over the CTA
-    const int j = j0 + i * kSelectThreads + threadIdx.x;
     const KeyRead key = keys[i];
     bool keep = key.bits != 0 && (keep_all || key.bits > tau);
     if (ties) {  // rank among the threshold keys, in position order
@@ -273,14 +277,38 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
     } else {
       keep |= !keep_all && key.bits != 0 && key.bits == tau;
     }
-    // One atomic per warp for its kept keys' slots.
-    const unsigned kept = __ballot_sync(0xffffffffu, keep);
-    int slot0 = 0;
-    if (lane == 0 && kept) slot0 = atomicAdd(&st.listed, __popc(kept));
-    slot0 = __shfl_sync(0xffffffffu, slot0, 0);
-    const int slot = slot0 + __popc(kept & ((1u << lane) - 1));
-    if (keep && slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
+    kept |= uint32_t(keep) << i;
   }
+  // Slots: one atomic per CTA (an atomic per warp and iteration waited out 16 latencies).
+  __shared__ int warp_base[kSelectThreads / 32];
+  __shared__ int cta_base;
+  const int mine = __popc(kept);
+  int incl = mine;  // inclusive scan over the warp
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) warp_base[warp] = incl;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int w = 0; w < kSelectThreads / 32; ++w) {
+      const int n = warp_base[w];
+      warp_base[w] = total;
+      total += n;
+    }
+    cta_base = total ? atomicAdd(&st.listed, total) : 0;
+  }
+  __syncthreads();
+  int slot = cta_base + warp_base[warp] + incl - mine;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i)
+    if ((kept >> i) & 1u) {
+      if (slot < a.list_cap)
+        list[slot] = KeptKey{j0 + i * kSelectThreads + int(threadIdx.x), keys[i].outer, uint32_t(a.Sq) << 16,
+                             keys[i].score};
+      ++slot;
+    }
 }
 
 // Causal calls with Sq > 1: query t of the new ones also sees keys V0 .. V0 + t - 1 (at most
@@ -367,7 +395,7 @@ cudaError_t run_decode_select(const DecodeSelectArgs& a, int rows, void* zeroed,
   const dim3 grid(a.chunks, rows);
   // 16-bit scores are settled after two passes (nothing below bit 16).
   const int final_pass = a.cache.score_dtype == 1 ? 2 : 1;
-  const int lane_bytes = kSelectBins * 32;  // select_pass_kernel<0>'s per-lane counters
+  const int lane_bytes = kSelectBins * 8 * 4;  // select_pass_kernel<0>'s replicated counters
   cudaError_t err2 = cudaFuncSetAttribute(select_pass_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, lane_bytes);
   if (err2 != cudaSuccess) return err2;
   select_pass_kernel<0><<<grid, kSelectThreads, lane_bytes, stream>>>(a, final_pass);
