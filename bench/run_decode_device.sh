@@ -22,6 +22,9 @@ if [ "${SANITIZE:-1}" = 1 ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/fdma_gpu_tests \
     --gtest_filter='KvCacheGpu.OutOfRange*:KvCacheGpu.Speculative*:KvCacheGpu.Dense*' >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc $?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+  compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/fdma_gpu_tests \
+    --gtest_filter='KvCacheGpu.Speculative*' >"$OUT/racecheck.log" 2>&1
+  echo "racecheck rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
 fi
 python3 -m pytest tests/python/test_kvcache.py tests/python/test_doge_integration.py --device cuda -q -x \
   >"$OUT/pytest.log" 2>&1
