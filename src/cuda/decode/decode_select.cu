@@ -56,16 +56,8 @@ __device__ __forceinline__ KeyRead read_key(const CacheView& c, int b, int hk, i
 
 constexpr int kItems = kSelectChunk / kSelectThreads;  // keys per thread and chunk
 
-// A chunk's keys, thread t taking keys j0 + i * kSelectThreads + t: every load is issued
-// before any is used (one at a time, a CTA waited out its 16 memory latencies in turn).
-__device__ __forceinline__ void load_chunk(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
-                                           KeyRead (&keys)[kItems]) {
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int j = j0 + i * kSelectThreads + int(threadIdx.x);
-    keys[i] = j < j1 ? read_key(a.cache, r.b, r.hk, j) : KeyRead{0u, 0, 0.f};
-  }
-}
+// A chunk's keys' order bits, thread t taking keys j0 + i * kSelectThreads + t: every load is
+// issued before any is used (one at a time, a CTA waited out its memory latencies in turn).
 __device__ __forceinline__ void load_chunk_bits(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
                                                 uint32_t (&bits)[kItems]) {
 #pragma unroll
@@ -254,18 +246,18 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   KeptKey* list = a.list + size_t(r.row) * a.list_cap;
   const int j0 = blockIdx.x * kSelectChunk, j1 = min(r.V0, j0 + kSelectChunk);
-  KeyRead keys[kItems];
-  load_chunk(a, r, j0, j1, keys);
+  uint32_t bits[kItems];
+  load_chunk_bits(a, r, j0, j1, bits);
   // Which of this thread's keys are kept. Whole iterations for every thread: the tie ranks
   // need the CTA's barriers.
-  uint32_t kept = 0;  // bit i: keys[i]
+  uint64_t kept = 0;  // bit i: key j0 + i * kSelectThreads + threadIdx.x
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     if (j0 + i * kSelectThreads >= j1) break;  // uniform over the CTA
-    const KeyRead key = keys[i];
-    bool keep = key.bits != 0 && (keep_all || key.bits > tau);
+    const uint32_t kb = bits[i];
+    bool keep = kb != 0 && (keep_all || kb > tau);
     if (ties) {  // rank among the threshold keys, in position order
-      const bool eq = !keep_all && key.bits != 0 && key.bits == tau;
+      const bool eq = !keep_all && kb != 0 && kb == tau;
       const unsigned mask = __ballot_sync(0xffffffffu, eq);
       __syncthreads();
       if (lane == 0) warp_ties[warp] = __popc(mask);
@@ -275,14 +267,14 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
       for (int w = 0; w < kSelectThreads / 32; ++w) tie_rank += warp_ties[w];
       keep |= eq && rank < need;
     } else {
-      keep |= !keep_all && key.bits != 0 && key.bits == tau;
+      keep |= !keep_all && kb != 0 && kb == tau;
     }
-    kept |= uint32_t(keep) << i;
+    kept |= uint64_t(keep) << i;
   }
   // Slots: one atomic per CTA (an atomic per warp and iteration waited out 16 latencies).
   __shared__ int warp_base[kSelectThreads / 32];
   __shared__ int cta_base;
-  const int mine = __popc(kept);
+  const int mine = __popcll(kept);
   int incl = mine;  // inclusive scan over the warp
   for (int off = 1; off < 32; off <<= 1) {
     const int v = __shfl_up_sync(0xffffffffu, incl, off);
@@ -303,10 +295,10 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
   int slot = cta_base + warp_base[warp] + incl - mine;
 #pragma unroll
   for (int i = 0; i < kItems; ++i)
-    if ((kept >> i) & 1u) {
-      if (slot < a.list_cap)
-        list[slot] = KeptKey{j0 + i * kSelectThreads + int(threadIdx.x), keys[i].outer, uint32_t(a.Sq) << 16,
-                             keys[i].score};
+    if ((kept >> i) & 1u) {  // kept keys are few: read again (from L2) for where they live
+      const int j = j0 + i * kSelectThreads + int(threadIdx.x);
+      const KeyRead key = read_key(a.cache, r.b, r.hk, j);
+      if (slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
       ++slot;
     }
 }
