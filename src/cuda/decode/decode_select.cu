@@ -10,6 +10,9 @@
 // key. 16-bit scores have nothing below bit 16 (as floats), so two passes settle them. Keys
 // whose bits equal the threshold are kept lowest position first: when more of them exist than
 // are needed, a count per chunk (select_ties_kernel) gives each CTA the rank of its first one.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "cuda/decode/cache_view.cuh"
 #include "cuda/decode/decode_select.hpp"
 
@@ -58,12 +61,48 @@ constexpr int kItems = kSelectChunk / kSelectThreads;  // keys per thread and ch
 
 // A chunk's keys' order bits, thread t taking keys j0 + i * kSelectThreads + t: every load is
 // issued before any is used (one at a time, a CTA waited out its memory latencies in turn).
-__device__ __forceinline__ void load_chunk_bits(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
-                                                uint32_t (&bits)[kItems]) {
+// The same with the score dtype and the cache layout fixed at compile time: the row's base
+// pointer is computed once, and each key costs a load and a few integer operations (the
+// generic read_key's per-key dtype switch and stride products dominated the passes).
+template <class S, bool kPaged>
+__device__ __forceinline__ void load_chunk_bits_as(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
+                                                   uint32_t (&bits)[kItems]) {
+  const CacheView& c = a.cache;
+  const S* scores = static_cast<const S*>(c.scores);
+  const uint32_t low = sizeof(S) == 4 ? 0u : 0xffffu;  // order_bits' rule for 16-bit scores
+  const S* row = scores + (kPaged ? 0 : r.b * c.score_stride[0]) + r.hk * c.score_stride[2];
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     const int j = j0 + i * kSelectThreads + int(threadIdx.x);
-    bits[i] = j < j1 ? read_key(a.cache, r.b, r.hk, j).bits : 0u;
+    bits[i] = 0u;
+    if (j < j1) {
+      int64_t off;
+      if constexpr (kPaged) {
+        const int page_index = c.page_size.div(j);
+        const int page = c.block_table[r.b * c.table_stride[0] + page_index * c.table_stride[1]];
+        if (page < 0 || page >= c.num_pages) continue;
+        off = page * c.score_stride[0] + (j - page_index * c.page_size.divisor) * c.score_stride[1];
+      } else {
+        off = int64_t(j) * c.score_stride[1];
+      }
+      bits[i] = score_order_bits(float(row[off])) | low;
+    }
+  }
+}
+
+__device__ __forceinline__ void load_chunk_bits(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
+                                                uint32_t (&bits)[kItems]) {
+  const bool paged = a.cache.block_table != nullptr;
+  switch (a.cache.score_dtype) {
+    case 2:
+      paged ? load_chunk_bits_as<__half, true>(a, r, j0, j1, bits) : load_chunk_bits_as<__half, false>(a, r, j0, j1, bits);
+      break;
+    case 3:
+      paged ? load_chunk_bits_as<__nv_bfloat16, true>(a, r, j0, j1, bits)
+            : load_chunk_bits_as<__nv_bfloat16, false>(a, r, j0, j1, bits);
+      break;
+    default:
+      paged ? load_chunk_bits_as<float, true>(a, r, j0, j1, bits) : load_chunk_bits_as<float, false>(a, r, j0, j1, bits);
   }
 }
 
