@@ -122,9 +122,9 @@ TEST(KvCacheGpu, LongRowsManySelectionCtas) {
   for (DType sdt : {DType::f32, DType::bf16})
     for (bool ties : {false, true}) {
       KvCase c;
-      c.B = 2, c.Sq = 3, c.H = 4, c.Hk = 2, c.D = 128, c.w = 700, c.max_len = 20000, c.page_size = 64;
+      c.B = 2, c.Sq = 3, c.H = 4, c.Hk = 2, c.D = 128, c.w = 700, c.max_len = 40000, c.page_size = 64;
       c.dtype = DType::bf16, c.score_dtype = sdt, c.ties = ties, c.seed = seed++;
-      c.lens = {19999, 9000};
+      c.lens = {39999, 9000};
       check_case(c);
     }
 }
@@ -194,4 +194,21 @@ TEST(KvCacheGpu, BadInputNamesTheArgument) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("score_cache.shape[1]"), std::string::npos) << e.what();
   }
+}
+
+// The portable selection passes, which Hopper GPUs run only past 16 x 32768 candidates a row
+// (and for FDMA_DECODE_SELECT=passes): the same cases through them.
+TEST(KvCacheGpu, PortableSelectionPasses) {
+  REQUIRE_GPU();
+  ScopedEnv env("FDMA_DECODE_SELECT");
+  env.set("passes");
+  uint64_t seed = 190;
+  for (bool ties : {false, true})
+    for (int64_t Sq : {1, 4}) {
+      KvCase c;
+      c.B = 3, c.Sq = Sq, c.H = 8, c.Hk = 2, c.D = 64, c.w = 300, c.max_len = 12000, c.page_size = 32;
+      c.dtype = DType::bf16, c.score_dtype = ties ? DType::bf16 : DType::f32, c.ties = ties, c.seed = seed++;
+      c.lens = {11999, 301, 299};
+      check_case(c);
+    }
 }

@@ -10,8 +10,12 @@
 // key. 16-bit scores have nothing below bit 16 (as floats), so two passes settle them. Keys
 // whose bits equal the threshold are kept lowest position first: when more of them exist than
 // are needed, a count per chunk (select_ties_kernel) gives each CTA the rank of its first one.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/decode/cache_view.cuh"
 #include "cuda/decode/decode_select.hpp"
@@ -64,16 +68,16 @@ constexpr int kItems = kSelectChunk / kSelectThreads;  // keys per thread and ch
 // The same with the score dtype and the cache layout fixed at compile time: the row's base
 // pointer is computed once, and each key costs a load and a few integer operations (the
 // generic read_key's per-key dtype switch and stride products dominated the passes).
-template <class S, bool kPaged>
+template <class S, bool kPaged, int kThreads = kSelectThreads, int N = kItems>
 __device__ __forceinline__ void load_chunk_bits_as(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
-                                                   uint32_t (&bits)[kItems]) {
+                                                   uint32_t (&bits)[N]) {
   const CacheView& c = a.cache;
   const S* scores = static_cast<const S*>(c.scores);
   const uint32_t low = sizeof(S) == 4 ? 0u : 0xffffu;  // order_bits' rule for 16-bit scores
   const S* row = scores + (kPaged ? 0 : r.b * c.score_stride[0]) + r.hk * c.score_stride[2];
 #pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int j = j0 + i * kSelectThreads + int(threadIdx.x);
+  for (int i = 0; i < N; ++i) {
+    const int j = j0 + i * kThreads + int(threadIdx.x);
     bits[i] = 0u;
     if (j < j1) {
       int64_t off;
@@ -90,19 +94,22 @@ __device__ __forceinline__ void load_chunk_bits_as(const DecodeSelectArgs& a, co
   }
 }
 
+template <int kThreads = kSelectThreads, int N = kItems>
 __device__ __forceinline__ void load_chunk_bits(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
-                                                uint32_t (&bits)[kItems]) {
+                                                uint32_t (&bits)[N]) {
   const bool paged = a.cache.block_table != nullptr;
   switch (a.cache.score_dtype) {
     case 2:
-      paged ? load_chunk_bits_as<__half, true>(a, r, j0, j1, bits) : load_chunk_bits_as<__half, false>(a, r, j0, j1, bits);
+      paged ? load_chunk_bits_as<__half, true, kThreads>(a, r, j0, j1, bits)
+            : load_chunk_bits_as<__half, false, kThreads>(a, r, j0, j1, bits);
       break;
     case 3:
-      paged ? load_chunk_bits_as<__nv_bfloat16, true>(a, r, j0, j1, bits)
-            : load_chunk_bits_as<__nv_bfloat16, false>(a, r, j0, j1, bits);
+      paged ? load_chunk_bits_as<__nv_bfloat16, true, kThreads>(a, r, j0, j1, bits)
+            : load_chunk_bits_as<__nv_bfloat16, false, kThreads>(a, r, j0, j1, bits);
       break;
     default:
-      paged ? load_chunk_bits_as<float, true>(a, r, j0, j1, bits) : load_chunk_bits_as<float, false>(a, r, j0, j1, bits);
+      paged ? load_chunk_bits_as<float, true, kThreads>(a, r, j0, j1, bits)
+            : load_chunk_bits_as<float, false, kThreads>(a, r, j0, j1, bits);
   }
 }
 
@@ -406,6 +413,219 @@ __global__ void __launch_bounds__(kSelectThreads) select_arrivals_kernel(DecodeS
   if (threadIdx.x == 0) st.listed = min(listed + entered, a.list_cap);
 }
 
+// ---- Hopper: one kernel, one cluster of CTAs per row ------------------------------------
+// The passes above each read every score again and pay a chain of latencies per CTA (load,
+// flush, fence, the last CTA's resolve) in every one of their five launches: about 10 us per
+// launch even for a 4096-key row. Here one cluster of up to 16 CTAs takes a row: its scores
+// are read once into registers (64 a thread), every pass's histograms are summed through
+// distributed shared memory, and the cluster's barriers replace the kernel boundaries.
+constexpr int kClusterThreads = 512;
+constexpr int kClusterKeysPerThread = 64;
+constexpr int kClusterWarps = kClusterThreads / 32;
+
+struct ClusterShared {
+  uint32_t rep[kSelectBins * 8];  // replicated counters (replicated_histogram's reason)
+  uint32_t hist[kSelectBins];     // this CTA's histogram of the pass: the others read it
+  uint32_t total[kSelectBins];    // the cluster's
+  uint32_t part[kClusterThreads];
+  int tie_count[kClusterKeysPerThread * kClusterWarps];  // [item][warp], then its exclusive scan
+  int warp_base[kClusterWarps];
+  int eq_count, kept_count, cta_base, tie_base;
+  uint32_t prefix;
+  int need, keep_all, count_eq;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+namespace cg = cooperative_groups;
+
+// The digit holding the need-th key from the top of sh.total (kBins <= 2048 = 512 x 4).
+template <int kPass>
+__device__ void cluster_resolve(ClusterShared& sh, bool final_pass) {
+  using Dg = Digit<kPass>;
+  constexpr int kPer = Dg::kBins / kClusterThreads;  // 4 or 2
+  const int tid = threadIdx.x;
+  uint32_t s = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) s += sh.total[tid * kPer + k];
+  sh.part[tid] = s;
+  __syncthreads();
+  if (tid < 32) {
+    const int lane = tid;
+    constexpr int kParts = kClusterThreads / 32;  // parts per lane
+    uint32_t group = 0;
+#pragma unroll
+    for (int k = 0; k < kParts; ++k) group += sh.part[lane * kParts + k];
+    uint32_t incl = group;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
+      if (lane + off < 32) incl += v;
+    }
+    const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
+    const uint32_t need = uint32_t(sh.need);
+    if (kPass == 0 && total <= need) {
+      if (lane == 0) sh.keep_all = 1;
+    } else {
+      uint32_t above = incl - group;
+      if (above < need && need <= incl) {
+        int p = lane * kParts + kParts - 1;
+        while (above + sh.part[p] < need) above += sh.part[p--];
+        int bin = p * kPer + kPer - 1;
+        while (above + sh.total[bin] < need) above += sh.total[bin--];
+        sh.prefix |= uint32_t(bin) << Dg::kShift;
+        if (final_pass && kPass == 1) sh.prefix |= 0x3ffu;
+        sh.need = int(need - above);
+        if (final_pass) sh.count_eq = int(sh.total[bin]);
+      }
+    }
+  }
+}
+
+template <int kPass>
+__device__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, const uint32_t (&bits)[kClusterKeysPerThread],
+                             bool final_pass) {
+  using Dg = Digit<kPass>;
+  const int tid = threadIdx.x;
+  uint4* zero = reinterpret_cast<uint4*>(sh.rep);
+  for (int i = tid; i < Dg::kBins * 8 / 4; i += kClusterThreads) zero[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  const uint32_t prefix = sh.prefix;
+#pragma unroll
+  for (int i = 0; i < kClusterKeysPerThread; ++i)
+    if (bits[i] != 0 && Dg::in_bucket(bits[i], prefix)) atomicAdd(&sh.rep[Dg::of(bits[i]) * 8 + (tid & 7)], 1u);
+  __syncthreads();
+  for (int bin = tid; bin < Dg::kBins; bin += kClusterThreads) {
+    uint32_t sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += sh.rep[bin * 8 + ((i + tid / 4) & 7)];
+    sh.hist[bin] = sum;
+  }
+  cluster.sync();  // every CTA's histogram is complete
+  const int C = int(cluster.num_blocks());
+  for (int bin = tid; bin < Dg::kBins; bin += kClusterThreads) {
+    uint32_t t = 0;
+    for (int c = 0; c < C; ++c) t += cluster.map_shared_rank(sh.hist, c)[bin];
+    sh.total[bin] = t;
+  }
+  __syncthreads();
+  cluster_resolve<kPass>(sh, final_pass);  // every CTA finds the same digit
+  cluster.sync();  // the others are done reading this CTA's histogram; sh.* is settled
+}
+#endif
+
+__global__ void __launch_bounds__(kClusterThreads, 1) select_cluster_kernel(DecodeSelectArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ClusterShared& sh = *reinterpret_cast<ClusterShared*>(smem_raw);
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const Row r = row_of(a, blockIdx.y);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  constexpr int kCtaKeys = kClusterThreads * kClusterKeysPerThread;
+  const int j0 = rank * kCtaKeys, j1 = min(r.V0, j0 + kCtaKeys);
+  uint32_t bits[kClusterKeysPerThread];
+  load_chunk_bits<kClusterThreads>(a, r, j0, j1, bits);
+  if (tid == 0) sh.prefix = 0, sh.need = a.w, sh.keep_all = 0, sh.count_eq = 0, sh.eq_count = 0;
+  __syncthreads();
+  const bool f32 = a.cache.score_dtype == 1;
+  cluster_pass<0>(cluster, sh, bits, false);
+  if (!sh.keep_all) cluster_pass<1>(cluster, sh, bits, !f32);  // the same branch in every CTA
+  if (!sh.keep_all && f32) cluster_pass<2>(cluster, sh, bits, true);
+
+  const bool keep_all = sh.keep_all != 0;
+  const uint32_t tau = sh.prefix;
+  const int need = sh.need;
+  const bool ties = !keep_all && sh.count_eq > need;
+  uint64_t kept = 0;
+#pragma unroll
+  for (int i = 0; i < kClusterKeysPerThread; ++i) {
+    const uint32_t kb = bits[i];
+    const bool keep = kb != 0 && (keep_all || kb > tau || (!ties && kb == tau));
+    kept |= uint64_t(keep) << i;
+  }
+  if (ties) {  // the threshold's keys, lowest positions first: ranks over the cluster
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < kClusterKeysPerThread; ++i) {
+      const bool eq = bits[i] != 0 && bits[i] == tau;
+      mine += eq;
+      const unsigned m = __ballot_sync(0xffffffffu, eq);
+      if (lane == 0) sh.tie_count[i * kClusterWarps + warp] = __popc(m);
+    }
+    for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+    if (lane == 0) atomicAdd(&sh.eq_count, mine);
+    __syncthreads();
+    if (tid < 32) {  // exclusive scan of tie_count in (item, warp) order: 32 entries a lane
+      constexpr int kPer = kClusterKeysPerThread * kClusterWarps / 32;
+      int sum = 0;
+      for (int k = 0; k < kPer; ++k) sum += sh.tie_count[tid * kPer + k];
+      int incl = sum;
+      for (int off = 1; off < 32; off <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (tid >= off) incl += v;
+      }
+      int run = incl - sum;
+      for (int k = 0; k < kPer; ++k) {
+        const int n = sh.tie_count[tid * kPer + k];
+        sh.tie_count[tid * kPer + k] = run;
+        run += n;
+      }
+    }
+    cluster.sync();  // every CTA's eq_count is in
+    if (tid == 0) {
+      int before = 0;
+      for (int c = 0; c < rank; ++c) before += *cluster.map_shared_rank(&sh.eq_count, c);
+      sh.tie_base = before;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kClusterKeysPerThread; ++i) {
+      const bool eq = bits[i] != 0 && bits[i] == tau;
+      const unsigned m = __ballot_sync(0xffffffffu, eq);
+      const int rank_eq = sh.tie_base + sh.tie_count[i * kClusterWarps + warp] + __popc(m & ((1u << lane) - 1));
+      if (eq && rank_eq < need) kept |= uint64_t(1) << i;
+    }
+  }
+  // Slots: a scan over the CTA, then the CTAs in rank order.
+  const int mine = __popcll(kept);
+  int incl = mine;
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) sh.warp_base[warp] = incl;
+  __syncthreads();
+  if (tid == 0) {
+    int total = 0;
+    for (int w = 0; w < kClusterWarps; ++w) {
+      const int n = sh.warp_base[w];
+      sh.warp_base[w] = total;
+      total += n;
+    }
+    sh.kept_count = total;
+  }
+  cluster.sync();
+  if (tid == 0) {
+    int base = 0;
+    for (int c = 0; c < rank; ++c) base += *cluster.map_shared_rank(&sh.kept_count, c);
+    sh.cta_base = base;
+    if (rank == C - 1) a.state[r.row].listed = min(base + sh.kept_count, a.list_cap);
+  }
+  __syncthreads();
+  KeptKey* list = a.list + size_t(r.row) * a.list_cap;
+  int slot = sh.cta_base + sh.warp_base[warp] + incl - mine;
+#pragma unroll
+  for (int i = 0; i < kClusterKeysPerThread; ++i)
+    if ((kept >> i) & 1u) {
+      const int j = j0 + i * kClusterThreads + tid;
+      const KeyRead key = read_key(a.cache, r.b, r.hk, j);
+      if (slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
+      ++slot;
+    }
+  cluster.sync();  // this CTA's shared memory stays until the others have read it
+#endif
+}
+
 }  // namespace
 
 size_t decode_select_workspace(int rows, int chunks, int list_cap, SelectScratch* s) {
@@ -419,8 +639,44 @@ size_t decode_select_workspace(int rows, int chunks, int list_cap, SelectScratch
   return state + hist + eq + list;
 }
 
+int decode_select_cluster_size(int max_candidates) {
+  const char* env = std::getenv("FDMA_DECODE_SELECT");  // "passes" forces the portable path
+  if (env && std::strcmp(env, "passes") == 0) return 0;
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int per_cta = kClusterThreads * kClusterKeysPerThread;
+  int c = 1;
+  while (c * per_cta < max_candidates) c *= 2;
+  return c <= 16 ? c : 0;
+}
+
 cudaError_t run_decode_select(const DecodeSelectArgs& a, int rows, void* zeroed, size_t zeroed_bytes,
                               cudaStream_t stream) {
+  if (const int C = decode_select_cluster_size(a.max_candidates)) {
+    const size_t smem = sizeof(ClusterShared);
+    cudaError_t err = cudaFuncSetAttribute(select_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err == cudaSuccess && C > 8)
+      err = cudaFuncSetAttribute(select_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(C), unsigned(rows));
+    cfg.blockDim = dim3(kClusterThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(C), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, select_cluster_kernel, a);
+    if (err != cudaSuccess) return err;
+    if (a.causal && a.Sq > 1) select_arrivals_kernel<<<rows, kSelectThreads, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
   cudaError_t err = cudaMemsetAsync(zeroed, 0, zeroed_bytes, stream);
   if (err != cudaSuccess) return err;
   const dim3 grid(a.chunks, rows);

@@ -208,6 +208,7 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
     s.cache = cache;
     s.Sq = int(d.Sq), s.w = int(std::min<int64_t>(prob.window, int64_t(1) << 30)), s.causal = prob.causal;
     s.chunks = pl.chunks, s.list_cap = pl.list_cap;
+    s.max_candidates = int(prob.causal ? std::max<int64_t>(1, d.Sk - d.Sq + 1) : d.Sk);
     s.state = reinterpret_cast<SelectState*>(ws + pl.select.state_offset);
     s.hist = reinterpret_cast<uint32_t*>(ws + pl.select.hist_offset);
     s.eq_count = reinterpret_cast<int32_t*>(ws + pl.select.eq_offset);
