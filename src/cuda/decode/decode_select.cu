@@ -463,6 +463,7 @@ __device__ void cluster_resolve(ClusterShared& sh, bool final_pass) {
     }
     const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
     const uint32_t need = uint32_t(sh.need);
+    __syncwarp();  // every lane has read sh.need before one lane rewrites it
     if (kPass == 0 && total <= need) {
       if (lane == 0) sh.keep_all = 1;
     } else {
@@ -482,7 +483,7 @@ __device__ void cluster_resolve(ClusterShared& sh, bool final_pass) {
 }
 
 template <int kPass>
-__device__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, const uint32_t (&bits)[kClusterKeysPerThread],
+__device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, const uint32_t (&bits)[kClusterKeysPerThread],
                              bool final_pass) {
   using Dg = Digit<kPass>;
   const int tid = threadIdx.x;
