@@ -339,14 +339,13 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
   }
   __syncthreads();
   int slot = cta_base + warp_base[warp] + incl - mine;
-#pragma unroll
-  for (int i = 0; i < kItems; ++i)
-    if ((kept >> i) & 1u) {  // kept keys are few: read again (from L2) for where they live
-      const int j = j0 + i * kSelectThreads + int(threadIdx.x);
-      const KeyRead key = read_key(a.cache, r.b, r.hk, j);
-      if (slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
-      ++slot;
-    }
+  // Kept keys are few: read again (from L2) for where they live, in a loop over the set bits
+  // (an unrolled one costs instruction fetch stalls).
+  for (uint64_t m = kept; m; m &= m - 1, ++slot) {
+    const int j = j0 + (__ffsll(static_cast<long long>(m)) - 1) * kSelectThreads + int(threadIdx.x);
+    const KeyRead key = read_key(a.cache, r.b, r.hk, j);
+    if (slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
+  }
 }
 
 // Causal calls with Sq > 1: query t of the new ones also sees keys V0 .. V0 + t - 1 (at most
@@ -417,14 +416,17 @@ __global__ void __launch_bounds__(kSelectThreads) select_arrivals_kernel(DecodeS
 // The passes above each read every score again and pay a chain of latencies per CTA (load,
 // flush, fence, the last CTA's resolve) in every one of their five launches: about 10 us per
 // launch even for a 4096-key row. Here one cluster of up to 16 CTAs takes a row: its scores
-// are read once into registers (64 a thread), every pass's histograms are summed through
-// distributed shared memory, and the cluster's barriers replace the kernel boundaries.
+// are read once into shared memory (32768 a CTA), every pass's histograms are summed through
+// distributed shared memory, and the cluster's barriers replace the kernel boundaries. The
+// keys sit in shared memory rather than registers, and every loop over them is a loop: the
+// register version's unrolled code (about 100 KB of it) stalled on instruction fetch.
 constexpr int kClusterThreads = 512;
 constexpr int kClusterKeysPerThread = 64;
 constexpr int kClusterWarps = kClusterThreads / 32;
 
 struct ClusterShared {
-  uint32_t rep[kSelectBins * 8];  // replicated counters (replicated_histogram's reason)
+  uint32_t bits[kClusterKeysPerThread][kClusterThreads];  // this CTA's keys' order bits
+  uint32_t rep[kSelectBins * 4];  // replicated counters (replicated_histogram's reason)
   uint32_t hist[kSelectBins];     // this CTA's histogram of the pass: the others read it
   uint32_t total[kSelectBins];    // the cluster's
   uint32_t part[kClusterThreads];
@@ -483,23 +485,22 @@ __device__ void cluster_resolve(ClusterShared& sh, bool final_pass) {
 }
 
 template <int kPass>
-__device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, const uint32_t (&bits)[kClusterKeysPerThread],
-                             bool final_pass) {
+__device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, bool final_pass) {
   using Dg = Digit<kPass>;
   const int tid = threadIdx.x;
   uint4* zero = reinterpret_cast<uint4*>(sh.rep);
-  for (int i = tid; i < Dg::kBins * 8 / 4; i += kClusterThreads) zero[i] = make_uint4(0, 0, 0, 0);
+  for (int i = tid; i < Dg::kBins * 4 / 4; i += kClusterThreads) zero[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
   const uint32_t prefix = sh.prefix;
-#pragma unroll
-  for (int i = 0; i < kClusterKeysPerThread; ++i)
-    if (bits[i] != 0 && Dg::in_bucket(bits[i], prefix)) atomicAdd(&sh.rep[Dg::of(bits[i]) * 8 + (tid & 7)], 1u);
+#pragma unroll 4
+  for (int i = 0; i < kClusterKeysPerThread; ++i) {
+    const uint32_t b = sh.bits[i][tid];
+    if (b != 0 && Dg::in_bucket(b, prefix)) atomicAdd(&sh.rep[Dg::of(b) * 4 + (tid & 3)], 1u);
+  }
   __syncthreads();
   for (int bin = tid; bin < Dg::kBins; bin += kClusterThreads) {
-    uint32_t sum = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sum += sh.rep[bin * 8 + ((i + tid / 4) & 7)];
-    sh.hist[bin] = sum;
+    const uint4 r = *reinterpret_cast<const uint4*>(&sh.rep[bin * 4]);
+    sh.hist[bin] = r.x + r.y + r.z + r.w;
   }
   cluster.sync();  // every CTA's histogram is complete
   const int C = int(cluster.num_blocks());
@@ -524,31 +525,33 @@ __global__ void __launch_bounds__(kClusterThreads, 1) select_cluster_kernel(Deco
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   constexpr int kCtaKeys = kClusterThreads * kClusterKeysPerThread;
   const int j0 = rank * kCtaKeys, j1 = min(r.V0, j0 + kCtaKeys);
-  uint32_t bits[kClusterKeysPerThread];
-  load_chunk_bits<kClusterThreads>(a, r, j0, j1, bits);
+  for (int i0 = 0; i0 < kClusterKeysPerThread; i0 += 16) {  // 16 loads in flight a thread
+    uint32_t bits[16];
+    load_chunk_bits<kClusterThreads>(a, r, j0 + i0 * kClusterThreads, j1, bits);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sh.bits[i0 + i][tid] = bits[i];
+  }
   if (tid == 0) sh.prefix = 0, sh.need = a.w, sh.keep_all = 0, sh.count_eq = 0, sh.eq_count = 0;
   __syncthreads();
   const bool f32 = a.cache.score_dtype == 1;
-  cluster_pass<0>(cluster, sh, bits, false);
-  if (!sh.keep_all) cluster_pass<1>(cluster, sh, bits, !f32);  // the same branch in every CTA
-  if (!sh.keep_all && f32) cluster_pass<2>(cluster, sh, bits, true);
+  cluster_pass<0>(cluster, sh, false);
+  if (!sh.keep_all) cluster_pass<1>(cluster, sh, !f32);  // the same branch in every CTA
+  if (!sh.keep_all && f32) cluster_pass<2>(cluster, sh, true);
 
   const bool keep_all = sh.keep_all != 0;
   const uint32_t tau = sh.prefix;
   const int need = sh.need;
   const bool ties = !keep_all && sh.count_eq > need;
   uint64_t kept = 0;
-#pragma unroll
   for (int i = 0; i < kClusterKeysPerThread; ++i) {
-    const uint32_t kb = bits[i];
+    const uint32_t kb = sh.bits[i][tid];
     const bool keep = kb != 0 && (keep_all || kb > tau || (!ties && kb == tau));
     kept |= uint64_t(keep) << i;
   }
   if (ties) {  // the threshold's keys, lowest positions first: ranks over the cluster
     int mine = 0;
-#pragma unroll
     for (int i = 0; i < kClusterKeysPerThread; ++i) {
-      const bool eq = bits[i] != 0 && bits[i] == tau;
+      const bool eq = sh.bits[i][tid] != 0 && sh.bits[i][tid] == tau;
       mine += eq;
       const unsigned m = __ballot_sync(0xffffffffu, eq);
       if (lane == 0) sh.tie_count[i * kClusterWarps + warp] = __popc(m);
@@ -579,9 +582,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1) select_cluster_kernel(Deco
       sh.tie_base = before;
     }
     __syncthreads();
-#pragma unroll
     for (int i = 0; i < kClusterKeysPerThread; ++i) {
-      const bool eq = bits[i] != 0 && bits[i] == tau;
+      const bool eq = sh.bits[i][tid] != 0 && sh.bits[i][tid] == tau;
       const unsigned m = __ballot_sync(0xffffffffu, eq);
       const int rank_eq = sh.tie_base + sh.tie_count[i * kClusterWarps + warp] + __popc(m & ((1u << lane) - 1));
       if (eq && rank_eq < need) kept |= uint64_t(1) << i;
@@ -615,14 +617,11 @@ __global__ void __launch_bounds__(kClusterThreads, 1) select_cluster_kernel(Deco
   __syncthreads();
   KeptKey* list = a.list + size_t(r.row) * a.list_cap;
   int slot = sh.cta_base + sh.warp_base[warp] + incl - mine;
-#pragma unroll
-  for (int i = 0; i < kClusterKeysPerThread; ++i)
-    if ((kept >> i) & 1u) {
-      const int j = j0 + i * kClusterThreads + tid;
-      const KeyRead key = read_key(a.cache, r.b, r.hk, j);
-      if (slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
-      ++slot;
-    }
+  for (uint64_t m = kept; m; m &= m - 1, ++slot) {
+    const int j = j0 + (__ffsll(static_cast<long long>(m)) - 1) * kClusterThreads + tid;
+    const KeyRead key = read_key(a.cache, r.b, r.hk, j);
+    if (slot < a.list_cap) list[slot] = KeptKey{j, key.outer, uint32_t(a.Sq) << 16, key.score};
+  }
   cluster.sync();  // this CTA's shared memory stays until the others have read it
 #endif
 }
