@@ -61,6 +61,7 @@ struct DecodeSelectArgs {
   bool causal;
   int chunks;       // grid.x: chunks of the longest possible row
   int max_candidates;  // the most keys a row's first query may see
+  int cluster_items;   // Hopper cluster selection: keys a thread holds
   int list_cap;     // kept-list slots per row: min(w, capacity) + (causal ? Sq - 1 : 0)
   SelectState* state;  // [rows]
   uint32_t* hist;      // [rows][kSelectBins]

@@ -424,8 +424,8 @@ constexpr int kClusterThreads = 512;
 constexpr int kClusterKeysPerThread = 64;
 constexpr int kClusterWarps = kClusterThreads / 32;
 
+// Followed in shared memory by the CTA's keys' order bits, [items][kClusterThreads].
 struct ClusterShared {
-  uint32_t bits[kClusterKeysPerThread][kClusterThreads];  // this CTA's keys' order bits
   uint32_t rep[kSelectBins * 4];  // replicated counters (replicated_histogram's reason)
   uint32_t hist[kSelectBins];     // this CTA's histogram of the pass: the others read it
   uint32_t total[kSelectBins];    // the cluster's
@@ -485,7 +485,8 @@ __device__ void cluster_resolve(ClusterShared& sh, bool final_pass) {
 }
 
 template <int kPass>
-__device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, bool final_pass) {
+__device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, const uint32_t* keys,
+                                             int items, bool final_pass) {
   using Dg = Digit<kPass>;
   const int tid = threadIdx.x;
   uint4* zero = reinterpret_cast<uint4*>(sh.rep);
@@ -493,8 +494,8 @@ __device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, Cluster
   __syncthreads();
   const uint32_t prefix = sh.prefix;
 #pragma unroll 4
-  for (int i = 0; i < kClusterKeysPerThread; ++i) {
-    const uint32_t b = sh.bits[i][tid];
+  for (int i = 0; i < items; ++i) {
+    const uint32_t b = keys[i * kClusterThreads + tid];
     if (b != 0 && Dg::in_bucket(b, prefix)) atomicAdd(&sh.rep[Dg::of(b) * 4 + (tid & 3)], 1u);
   }
   __syncthreads();
@@ -520,42 +521,49 @@ __global__ void __launch_bounds__(kClusterThreads, 1) select_cluster_kernel(Deco
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ClusterShared& sh = *reinterpret_cast<ClusterShared*>(smem_raw);
+  uint32_t* keys = reinterpret_cast<uint32_t*>(smem_raw + sizeof(ClusterShared));  // [items][threads]
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const Row r = row_of(a, blockIdx.y);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  constexpr int kCtaKeys = kClusterThreads * kClusterKeysPerThread;
-  const int j0 = rank * kCtaKeys, j1 = min(r.V0, j0 + kCtaKeys);
-  for (int i0 = 0; i0 < kClusterKeysPerThread; i0 += 16) {  // 16 loads in flight a thread
+  const int cta_keys = kClusterThreads * a.cluster_items;
+  const int j0 = rank * cta_keys, j1 = min(r.V0, j0 + cta_keys);
+  // Items this CTA holds (the same for all its threads: the tie ranks take whole warps).
+  const int items = max(0, min(a.cluster_items, (j1 - j0 + kClusterThreads - 1) / kClusterThreads));
+  for (int i0 = 0; i0 < items; i0 += 16) {  // 16 loads in flight a thread
     uint32_t bits[16];
     load_chunk_bits<kClusterThreads>(a, r, j0 + i0 * kClusterThreads, j1, bits);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) sh.bits[i0 + i][tid] = bits[i];
+    for (int i = 0; i < 16; ++i)
+      if (i0 + i < items) keys[(i0 + i) * kClusterThreads + tid] = bits[i];
   }
   if (tid == 0) sh.prefix = 0, sh.need = a.w, sh.keep_all = 0, sh.count_eq = 0, sh.eq_count = 0;
   __syncthreads();
   const bool f32 = a.cache.score_dtype == 1;
-  cluster_pass<0>(cluster, sh, false);
-  if (!sh.keep_all) cluster_pass<1>(cluster, sh, !f32);  // the same branch in every CTA
-  if (!sh.keep_all && f32) cluster_pass<2>(cluster, sh, true);
+  cluster_pass<0>(cluster, sh, keys, items, false);
+  if (!sh.keep_all) cluster_pass<1>(cluster, sh, keys, items, !f32);  // the same branch in every CTA
+  if (!sh.keep_all && f32) cluster_pass<2>(cluster, sh, keys, items, true);
 
   const bool keep_all = sh.keep_all != 0;
   const uint32_t tau = sh.prefix;
   const int need = sh.need;
   const bool ties = !keep_all && sh.count_eq > need;
   uint64_t kept = 0;
-  for (int i = 0; i < kClusterKeysPerThread; ++i) {
-    const uint32_t kb = sh.bits[i][tid];
+  for (int i = 0; i < items; ++i) {
+    const uint32_t kb = keys[i * kClusterThreads + tid];
     const bool keep = kb != 0 && (keep_all || kb > tau || (!ties && kb == tau));
     kept |= uint64_t(keep) << i;
   }
   if (ties) {  // the threshold's keys, lowest positions first: ranks over the cluster
     int mine = 0;
-    for (int i = 0; i < kClusterKeysPerThread; ++i) {
-      const bool eq = sh.bits[i][tid] != 0 && sh.bits[i][tid] == tau;
+    for (int i = 0; i < items; ++i) {
+      const uint32_t kb = keys[i * kClusterThreads + tid];
+      const bool eq = kb != 0 && kb == tau;
       mine += eq;
       const unsigned m = __ballot_sync(0xffffffffu, eq);
       if (lane == 0) sh.tie_count[i * kClusterWarps + warp] = __popc(m);
     }
+    for (int i = items + tid / kClusterWarps; i < kClusterKeysPerThread && tid < kClusterThreads; i += kClusterThreads / kClusterWarps)
+      sh.tie_count[i * kClusterWarps + tid % kClusterWarps] = 0;  // items this CTA lacks
     for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
     if (lane == 0) atomicAdd(&sh.eq_count, mine);
     __syncthreads();
@@ -582,8 +590,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) select_cluster_kernel(Deco
       sh.tie_base = before;
     }
     __syncthreads();
-    for (int i = 0; i < kClusterKeysPerThread; ++i) {
-      const bool eq = sh.bits[i][tid] != 0 && sh.bits[i][tid] == tau;
+    for (int i = 0; i < items; ++i) {
+      const uint32_t kb = keys[i * kClusterThreads + tid];
+      const bool eq = kb != 0 && kb == tau;
       const unsigned m = __ballot_sync(0xffffffffu, eq);
       const int rank_eq = sh.tie_base + sh.tie_count[i * kClusterWarps + warp] + __popc(m & ((1u << lane) - 1));
       if (eq && rank_eq < need) kept |= uint64_t(1) << i;
@@ -648,16 +657,25 @@ int decode_select_cluster_size(int max_candidates) {
     cudaGetLastError();
     return 0;
   }
-  const int per_cta = kClusterThreads * kClusterKeysPerThread;
   int c = 1;
-  while (c * per_cta < max_candidates) c *= 2;
+  while (c * kClusterThreads * kClusterKeysPerThread < max_candidates) c *= 2;
   return c <= 16 ? c : 0;
+}
+
+// Keys a thread holds: 16 where a cluster of up to 16 CTAs covers the row with 16 (their
+// shared memory then lets two CTAs share an SM), else 64.
+int decode_select_cluster_items(int max_candidates) {
+  return max_candidates <= 16 * kClusterThreads * 16 ? 16 : kClusterKeysPerThread;
 }
 
 cudaError_t run_decode_select(const DecodeSelectArgs& a, int rows, void* zeroed, size_t zeroed_bytes,
                               cudaStream_t stream) {
-  if (const int C = decode_select_cluster_size(a.max_candidates)) {
-    const size_t smem = sizeof(ClusterShared);
+  if (decode_select_cluster_size(a.max_candidates)) {
+    DecodeSelectArgs args = a;
+    args.cluster_items = decode_select_cluster_items(a.max_candidates);
+    int C = 1;
+    while (C * kClusterThreads * args.cluster_items < a.max_candidates) C *= 2;
+    const size_t smem = sizeof(ClusterShared) + size_t(args.cluster_items) * kClusterThreads * 4;
     cudaError_t err = cudaFuncSetAttribute(select_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err == cudaSuccess && C > 8)
       err = cudaFuncSetAttribute(select_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -672,7 +690,7 @@ cudaError_t run_decode_select(const DecodeSelectArgs& a, int rows, void* zeroed,
     attr[0].val.clusterDim.x = unsigned(C), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, select_cluster_kernel, a);
+    err = cudaLaunchKernelEx(&cfg, select_cluster_kernel, args);
     if (err != cudaSuccess) return err;
     if (a.causal && a.Sq > 1) select_arrivals_kernel<<<rows, kSelectThreads, 0, stream>>>(a);
     return cudaGetLastError();
