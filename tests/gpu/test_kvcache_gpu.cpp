@@ -196,19 +196,23 @@ TEST(KvCacheGpu, BadInputNamesTheArgument) {
   }
 }
 
-// The portable selection passes, which Hopper GPUs run only past 16 x 32768 candidates a row
-// (and for FDMA_DECODE_SELECT=passes): the same cases through them.
-TEST(KvCacheGpu, PortableSelectionPasses) {
+// Both selection paths on every row length: the portable passes (what rows longer than one
+// CTA's 8192 candidates take on Hopper, and every row elsewhere) and the cluster kernel with
+// several CTAs a row (FDMA_DECODE_SELECT forces either).
+TEST(KvCacheGpu, BothSelectionPaths) {
   REQUIRE_GPU();
   ScopedEnv env("FDMA_DECODE_SELECT");
-  env.set("passes");
+  for (const char* path : {"passes", "cluster"}) {
+  env.set(path);
   uint64_t seed = 190;
   for (bool ties : {false, true})
     for (int64_t Sq : {1, 4}) {
       KvCase c;
-      c.B = 3, c.Sq = Sq, c.H = 8, c.Hk = 2, c.D = 64, c.w = 300, c.max_len = 12000, c.page_size = 32;
+      c.B = 3, c.Sq = Sq, c.H = 8, c.Hk = 2, c.D = 64, c.w = 300, c.max_len = 40000, c.page_size = 32;
       c.dtype = DType::bf16, c.score_dtype = ties ? DType::bf16 : DType::f32, c.ties = ties, c.seed = seed++;
-      c.lens = {11999, 301, 299};
+      c.lens = {39999, 301, 299};
+      SCOPED_TRACE(path);
       check_case(c);
     }
+  }
 }

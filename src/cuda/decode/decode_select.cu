@@ -648,9 +648,16 @@ size_t decode_select_workspace(int rows, int chunks, int list_cap, SelectScratch
   return state + hist + eq + list;
 }
 
+// The cluster kernel runs where a row fits one CTA (8192 candidates): there it takes about half
+// the passes' time (22.8 against 46.8 us at 4096 keys, H100). Over several CTAs its cluster
+// barriers and the histogram sums through distributed shared memory cost more than the passes
+// (B8 Hk8 128K keys: 219 us with 16 CTAs a row, 167 with 4, passes 166; docs/performance.md).
+// FDMA_DECODE_SELECT=passes or =cluster forces either path (the GPU tests run both).
 int decode_select_cluster_size(int max_candidates) {
-  const char* env = std::getenv("FDMA_DECODE_SELECT");  // "passes" forces the portable path
+  const char* env = std::getenv("FDMA_DECODE_SELECT");
   if (env && std::strcmp(env, "passes") == 0) return 0;
+  const bool forced = env && std::strcmp(env, "cluster") == 0;
+  if (!forced && max_candidates > kClusterThreads * 16) return 0;
   int device = 0, major = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
