@@ -38,6 +38,15 @@ class DeviceMirror {
     entries_.push_back(e);
     return e.ptr;
   }
+  // Copies one mirrored host tensor's bytes to the device, or back.
+  void upload(test::HostTensor& host) {
+    for (auto& e : entries_)
+      if (e.host == &host) cuda_check(cudaMemcpy(e.ptr, host.bytes().data(), e.bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  void download(test::HostTensor& host) {
+    for (auto& e : entries_)
+      if (e.host == &host) cuda_check(cudaMemcpy(host.bytes().data(), e.ptr, e.bytes, cudaMemcpyDeviceToHost), "download");
+  }
   void download_all() {
     cuda_check(cudaDeviceSynchronize(), "kernels");
     for (auto& e : entries_)

@@ -18,6 +18,8 @@ const char* const kHelp =
     "commands:\n"
     "  run       the main job: dynamic-mask attention forward + backward on an example\n"
     "            problem, on the best backend present, checked against a float64 reference\n"
+    "  decode    the inference job: a generation loop against ragged (optionally paged) KV\n"
+    "            caches, every step checked against a float64 reference\n"
     "  bench     time the CPU backend on the benchmark shape\n"
     "  version   library version, ABI version and whether a GPU is usable\n"
     "\n"
@@ -38,6 +40,10 @@ int main(int argc, char** argv) {
     if (cmd == "run") {
       if (help) return std::fputs(fdma::tool::kRunHelp, stdout), 0;
       return fdma::tool::run_main_job(rest);
+    }
+    if (cmd == "decode") {
+      if (help) return std::fputs(fdma::tool::kDecodeHelp, stdout), 0;
+      return fdma::tool::run_decode_job(rest);
     }
     if (cmd == "bench") {
       if (help) return std::fputs(fdma::tool::kBenchHelp, stdout), 0;
