@@ -1,4 +1,4 @@
-// FastDivmod (src/cuda/fast_divmod.cuh), host side: the same arithmetic the kernels run, against
+// FastDivmod (src/cuda/primitives/fast_divmod.cuh), host side: the same arithmetic the kernels run, against
 // the `/` and `%` operators, for every divisor a kernel takes (query-tile counts, GQA group
 // sizes) and dividends from 0 up to 2^31 - 1.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/fast_divmod.cuh"
+#include "cuda/primitives/fast_divmod.cuh"
 
 using fdma::cuda::FastDivmod;
 

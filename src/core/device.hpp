@@ -1,4 +1,4 @@
-// Where a pointer lives. Implemented by src/cuda/device_runtime.cu when CUDA is built and
+// Where a pointer lives. Implemented by src/cuda/primitives/device_runtime.cu when CUDA is built and
 // by device_none.cpp otherwise, so the validation layer can refuse device memory handed to
 // the CPU (which would crash) and mixed devices handed to the GPU.
 #pragma once

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "core/problem.hpp"
-#include "cuda/attention_bwd_params.hpp"
+#include "cuda/attention/attention_bwd_params.hpp"
 
 namespace fdma::cuda {
 

@@ -17,7 +17,7 @@ namespace fdma::test {
   } while (0)
 
 // A path switch the library reads from the environment per call (FDMA_SELECT_PATH and the
-// others in src/cuda/path_switches.hpp's users): set and cleared by the test, and cleared when
+// others in src/cuda/primitives/path_switches.hpp's users): set and cleared by the test, and cleared when
 // it ends, pass or fail.
 class ScopedEnv {
  public:

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "core/problem.hpp"
-#include "cuda/attention_fwd_params.hpp"
-#include "cuda/mask_tile_summary.hpp"
+#include "cuda/attention/attention_fwd_params.hpp"
+#include "cuda/attention/mask_tile_summary.hpp"
 #include "fdma/fdma.hpp"
 
 namespace {

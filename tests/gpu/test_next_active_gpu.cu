@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/next_active.cuh"
+#include "cuda/attention/next_active.cuh"
 
 namespace {
 

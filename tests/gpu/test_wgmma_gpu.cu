@@ -13,9 +13,9 @@
 #include <random>
 #include <vector>
 
-#include "cuda/ptx.cuh"
-#include "cuda/tile_io_sm90.cuh"
-#include "cuda/wgmma.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/tile_io_sm90.cuh"
+#include "cuda/primitives/wgmma.cuh"
 
 namespace {
 

@@ -17,8 +17,8 @@
 
 #include "cuda/decode/cache_view.cuh"
 #include "cuda/decode/decode_params.hpp"
-#include "cuda/ptx.cuh"
-#include "cuda/tile_io_sm80.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/tile_io_sm80.cuh"
 
 namespace fdma::cuda {
 

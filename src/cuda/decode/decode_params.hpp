@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cuda/fast_divmod.cuh"
+#include "cuda/primitives/fast_divmod.cuh"
 
 namespace fdma::cuda {
 

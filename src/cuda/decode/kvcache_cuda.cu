@@ -18,8 +18,8 @@
 #include "cuda/decode/decode_combine.hpp"
 #include "cuda/decode/decode_params.hpp"
 #include "cuda/decode/decode_select.hpp"
-#include "cuda/device_guard.hpp"
-#include "cuda/kernel_table.hpp"
+#include "cuda/primitives/device_guard.hpp"
+#include "cuda/attention/kernel_table.hpp"
 
 namespace fdma::cuda {
 

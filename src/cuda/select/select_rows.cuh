@@ -10,8 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/rank_key.cuh"
-#include "cuda/warp_scan.cuh"
+#include "cuda/select/rank_key.cuh"
+#include "cuda/primitives/warp_scan.cuh"
 
 namespace fdma::cuda {
 

@@ -17,20 +17,20 @@
 
 #include <climits>
 
-#include "cuda/arch_dispatch.cuh"
-#include "cuda/attention_bwd_params.hpp"
-#include "cuda/bwd_mma_sm80.cuh"
-#include "cuda/bwd_mma_sm90.cuh"
-#include "cuda/cta_order.cuh"
-#include "cuda/fast_divmod.cuh"
-#include "cuda/launch.cuh"
-#include "cuda/next_active.cuh"
-#include "cuda/path_switches.hpp"
-#include "cuda/ptx.cuh"
-#include "cuda/score_mod_sm80.cuh"
-#include "cuda/score_terms_bwd.cuh"
-#include "cuda/softmax_sm80.cuh"
-#include "cuda/tile_io_sm80.cuh"
+#include "cuda/primitives/arch_dispatch.cuh"
+#include "cuda/attention/attention_bwd_params.hpp"
+#include "cuda/attention/bwd_mma_sm80.cuh"
+#include "cuda/attention/bwd_mma_sm90.cuh"
+#include "cuda/attention/cta_order.cuh"
+#include "cuda/primitives/fast_divmod.cuh"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/attention/next_active.cuh"
+#include "cuda/primitives/path_switches.hpp"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/attention/score_mod_sm80.cuh"
+#include "cuda/attention/score_terms_bwd.cuh"
+#include "cuda/primitives/softmax_sm80.cuh"
+#include "cuda/primitives/tile_io_sm80.cuh"
 
 namespace fdma::cuda {
 

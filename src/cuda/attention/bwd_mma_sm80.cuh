@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "cuda/ptx.cuh"
-#include "cuda/tile_io_sm80.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/tile_io_sm80.cuh"
 
 namespace fdma::cuda {
 

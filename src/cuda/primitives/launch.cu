@@ -1,11 +1,11 @@
 // overlap_launches() (launch.cuh): out of line, so that changing the switch rebuilds one file
 // rather than every kernel.
-#include "cuda/launch.cuh"
+#include "cuda/primitives/launch.cuh"
 
 #include <atomic>
 
-#include "cuda/arch_dispatch.cuh"  // kMaxDevices
-#include "cuda/path_switches.hpp"
+#include "cuda/primitives/arch_dispatch.cuh"  // kMaxDevices
+#include "cuda/primitives/path_switches.hpp"
 
 namespace fdma::cuda {
 

@@ -4,7 +4,7 @@
 // only -inf keeps m = -inf and contributes exact zeros, never NaN.
 #pragma once
 
-#include "cuda/ptx.cuh"
+#include "cuda/primitives/ptx.cuh"
 
 namespace fdma::cuda {
 

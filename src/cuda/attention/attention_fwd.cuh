@@ -15,18 +15,18 @@
 #include <atomic>
 #include <type_traits>
 
-#include "cuda/arch_dispatch.cuh"
-#include "cuda/attention_fwd_params.hpp"
-#include "cuda/cta_order.cuh"
-#include "cuda/fwd_mma_sm80.cuh"
-#include "cuda/fwd_mma_sm90.cuh"
-#include "cuda/kernel_table.hpp"
-#include "cuda/launch.cuh"
-#include "cuda/next_active.cuh"
-#include "cuda/ptx.cuh"
-#include "cuda/score_mod_sm80.cuh"
-#include "cuda/softmax_sm80.cuh"
-#include "cuda/tile_io_sm80.cuh"
+#include "cuda/primitives/arch_dispatch.cuh"
+#include "cuda/attention/attention_fwd_params.hpp"
+#include "cuda/attention/cta_order.cuh"
+#include "cuda/attention/fwd_mma_sm80.cuh"
+#include "cuda/attention/fwd_mma_sm90.cuh"
+#include "cuda/attention/kernel_table.hpp"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/attention/next_active.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/attention/score_mod_sm80.cuh"
+#include "cuda/primitives/softmax_sm80.cuh"
+#include "cuda/primitives/tile_io_sm80.cuh"
 
 namespace fdma::cuda {
 

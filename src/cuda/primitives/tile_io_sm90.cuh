@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "cuda/ptx.cuh"
-#include "cuda/tile_io_sm80.cuh"  // for_each_chunk
-#include "cuda/wgmma.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/tile_io_sm80.cuh"  // for_each_chunk
+#include "cuda/primitives/wgmma.cuh"
 
 namespace fdma::cuda {
 

@@ -9,10 +9,10 @@
 
 #include <cstdint>
 
-#include "cuda/kernel_table.hpp"
-#include "cuda/ptx.cuh"
-#include "cuda/tile_io_sm90.cuh"
-#include "cuda/wgmma.cuh"
+#include "cuda/attention/kernel_table.hpp"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/tile_io_sm90.cuh"
+#include "cuda/primitives/wgmma.cuh"
 
 namespace fdma::cuda {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "cuda/ptx.cuh"
+#include "cuda/primitives/ptx.cuh"
 
 namespace fdma::cuda {
 

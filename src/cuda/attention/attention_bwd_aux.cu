@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "cuda/attention_bwd_aux.hpp"
-#include "cuda/launch.cuh"
-#include "cuda/ptx.cuh"
-#include "cuda/score_mod_sm80.cuh"
+#include "cuda/attention/attention_bwd_aux.hpp"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/attention/score_mod_sm80.cuh"
 
 namespace fdma::cuda {
 namespace {

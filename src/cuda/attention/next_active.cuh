@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "cuda/attention_fwd_params.hpp"  // next_active_table_bytes
+#include "cuda/attention/attention_fwd_params.hpp"  // next_active_table_bytes
 
 namespace fdma::cuda {
 

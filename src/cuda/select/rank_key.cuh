@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cuda/select_topw.cuh"
+#include "cuda/select/select_topw.cuh"
 
 namespace fdma::cuda {
 

@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/attention_fwd_params.hpp"
+#include "cuda/attention/attention_fwd_params.hpp"
 
 namespace fdma::cuda {
 

@@ -5,9 +5,9 @@
 // mask then costs its active tiles' dense time.
 #include <cuda_runtime.h>
 
-#include "cuda/attention_fwd_params.hpp"
-#include "cuda/mask_tile_summary.hpp"
-#include "cuda/ptx.cuh"
+#include "cuda/attention/attention_fwd_params.hpp"
+#include "cuda/attention/mask_tile_summary.hpp"
+#include "cuda/primitives/ptx.cuh"
 
 namespace fdma::cuda {
 namespace {

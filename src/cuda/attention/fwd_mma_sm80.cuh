@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "cuda/kernel_table.hpp"
-#include "cuda/ptx.cuh"
-#include "cuda/tile_io_sm80.cuh"
+#include "cuda/attention/kernel_table.hpp"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/tile_io_sm80.cuh"
 
 namespace fdma::cuda {
 

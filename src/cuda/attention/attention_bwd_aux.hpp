@@ -3,7 +3,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/attention_bwd_params.hpp"
+#include "cuda/attention/attention_bwd_params.hpp"
 
 namespace fdma::cuda {
 

@@ -8,7 +8,7 @@
 
 #include <type_traits>
 
-#include "cuda/attention_fwd_params.hpp"
+#include "cuda/attention/attention_fwd_params.hpp"
 
 namespace fdma::cuda {
 

@@ -7,16 +7,16 @@
 #include <string>
 
 #include "core/device.hpp"
-#include "cuda/attention_bwd_aux.hpp"
-#include "cuda/attention_bwd_params.hpp"
-#include "cuda/attention_fwd_params.hpp"
+#include "cuda/attention/attention_bwd_aux.hpp"
+#include "cuda/attention/attention_bwd_params.hpp"
+#include "cuda/attention/attention_fwd_params.hpp"
 #include "cuda/cuda_backend.hpp"
-#include "cuda/device_guard.hpp"
-#include "cuda/kernel_params.hpp"
-#include "cuda/kernel_table.hpp"
-#include "cuda/launch.cuh"
-#include "cuda/mask_tile_summary.hpp"
-#include "cuda/path_switches.hpp"
+#include "cuda/primitives/device_guard.hpp"
+#include "cuda/attention/kernel_params.hpp"
+#include "cuda/attention/kernel_table.hpp"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/attention/mask_tile_summary.hpp"
+#include "cuda/primitives/path_switches.hpp"
 
 namespace fdma::cuda {
 

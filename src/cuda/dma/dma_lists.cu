@@ -5,10 +5,10 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
-#include "cuda/dma_lists.hpp"
-#include "cuda/launch.cuh"
-#include "cuda/ptx.cuh"
-#include "cuda/warp_scan.cuh"
+#include "cuda/dma/dma_lists.hpp"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/warp_scan.cuh"
 #include "fdma/fdma.h"
 
 namespace fdma::cuda {

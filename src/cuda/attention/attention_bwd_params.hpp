@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "cuda/attention_fwd_params.hpp"
+#include "cuda/attention/attention_fwd_params.hpp"
 
 namespace fdma::cuda {
 

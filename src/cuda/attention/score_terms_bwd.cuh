@@ -11,9 +11,9 @@
 
 #include <type_traits>
 
-#include "cuda/attention_fwd_params.hpp"
-#include "cuda/score_mod_sm80.cuh"
-#include "cuda/tile_io_sm80.cuh"
+#include "cuda/attention/attention_fwd_params.hpp"
+#include "cuda/attention/score_mod_sm80.cuh"
+#include "cuda/primitives/tile_io_sm80.cuh"
 
 namespace fdma::cuda {
 

@@ -10,13 +10,13 @@
 
 #include "core/device.hpp"
 #include "cuda/cuda_backend.hpp"
-#include "cuda/device_guard.hpp"
-#include "cuda/dma_lists.hpp"
-#include "cuda/kernel_params.hpp"
-#include "cuda/kernel_table.hpp"
-#include "cuda/launch.cuh"
-#include "cuda/path_switches.hpp"
-#include "cuda/select_topw.cuh"
+#include "cuda/primitives/device_guard.hpp"
+#include "cuda/dma/dma_lists.hpp"
+#include "cuda/attention/kernel_params.hpp"
+#include "cuda/attention/kernel_table.hpp"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/primitives/path_switches.hpp"
+#include "cuda/select/select_topw.cuh"
 
 namespace fdma::cuda {
 namespace {

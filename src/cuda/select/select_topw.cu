@@ -6,13 +6,13 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/arch_dispatch.cuh"
-#include "cuda/launch.cuh"
-#include "cuda/ptx.cuh"
-#include "cuda/rank_key.cuh"
-#include "cuda/select_cluster.cuh"
-#include "cuda/select_rows.cuh"
-#include "cuda/select_topw.cuh"
+#include "cuda/primitives/arch_dispatch.cuh"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/select/rank_key.cuh"
+#include "cuda/select/select_cluster.cuh"
+#include "cuda/select/select_rows.cuh"
+#include "cuda/select/select_topw.cuh"
 
 namespace fdma::cuda {
 

@@ -25,10 +25,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/ptx.cuh"
-#include "cuda/rank_key.cuh"
-#include "cuda/select_rows.cuh"
-#include "cuda/warp_scan.cuh"
+#include "cuda/primitives/ptx.cuh"
+#include "cuda/select/rank_key.cuh"
+#include "cuda/select/select_rows.cuh"
+#include "cuda/primitives/warp_scan.cuh"
 
 namespace fdma::cuda {
 
