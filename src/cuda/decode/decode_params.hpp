@@ -24,7 +24,7 @@ struct CacheView {
   const int32_t* block_table;  // null: contiguous
   int64_t table_stride[2];
   FastDivmod page_size{1};
-  int num_pages, max_pages;
+  int num_pages;
   int capacity;  // positions per sequence: max_len, or max_pages * page_size
   int Snew;      // tokens appended by this call
   int B, Hk;

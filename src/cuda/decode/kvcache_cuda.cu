@@ -132,7 +132,7 @@ CacheView cache_view(const fdma_kvcache_params& p, const detail::KvCacheProblem&
     c.block_table = static_cast<const int32_t*>(p.block_table.data);
     c.table_stride[0] = p.block_table.stride[0], c.table_stride[1] = p.block_table.stride[1];
     c.page_size = FastDivmod(int(prob.page_size));
-    c.num_pages = int(prob.num_pages), c.max_pages = int(prob.max_pages);
+    c.num_pages = int(prob.num_pages);
   }
   c.capacity = int(d.Sk);
   c.Snew = int(prob.Snew);
