@@ -4,11 +4,25 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <vector>
 
 #include "host_tensor.hpp"
 
 namespace fdma::test {
+
+#define REQUIRE_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped"
+
+// The largest |a - r| where the reference is finite (NaN/Inf parity is checked apart).
+inline double max_err(const std::vector<double>& a, const std::vector<double>& r) {
+  double m = 0;
+  for (size_t i = 0; i < r.size(); ++i)
+    if (std::isfinite(r[i])) m = std::max(m, std::fabs(a[i] - r[i]));
+  return m;
+}
 
 #define FDMA_CUDA_OK(expr)                                                               \
   do {                                                                                   \

@@ -13,16 +13,6 @@ using namespace fdma::test;
 
 namespace {
 
-double max_err(const std::vector<double>& a, const std::vector<double>& r) {
-  double m = 0;
-  for (size_t i = 0; i < r.size(); ++i)
-    if (std::isfinite(r[i])) m = std::max(m, std::fabs(a[i] - r[i]));
-  return m;
-}
-
-#define REQUIRE_GPU() \
-  if (!cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped"
-
 // The GPU's error against the float64 reference may be twice the CPU backend's on the same
 // stored inputs, plus one rounding unit of the largest reference value.
 ::testing::AssertionResult within_precision(const std::vector<double>& gpu, const std::vector<double>& cpu,

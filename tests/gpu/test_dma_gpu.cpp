@@ -14,16 +14,6 @@ using namespace fdma::test;
 
 namespace {
 
-#define REQUIRE_GPU() \
-  if (!cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped"
-
-double max_err(const std::vector<double>& a, const std::vector<double>& r) {
-  double m = 0;
-  for (size_t i = 0; i < r.size(); ++i)
-    if (std::isfinite(r[i])) m = std::max(m, std::fabs(a[i] - r[i]));
-  return m;
-}
-
 struct DeviceWorkspace {
   void* ptr = nullptr;
   explicit DeviceWorkspace(size_t bytes) {

@@ -18,16 +18,6 @@ using namespace fdma::test;
 
 namespace {
 
-#define REQUIRE_GPU() \
-  if (!cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped"
-
-double max_err(const std::vector<double>& a, const std::vector<double>& r) {
-  double m = 0;
-  for (size_t i = 0; i < r.size(); ++i)
-    if (std::isfinite(r[i]) && std::isfinite(a[i])) m = std::max(m, std::fabs(a[i] - r[i]));
-  return m;
-}
-
 // The GPU call on device copies of r's tensors; the caches come back (appends) into r.
 void run_gpu(KvRun& r) {
   std::vector<HostTensor*> hosts = {&r.q, &r.k_cache, &r.v_cache, &r.score_cache, &r.seqlens, &r.out, &r.lse};
