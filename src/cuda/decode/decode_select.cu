@@ -416,10 +416,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_arrivals_kernel(DecodeS
 // The passes above each read every score again and pay a chain of latencies per CTA (load,
 // flush, fence, the last CTA's resolve) in every one of their five launches: about 10 us per
 // launch even for a 4096-key row. Here one cluster of up to 16 CTAs takes a row: its scores
-// are read once into shared memory (32768 a CTA), every pass's histograms are summed through
-// distributed shared memory, and the cluster's barriers replace the kernel boundaries. The
-// keys sit in shared memory rather than registers, and every loop over them is a loop: the
-// register version's unrolled code (about 100 KB of it) stalled on instruction fetch.
+// are read once into shared memory (8192 or 32768 a CTA), every pass's histograms are summed
+// through distributed shared memory, and the cluster's barriers replace the kernel
+// boundaries. The keys sit in shared memory rather than registers, and every loop over them
+// is a loop: the register version's unrolled code (about 100 KB of it) stalled on
+// instruction fetch. It runs where a row fits one CTA (decode_select_cluster_size says why).
 constexpr int kClusterThreads = 512;
 constexpr int kClusterKeysPerThread = 64;
 constexpr int kClusterWarps = kClusterThreads / 32;
