@@ -16,10 +16,10 @@ struct SelectScratch {
 };
 size_t decode_select_workspace(int rows, int chunks, int list_cap, SelectScratch* s);
 
-// The kept lists (args.list, per-row counts in args.state[row].listed) on `stream`: on Hopper one
-// launch of a CTA cluster per row (rows of up to 16 x 32768 candidates), elsewhere 5 to 7
-// launches of the portable passes; FDMA_DECODE_SELECT=passes forces those. `zeroed` is the
-// workspace's start.
+// The kept lists (args.list, per-row counts in args.state[row].listed) on `stream`: on Hopper,
+// rows of up to 8192 candidates take one launch of one CTA per row (the cluster kernel),
+// longer rows and other GPUs 5 to 7 launches of the portable passes; FDMA_DECODE_SELECT=
+// passes|cluster forces either. `zeroed` is the workspace's start.
 cudaError_t run_decode_select(const DecodeSelectArgs& args, int rows, void* zeroed, size_t zeroed_bytes,
                               cudaStream_t stream);
 
