@@ -31,14 +31,7 @@ namespace {
 
 void check_cuda(cudaError_t err, const char* what) { cuda::check_cuda(err, std::string("attention (CUDA): ") + what); }
 
-// cp.async moves 16-byte chunks: rows must start on 16-byte boundaries.
-void check_rows_aligned(const fdma_tensor& t, const char* name) {
-  const bool base_ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-  bool strides_ok = true;
-  for (int d = 0; d < 3; ++d) strides_ok &= t.shape[d] == 1 || t.stride[d] % 8 == 0;
-  if (!base_ok || !strides_ok)
-    unsupported(std::string(name) + " must be 16-byte aligned with strides that are multiples of 8 elements");
-}
+void check_rows_aligned(const fdma_tensor& t, const char* name) { require_rows_aligned("attention", t, name); }
 
 // Tiles of a mask/bias can stream through shared memory in 16-byte copies when keys are
 // contiguous and every row start (for any b, head, i) is 16-byte aligned.

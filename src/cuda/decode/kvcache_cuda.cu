@@ -34,12 +34,7 @@ constexpr const char* kOp = "kvcache attention (CUDA)";
 
 void check(cudaError_t err, const char* what) { cuda::check_cuda(err, std::string(kOp) + ": " + what); }
 
-// cp.async moves 16-byte chunks of rows: row starts 16-byte aligned.
-void check_rows_aligned(const fdma_tensor& t, const char* name) {
-  bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-  for (int d = 0; d < 3; ++d) ok &= t.shape[d] == 1 || t.stride[d] % 8 == 0;
-  if (!ok) unsupported(std::string(name) + " must be 16-byte aligned with strides that are multiples of 8 elements");
-}
+void check_rows_aligned(const fdma_tensor& t, const char* name) { require_rows_aligned("kvcache attention", t, name); }
 
 void check_inputs(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob) {
   const detail::Dims& d = prob.dims;

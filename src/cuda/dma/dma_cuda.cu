@@ -64,11 +64,7 @@ void require_device_workspace(const char* op, const void* ws) {
     detail::fail(Status::workspace, std::string(op) + " (CUDA): the workspace must be CUDA device memory");
 }
 
-void check_rows_aligned(const char* op, const fdma_tensor& t, const char* name) {
-  bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-  for (int i = 0; i < 3; ++i) ok &= t.shape[i] == 1 || t.stride[i] % 8 == 0;
-  if (!ok) unsupported(op, std::string(name) + " must be 16-byte aligned with strides that are multiples of 8 elements");
-}
+void check_rows_aligned(const char* op, const fdma_tensor& t, const char* name) { require_rows_aligned(op, t, name); }
 
 // The GPU-only requirements of dynamic_mask_attention, forward and backward.
 void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {

@@ -1,9 +1,11 @@
-// Runs a CUDA call on the device that holds its tensors and restores the caller's current
-// device afterwards, so multi-GPU callers never see their device changed.
+// Host helpers of the CUDA backend: CUDA errors as fdma errors, the row alignment cp.async
+// needs, and a guard that runs a call on the device holding its tensors and restores the
+// caller's current device afterwards, so multi-GPU callers never see their device changed.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "core/problem.hpp"
@@ -12,6 +14,16 @@ namespace fdma::cuda {
 
 inline void check_cuda(cudaError_t err, const std::string& what) {
   if (err != cudaSuccess) detail::fail(Status::device, what + ": " + cudaGetErrorString(err));
+}
+
+// cp.async moves 16-byte chunks of rows: a [.., .., .., D] tensor's rows must start on 16-byte
+// boundaries. `op` names the operation in the error ("attention", ...).
+inline void require_rows_aligned(const std::string& op, const fdma_tensor& t, const char* name) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int d = 0; d < 3; ++d) ok &= t.shape[d] == 1 || t.stride[d] % 8 == 0;
+  if (!ok)
+    detail::fail(Status::unsupported, op + " (CUDA): " + name +
+                                          " must be 16-byte aligned with strides that are multiples of 8 elements");
 }
 
 class DeviceGuard {
