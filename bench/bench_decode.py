@@ -8,6 +8,9 @@ call touches are not in L2 from the call before. Prints a table (and --json writ
 
   python bench/bench_decode.py                 # the issue's configurations
   python bench/bench_decode.py --sweep         # latency against cache length (plot data)
+
+"state ms" is a steady-state decode step that keeps a select_state (it appends its token and
+grows each row's kept set instead of selecting over the whole cache).
 """
 import argparse
 import json
@@ -68,7 +71,30 @@ def graph_time(fns, reps=20):
     return times[len(times) // 2]
 
 
-def run_config(B, H, Hk, K, D, w, Sq=1, page_size=0, baselines=True):
+STATE_ROOM = 200  # steps' appends past K a select_state run has room for (warm-up + 8 x 20 replays a set)
+
+
+def state_step(q, w, c, Sq):
+    """One decode step of a generation loop that keeps a select_state: appends Sq new tokens
+    at the set's own cache_seqlens, attends, advances cache_seqlens (all inside the graph)."""
+    B, _, H, D = q.shape
+    Hk = c["k_cache"].shape[2]
+    lens = torch.full((B,), c["K"], dtype=torch.int32, device="cuda")
+    kn = torch.randn(B, Sq, Hk, D, device="cuda", dtype=torch.bfloat16)
+    vn = torch.randn(B, Sq, Hk, D, device="cuda", dtype=torch.bfloat16)
+    sn = torch.randn(B, Hk, Sq, device="cuda")
+    cache = {k: v for k, v in c.items() if k != "K"}
+    state = flash_dma.new_select_state(cache["k_cache"], w, cache.get("block_table"))
+
+    def f():
+        out = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, k=kn, v=vn,
+                                                            scores=sn, select_state=state, **cache)
+        lens.add_(Sq)
+        return out
+    return f
+
+
+def run_config(B, H, Hk, K, D, w, Sq=1, page_size=0, baselines=True, with_state=True, plain=True):
     G = H // Hk
     kept = min(w, K)
     touched = B * Hk * (K * 4 + kept * D * 2 * 2)  # scores + kept K/V rows
@@ -83,8 +109,19 @@ def run_config(B, H, Hk, K, D, w, Sq=1, page_size=0, baselines=True):
     def ours(c):
         return lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **c)
 
-    row["ours_ms"] = graph_time([ours(c) for c in sets])
-    row["ours_GBps"] = touched / row["ours_ms"] / 1e6
+    if plain:
+        row["ours_ms"] = graph_time([ours(c) for c in sets])
+        row["ours_GBps"] = touched / row["ours_ms"] / 1e6
+    if with_state:
+        # Steady-state decode steps keeping a select_state: the kept K/V rows are the bytes
+        # that must move (the state and the w gathered scores add 3% at D 128).
+        del sets
+        ssets = make_sets(B, K + STATE_ROOM * Sq, Hk, D, page_size, count, seed=K + B + 1)
+        steps = [state_step(q, w, dict(c, K=K), Sq) for c in ssets]
+        row["state_ms"] = graph_time(steps)
+        row["state_GBps"] = B * Hk * kept * D * 2 * 2 / row["state_ms"] / 1e6
+        del ssets, steps
+        sets = make_sets(B, K, Hk, D, page_size, count, seed=K + B) if baselines and not page_size else []
     if not baselines or page_size:
         return row
 
@@ -126,13 +163,18 @@ def run_config(B, H, Hk, K, D, w, Sq=1, page_size=0, baselines=True):
     return row
 
 
-def kernel_breakdown(B, H, Hk, K, D, w):
+def kernel_breakdown(B, H, Hk, K, D, w, with_state=False):
     """Per-kernel device time of one call (µs, from the profiler over 10 calls), and the
-    selection's share (its kernels and the state memset)."""
-    sets = make_sets(B, K, Hk, D, 0, 1, seed=3)
-    lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
+    selection's share (its kernels and the scratch memset). with_state: steady-state decode
+    steps that keep a select_state (each appends a token)."""
     q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
-    f = lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **sets[0])  # noqa
+    if with_state:
+        sets = make_sets(B, K + STATE_ROOM, Hk, D, 0, 1, seed=3)
+        f = state_step(q, w, dict(sets[0], K=K), 1)
+    else:
+        sets = make_sets(B, K, Hk, D, 0, 1, seed=3)
+        lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
+        f = lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **sets[0])  # noqa
     for _ in range(3):
         f()
     torch.cuda.synchronize()
@@ -149,7 +191,7 @@ def kernel_breakdown(B, H, Hk, K, D, w):
         name = name.split("(")[0].split("<")[0] + ("<" + name.split("<")[1].split(">")[0] + ">" if "pass" in name else "")
         per[name] = per.get(name, 0.0) + us / 10
     sel = sum(v for n, v in per.items() if "select" in n or "emset" in n)
-    print(f"kernels of one call, B{B} Hk{Hk} K{K} w{w}: " +
+    print(f"kernels of one call, B{B} Hk{Hk} K{K} w{w}{' (select_state)' if with_state else ''}: " +
           ", ".join(f"{n.strip()} {v:.1f}" for n, v in per.items()))
     print(f"  selection {sel:.1f} us of {sum(per.values()):.1f} us of kernel time")
     return sel, sum(per.values())
@@ -160,11 +202,21 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="ours alone on the two latency configurations")
+    ap.add_argument("--tune", action="store_true", help="select_state steps against FDMA_DECODE_CTAS_PER_SM")
     args = ap.parse_args()
     rows = []
+    if args.tune:
+        import os
+        for per_sm in (2, 3, 4, 6, 8):
+            os.environ["FDMA_DECODE_CTAS_PER_SM"] = str(per_sm)
+            for cfg in ((8, 32, 8, 131072, 128, 2048), (64, 32, 8, 32768, 128, 2048), (1, 2, 1, 524288, 64, 1024)):
+                r = run_config(*cfg, baselines=False, plain=False)
+                print(f"ctas/SM {per_sm}: B{cfg[0]} K{cfg[3]}: {r['state_ms']:.4f} ms, {r['state_GBps']:.0f} GB/s")
+        del os.environ["FDMA_DECODE_CTAS_PER_SM"]
+        return
     if args.quick:
         kernel_breakdown(8, 32, 8, 131072, 128, 2048)
-        kernel_breakdown(1, 32, 8, 4096, 128, 2048)
+        kernel_breakdown(8, 32, 8, 131072, 128, 2048, with_state=True)
         rows.append(run_config(8, 32, 8, 131072, 128, 2048, baselines=False))
         rows.append(run_config(1, 2, 1, 524288, 64, 1024, baselines=False))
         rows.append(run_config(8, 32, 8, 131072, 128, 2048, page_size=64))
@@ -179,11 +231,14 @@ def main():
         for page in (16, 64):
             rows.append(run_config(8, 32, 8, 131072, 128, 2048, page_size=page))
         kernel_breakdown(8, 32, 8, 131072, 128, 2048)
-    print(f"{'config':<40} {'ours ms':>8} {'GB/s':>7} {'dense':>8} {'topk':>8} {'diff':>8}")
+        kernel_breakdown(8, 32, 8, 131072, 128, 2048, with_state=True)
+    nan = float("nan")
+    print(f"{'config':<40} {'ours ms':>8} {'GB/s':>6} {'state ms':>8} {'GB/s':>6} {'dense':>7} {'topk':>7} {'diff':>7}")
     for r in rows:
         name = f"B{r['B']} H{r['H']} Hk{r['Hk']} K{r['K']} D{r['D']} w{r['w']} Sq{r['Sq']} p{r['page']}"
-        print(f"{name:<40} {r['ours_ms']:8.4f} {r['ours_GBps']:7.0f} {r.get('dense_flash_ms', float('nan')):8.4f} "
-              f"{r.get('topk_ms', float('nan')):8.4f} {r.get('max_diff_vs_topk', float('nan')):8.4f}")
+        print(f"{name:<40} {r.get('ours_ms', nan):8.4f} {r.get('ours_GBps', nan):6.0f} {r.get('state_ms', nan):8.4f} "
+              f"{r.get('state_GBps', nan):6.0f} {r.get('dense_flash_ms', nan):7.4f} {r.get('topk_ms', nan):7.4f} "
+              f"{r.get('max_diff_vs_topk', nan):7.4f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

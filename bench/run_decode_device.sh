@@ -11,7 +11,7 @@ GT=()
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFDMA_CUDA_LINEINFO=OFF \
   "${GT[@]}" >"$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
 start=$(date +%s)
-cmake --build build -j "$(nproc)" --target fdma fdma_gpu_tests >"$OUT/build.log" 2>&1 ||
+cmake --build build -j "$(nproc)" --target fdma fdma_gpu_tests fdma_cli >"$OUT/build.log" 2>&1 ||
   { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 export FDMA_LIBRARY=$PWD/build/libfdma.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
@@ -20,12 +20,19 @@ echo "gtest rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.log" | tr '\n' 
 grep -E "Failure|FAILED|error" "$OUT/gtest.log" | head -20
 if [ "${SANITIZE:-1}" = 1 ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/fdma_gpu_tests \
-    --gtest_filter='KvCacheGpu.OutOfRange*:KvCacheGpu.Speculative*:KvCacheGpu.Dense*' >"$OUT/memcheck.log" 2>&1
+    --gtest_filter='KvCacheGpu.OutOfRange*:KvCacheGpu.Speculative*:KvCacheGpu.Dense*:KvCacheGpu.SelectState*:KvCacheGpu.Float16*' \
+    >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc $?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
   compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/fdma_gpu_tests \
-    --gtest_filter='KvCacheGpu.Speculative*' >"$OUT/racecheck.log" 2>&1
+    --gtest_filter='KvCacheGpu.Speculative*:KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.SelectStateAfter*' \
+    >"$OUT/racecheck.log" 2>&1
   echo "racecheck rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
 fi
+for st in 1 0; do  # the main job's decode variant on the GPU, with and without a select_state
+  build/fdma decode --cache 32768 --steps 4 --batch 4 --heads 8 --kv-heads 2 --headdim 128 --window 1024 \
+    --page-size 64 --state $st >"$OUT/fdma_decode_state$st.log" 2>&1
+  echo "fdma decode --state $st rc $?: $(grep -E 'median|result' "$OUT/fdma_decode_state$st.log" | tr -s ' ' | tr '\n' ' ')"
+done
 python3 -m pytest tests/python/test_kvcache.py tests/python/test_doge_integration.py --device cuda -q -x \
   >"$OUT/pytest.log" 2>&1
 echo "pytest rc $?: $(tail -1 "$OUT/pytest.log")"

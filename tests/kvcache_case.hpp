@@ -24,6 +24,7 @@ struct KvCase {
   int64_t Snew = 0;         // appended tokens
   std::vector<int64_t> lens;  // per sequence, before the append (default: random)
   bool dynamic = true, causal = true, add_scores = true, ties = false, nan_scores = false;
+  bool state = false;  // pass a select_state (zeroed unless the test writes it)
   double softcap = 0;
   DType dtype = DType::f32, score_dtype = DType::f32;
   uint64_t seed = 1;
@@ -31,8 +32,8 @@ struct KvCase {
     std::ostringstream os;
     os << "B" << B << " Sq" << Sq << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " max_len" << max_len
        << " page" << page_size << " Snew" << Snew << " dynamic" << dynamic << " causal" << causal << " add"
-       << add_scores << " ties" << ties << " nan" << nan_scores << " softcap" << softcap << " " << dtype_name(dtype)
-       << " lens";
+       << add_scores << " ties" << ties << " nan" << nan_scores << " softcap" << softcap << " state" << state << " "
+       << dtype_name(dtype) << "/" << dtype_name(score_dtype) << " lens";
     for (auto l : lens) os << " " << l;
     return os.str();
   }
@@ -43,7 +44,7 @@ struct KvRun {
   int64_t max_pages = 0, num_pages = 0;
   // Logical caches [B, max_len, Hk, D] / [B, Hk, max_len], then the tensors handed to the call.
   HostTensor lk, lv, ls;
-  HostTensor q, k_cache, v_cache, score_cache, seqlens, table, k_new, v_new, s_new, out, lse;
+  HostTensor q, k_cache, v_cache, score_cache, seqlens, table, k_new, v_new, s_new, out, lse, state;
   std::vector<int32_t> page_of;  // [B * max_pages]
 
   explicit KvRun(const KvCase& cs) : c(cs) {
@@ -107,6 +108,35 @@ struct KvRun {
     }
     out = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D});
     lse = HostTensor(c.dtype == DType::f64 ? DType::f64 : DType::f32, {c.B, c.H, c.Sq});
+    if (c.state) {
+      state = HostTensor(DType::i32, {c.B, c.Hk, 1 + std::min(c.w, capacity())});
+      for (int64_t i = 0; i < state.numel(); ++i) state.set(i, 0);
+    }
+  }
+
+  // New tokens and queries for the next step of a generation loop (after advance()).
+  void next_tokens(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u(-2, 2);
+    q.fill_uniform(rng, -1.5, 1.5);
+    k_new.fill_uniform(rng, -1.5, 1.5);
+    v_new.fill_uniform(rng, -1, 1);
+    for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, c.ties ? std::round(u(rng) * 2) / 2 : u(rng));
+  }
+  // cache_seqlens past this call's appends (the caller's part of a decode step).
+  void advance() {
+    for (int64_t b = 0; b < c.B; ++b) {
+      c.lens[b] += c.Snew;
+      seqlens.set(b, double(c.lens[b]));
+    }
+  }
+
+  // Row (b, hk) of a select_state: its prefix and its positions.
+  std::vector<int32_t> state_row(int64_t b, int64_t hk) const {
+    const int64_t n = state.shape()[2];
+    std::vector<int32_t> r;
+    for (int64_t i = 0; i < n; ++i) r.push_back(int32_t(state.get((b * c.Hk + hk) * n + i)));
+    return r;
   }
 
   int64_t capacity() const { return c.page_size ? max_pages * c.page_size : c.max_len; }
@@ -124,6 +154,7 @@ struct KvRun {
     }
     p.causal = c.causal, p.add_scores = c.add_scores, p.softcap = c.softcap;
     p.out = out.view(), p.lse = lse.view();
+    if (c.state) p.select_state = state.view();
     return p;
   }
 
@@ -150,6 +181,22 @@ struct KvRun {
           ls.set((b * c.Hk + hk) * c.max_len + j, s_new.get((b * c.Hk + hk) * c.Snew + t));
         }
       }
+  }
+
+  // What select_state's row (b, hk) must hold after the call (call append_reference first
+  // when appending): L and the positions of the top-min(w, L) of keys [0, L), ascending.
+  std::vector<int32_t> expected_state_row(int64_t b, int64_t hk) const {
+    const int64_t L = c.lens[b] + c.Snew;
+    std::vector<int32_t> r = state_row(b, hk);  // entries past the kept ones are not written
+    r[0] = int32_t(L);
+    if (L == 0) return r;
+    std::vector<double> sc;
+    for (int64_t j = 0; j < L; ++j) sc.push_back(ls.get((b * c.Hk + hk) * c.max_len + j));
+    const auto keep = ref::select_brute(sc, {}, 1, 1, 1, L, c.w, false);
+    int64_t n = 1;
+    for (int64_t j = 0; j < L; ++j)
+      if (keep[j]) r[n++] = int32_t(j);
+    return r;
   }
 
   // Float64 out [B, Sq, H, D] and lse [B, H, Sq] (call append_reference first when appending).

@@ -125,6 +125,25 @@ TEST(KvCache, DenseAttention) {
   }
 }
 
+// select_state: after a call, each row holds its cache's length and the positions of its
+// top-w keys, ascending, whatever it held before (the CPU selects from scratch every call).
+TEST(KvCache, SelectStateHoldsEachRowsTopW) {
+  uint64_t seed = 400;
+  for (int64_t page : {0, 16})
+    for (bool ties : {false, true})
+      for (int64_t Snew : {0, 1, 3}) {
+        KvCase c;
+        c.B = 5, c.Sq = Snew ? Snew : 2, c.H = 4, c.Hk = 2, c.D = 16, c.w = 10, c.max_len = 64, c.page_size = page;
+        c.Snew = Snew, c.ties = ties, c.nan_scores = !ties, c.state = true, c.seed = seed++;
+        c.lens = {0, 1, 9, 10, 64 - Snew};
+        KvRun r(c);
+        for (int64_t i = 0; i < r.state.numel(); ++i) r.state.set(i, double(int64_t(i * 7919 % 97) - 20));  // junk
+        check(r);
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t hk = 0; hk < c.Hk; ++hk) EXPECT_EQ(r.state_row(b, hk), r.expected_state_row(b, hk)) << b << " " << hk;
+      }
+}
+
 // --- bad input: a clear error naming the argument, and nothing written -----------------------
 
 namespace {
@@ -197,6 +216,20 @@ TEST(KvCache, BadInputNamesTheArgument) {
     KvCacheParams b = p;
     b.cache_seqlens = lens.view();
     expect(b, "cache_seqlens has dtype float32");
+  }
+  {
+    HostTensor state(DType::i32, {2, 2, 1 + 3});  // window 4: 1 + 4 entries a row
+    KvCacheParams b = p;
+    b.select_state = state.view();
+    expect(b, "select_state.shape[2]");
+    HostTensor fstate(DType::f32, {2, 2, 1 + 4});
+    b.select_state = fstate.view();
+    expect(b, "select_state has dtype float32");
+    HostTensor ok(DType::i32, {2, 2, 1 + 4});
+    b = p;
+    b.select_state = ok.view();
+    b.score_cache = Tensor(), b.scores = Tensor(), b.window = 0;
+    expect(b, "select_state is given but score_cache is not");
   }
   {
     HostTensor sc(DType::f32, {r.num_pages, 16, 3});

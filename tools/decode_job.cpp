@@ -33,7 +33,9 @@ const char* const kDecodeHelp =
     "  --window N    (256)    --queries N    (1)      new tokens per step (speculative: > 1)\n"
     "  --steps N     (8)      --page-size N  (0 = contiguous cache; a multiple of 16: paged)\n"
     "  --dtype T     (bf16)   bf16, fp16, fp32 or fp64 (the last two on the CPU)\n"
-    "  --backend B   (auto)   auto, cpu or cuda     --seed N (1)   --check 0|1 (1)\n";
+    "  --backend B   (auto)   auto, cpu or cuda     --seed N (1)   --check 0|1 (1)\n"
+    "  --state 0|1   (1)      keep a select_state across steps (each step grows the kept sets\n"
+    "                         by its new keys instead of selecting over the whole cache)\n";
 
 namespace {
 
@@ -62,13 +64,14 @@ double max_rel(const std::vector<double>& got, const std::vector<double>& ref) {
 int run_decode_job(const std::vector<std::string>& argv) {
   cli::Args a(argv, {{"batch", "4"}, {"cache", "8192"}, {"heads", "8"}, {"kv-heads", "2"}, {"headdim", "64"},
                      {"window", "256"}, {"queries", "1"}, {"steps", "8"}, {"page-size", "0"}, {"dtype", "bf16"},
-                     {"backend", "auto"}, {"seed", "1"}, {"check", "1"}});
+                     {"backend", "auto"}, {"seed", "1"}, {"check", "1"}, {"state", "1"}});
   test::KvCase c;
   c.B = a.integer("batch"), c.H = a.integer("heads"), c.Hk = a.integer("kv-heads"), c.D = a.integer("headdim");
   c.w = a.integer("window"), c.Sq = a.integer("queries"), c.Snew = c.Sq, c.page_size = a.integer("page-size");
   c.dtype = decode_dtype(a.str("dtype"));
   c.score_dtype = DType::f32;
   c.seed = static_cast<uint64_t>(a.integer("seed"));
+  c.state = a.integer("state") != 0;
   const int64_t cache = a.integer("cache"), steps = a.integer("steps");
   if (c.B < 1 || c.H < 1 || c.Hk < 1 || c.D < 1 || c.w < 1 || c.Sq < 1 || cache < 0 || steps < 1)
     throw std::invalid_argument("sizes must be >= 1 (--cache >= 0)");
@@ -95,6 +98,7 @@ int run_decode_job(const std::vector<std::string>& argv) {
     if (c.page_size) p.block_table = mirror.add(r.table);
     p.k = mirror.add(r.k_new), p.v = mirror.add(r.v_new), p.scores = mirror.add(r.s_new);
     p.out = mirror.add(r.out), p.lse = mirror.add(r.lse);
+    if (c.state) p.select_state = mirror.add(r.state);
   }
 #endif
   const size_t ws_bytes = kvcache_workspace_size(p);
@@ -115,6 +119,7 @@ int run_decode_job(const std::vector<std::string>& argv) {
               static_cast<long long>(c.lens.back()), static_cast<long long>(c.lens.front()),
               c.page_size ? ("paged (" + std::to_string(c.page_size) + " keys a page, shuffled)").c_str() : "contiguous",
               dtype_name(c.dtype));
+  std::printf("  selection  %s\n", c.state ? "a select_state kept across steps" : "over the whole cache every step");
   const double tol = (c.dtype == DType::bf16 ? 1.0 / 256 : c.dtype == DType::f16 ? 1.0 / 2048 : 1e-5) * 2;
   std::mt19937_64 rng(c.seed + 1000);
   std::vector<double> times;

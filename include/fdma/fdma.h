@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct layout or a function signature changes. */
-#define FDMA_ABI_VERSION 3
+#define FDMA_ABI_VERSION 4
 #define FDMA_MAX_DIMS 4
 #define FDMA_MAX_HEAD_DIM 256
 
@@ -149,12 +149,28 @@ typedef struct fdma_dma_params {
  * [B, Sq, H, D] and optionally lse [B, H, Sq] float32; a query that sees no key gets 0 / -inf.
  * The CPU backend rejects lengths past the cache and block_table entries outside
  * [0, num_pages); the CUDA backend, which cannot read them without a synchronization, clamps
- * L_b to the cache's capacity and treats keys on such pages as absent (never read or written). */
+ * L_b to the cache's capacity and treats keys on such pages as absent (never read or written).
+ *
+ * select_state (optional, with score_cache): [B, Hk, 1 + min(window, capacity)] int32, owned
+ *   by the caller, read and rewritten by every call that gets it (capacity: max_len, or
+ *   max_pages * page_size). Entry 0 of row (b, hk) is a prefix length n, the others the
+ *   positions of the top-min(window, n) keys of [0, n), ascending. After a call the row
+ *   describes [0, L_b). With scores fixed per key, the top-w of a cache grown by a few keys is
+ *   the old top-w with each new key taking the worst one's place when it ranks above it, so a
+ *   decode step that finds a state describing its cache up to its new keys updates it instead
+ *   of selecting over the whole cache. Any other content (zeros, a longer prefix after a
+ *   rollback, positions out of order or out of range) makes the call select from scratch and
+ *   rewrite it, so a zeroed tensor is a valid start. The caller's part: while a row's state
+ *   is kept, the scores at positions below its n do not change. Appending only through calls
+ *   that get the state keeps that (after cache_seqlens is rolled back, the next call finds a
+ *   longer prefix and rebuilds); before appending or rewriting scores by other means, set the
+ *   row's entry 0 to 0. With that, the result is the same with or without a state. */
 typedef struct fdma_kvcache_params {
   fdma_tensor q;
   fdma_tensor k_cache, v_cache, score_cache;
   fdma_tensor cache_seqlens, block_table;
   fdma_tensor k, v, scores;
+  fdma_tensor select_state;
   int64_t window;     /* w >= 1 with score_cache; must be 0 without */
   int32_t causal;
   int32_t add_scores; /* nonzero: the kept keys' scores are added as a bias */

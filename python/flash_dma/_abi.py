@@ -6,7 +6,7 @@ whose fdma_abi_version() differs from ABI_VERSION.
 import ctypes
 import os
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_DIMS = 4
 
 # fdma_dtype
@@ -65,6 +65,7 @@ class KvCacheParams(ctypes.Structure):
     _fields_ = [
         ("q", Tensor), ("k_cache", Tensor), ("v_cache", Tensor), ("score_cache", Tensor),
         ("cache_seqlens", Tensor), ("block_table", Tensor), ("k", Tensor), ("v", Tensor), ("scores", Tensor),
+        ("select_state", Tensor),
         ("window", ctypes.c_int64), ("causal", ctypes.c_int32), ("add_scores", ctypes.c_int32),
         ("scale", ctypes.c_double), ("softcap", ctypes.c_double),
         ("out", Tensor), ("lse", Tensor),

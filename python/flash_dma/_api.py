@@ -104,7 +104,8 @@ def _check_kvcache(what, q, k_cache, v_cache, cache_seqlens, block_table, k, v, 
 
 def dynamic_mask_attention_with_kvcache(q, k_cache, v_cache, score_cache, cache_seqlens, window_size,
                                         block_table=None, k=None, v=None, scores=None, softmax_scale=None,
-                                        softcap=0.0, return_lse=False, is_causal=True, add_scores=True):
+                                        softcap=0.0, return_lse=False, is_causal=True, add_scores=True,
+                                        select_state=None):
     """Decode (or chunked prefill) against a KV cache, each query keeping the top-`window_size`
     cached keys it may see by their score, as FlashAttention's flash_attn_with_kvcache lays the
     cache out. q [B, Sq, H, D]; k_cache, v_cache [B, max_len, Hk, D] and score_cache
@@ -113,15 +114,22 @@ def dynamic_mask_attention_with_kvcache(q, k_cache, v_cache, score_cache, cache_
     and scores [B, Hk, Snew] are written into the caches at cache_seqlens first (advance
     cache_seqlens yourself afterwards). Query i then sits at position L - Sq + i of its
     sequence's L = cache_seqlens + Snew keys. No host synchronization: CUDA-graph capturable.
-    Returns out [B, Sq, H, D], and lse [B, H, Sq] when return_lse.
+    select_state (from new_select_state, passed to every step of a generation loop) lets a
+    decode step update each row's kept set with its new keys instead of selecting over the
+    whole cache; the result is the same. Returns out [B, Sq, H, D], and lse [B, H, Sq] when
+    return_lse.
     """
     what = "flash_dma.dynamic_mask_attention_with_kvcache"
     _check_kvcache(what, q, k_cache, v_cache, cache_seqlens, block_table, k, v, window_size)
     check_same_device(what, q, score_cache=score_cache, scores=scores)
     if score_cache is None:
         raise ValueError(f"{what}: score_cache is required (attention_with_kvcache is the dense variant)")
+    check_same_device(what, q, select_state=select_state)
+    if select_state is not None and (not isinstance(select_state, torch.Tensor) or select_state.dtype != torch.int32):
+        raise TypeError(f"{what}: select_state must be an int32 tensor [B, Hk, 1 + min(window_size, capacity)] "
+                        f"(flash_dma.new_select_state makes one), got {getattr(select_state, 'dtype', select_state)!r}")
     out, lse = torch.ops.flash_dma.kvcache_fwd(q, k_cache, v_cache, score_cache, cache_seqlens, block_table, k, v,
-                                               scores, window_size, bool(is_causal), bool(add_scores),
+                                               scores, select_state, window_size, bool(is_causal), bool(add_scores),
                                                float(softmax_scale or 0.0), float(softcap or 0.0))
     return (out, lse) if return_lse else out
 
@@ -132,10 +140,25 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
     appending and position rules as dynamic_mask_attention_with_kvcache."""
     what = "flash_dma.attention_with_kvcache"
     _check_kvcache(what, q, k_cache, v_cache, cache_seqlens, block_table, k, v)
-    out, lse = torch.ops.flash_dma.kvcache_fwd(q, k_cache, v_cache, None, cache_seqlens, block_table, k, v, None, 0,
+    out, lse = torch.ops.flash_dma.kvcache_fwd(q, k_cache, v_cache, None, cache_seqlens, block_table, k, v, None, None, 0,
                                                bool(is_causal), False, float(softmax_scale or 0.0),
                                                float(softcap or 0.0))
     return (out, lse) if return_lse else out
+
+
+def new_select_state(k_cache, window_size, block_table=None):
+    """A zeroed select_state for dynamic_mask_attention_with_kvcache on this cache: int32
+    [B, Hk, 1 + min(window_size, capacity)], on the cache's device. Per (sequence, KV head) row
+    it holds a prefix length n and the positions of the top-window_size keys of [0, n); zeros
+    mean "select from scratch". Keep passing it while the cached scores below n stay as they
+    are (appending through the call and rolling cache_seqlens back both keep that); zero a
+    sequence's rows before reusing its slot or writing its scores by other means."""
+    if block_table is None:
+        batch, capacity = k_cache.shape[0], k_cache.shape[1]
+    else:
+        batch, capacity = block_table.shape[0], block_table.shape[1] * k_cache.shape[1]
+    slots = min(int(window_size), int(capacity))
+    return torch.zeros((batch, k_cache.shape[2], 1 + slots), dtype=torch.int32, device=k_cache.device)
 
 
 def get_available_backends():

@@ -222,25 +222,26 @@ def _(key_scores, key_padding, num_queries, window, causal):
 
 # --- attention against a KV cache (inference; forward only) -------------------------------
 
-# The caches are written in place when new tokens (k, v, scores) are given.
-@torch.library.custom_op("flash_dma::kvcache_fwd", mutates_args=("k_cache", "v_cache", "score_cache"))
+# The caches are written in place when new tokens (k, v, scores) are given; select_state
+# is rewritten by every call that gets it.
+@torch.library.custom_op("flash_dma::kvcache_fwd", mutates_args=("k_cache", "v_cache", "score_cache", "select_state"))
 def kvcache_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, score_cache: Optional[Tensor], cache_seqlens: Tensor,
                 block_table: Optional[Tensor], k: Optional[Tensor], v: Optional[Tensor], scores: Optional[Tensor],
-                window: int, causal: bool, add_scores: bool, scale: float,
+                select_state: Optional[Tensor], window: int, causal: bool, add_scores: bool, scale: float,
                 softcap: float) -> Tuple[Tensor, Tensor]:
     lib = library()
     out, lse = _out_and_lse(q)
     params, key = pack(_abi.KvCacheParams,
                        (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("score_cache", score_cache),
                         ("cache_seqlens", cache_seqlens), ("block_table", block_table), ("k", k), ("v", v),
-                        ("scores", scores), ("out", out), ("lse", lse)),
+                        ("scores", scores), ("select_state", select_state), ("out", out), ("lse", lse)),
                        window=window, causal=causal, add_scores=add_scores, scale=scale, softcap=softcap)
     _run(lib.fdma_kvcache_fwd, lib.fdma_kvcache_workspace_size, params, key, None, q.device, "kvcache attention")
     return out, lse
 
 
 @kvcache_fwd.register_fake
-def _(q, k_cache, v_cache, score_cache, cache_seqlens, block_table, k, v, scores, window, causal, add_scores, scale,
-      softcap):
+def _(q, k_cache, v_cache, score_cache, cache_seqlens, block_table, k, v, scores, select_state, window, causal,
+      add_scores, scale, softcap):
     B, Sq, H, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)

@@ -70,6 +70,7 @@ struct KvCacheProblem {
   int64_t page_size = 0, num_pages = 0, max_pages = 0;  // paged
   int64_t Snew = 0;                                     // appended tokens per sequence
   int64_t window = 0;                                   // dynamic
+  int64_t state_slots = 0;  // select_state given: its kept-position slots, min(window, Sk)
   double scale = 0, softcap = 0;
   DType dtype = DType::unset, score_dtype = DType::unset;
   Backend backend = Backend::cpu;

@@ -572,6 +572,18 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
   std::vector<std::pair<const fdma_tensor*, const char*>> caches = {{&p.k_cache, "k_cache"}, {&p.v_cache, "v_cache"}};
   if (prob.dynamic) caches.emplace_back(&p.score_cache, "score_cache");
   Collected written;
+  if (p.select_state.data) {
+    if (!prob.dynamic) c.bad("select_state is given but score_cache is not (dense attention selects nothing)");
+    prob.state_slots = std::min<int64_t>(prob.window, d.Sk);
+    c.layout(p.select_state, "select_state", 3, "[B, Hk, 1 + min(window, capacity)]");
+    c.dtype_in(p.select_state, "select_state", {DType::i32}, "int32");
+    c.dim(p.select_state, "select_state", 0, d.B, "B");
+    c.dim(p.select_state, "select_state", 1, d.Hk, "Hk");
+    c.dim(p.select_state, "select_state", 2, 1 + prob.state_slots, "1 + min(window, capacity)");
+    c.unit_last_stride(p.select_state, "select_state");
+    c.no_self_overlap(p.select_state, "select_state");
+    written.output(p.select_state, "select_state");
+  }
   for (auto [t, name] : caches) {
     if (prob.append) {
       c.no_self_overlap(*t, name);

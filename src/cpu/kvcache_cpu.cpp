@@ -12,6 +12,7 @@
 #include "cpu/arena.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "cpu/pack.hpp"
+#include "cpu/selection.hpp"
 
 namespace fdma::cpu {
 namespace {
@@ -100,15 +101,24 @@ detail::AttentionProblem attention_problem(const KvCacheProblem& prob, int64_t S
 
 // Workspace: packed K, V and scores of one sequence (paged caches only), then the
 // per-sequence operation's own workspace at full capacity (its size grows with Sk).
+// With a select_state, a row's scores and the selection's scratch follow.
 struct KvLayout {
   char *k = nullptr, *v = nullptr, *scores = nullptr, *inner = nullptr;
   size_t inner_bytes = 0;
+  double* row = nullptr;
+  int32_t *begin = nullptr, *end = nullptr, *heap = nullptr;
   KvLayout(Arena& a, const fdma_kvcache_params& p, const KvCacheProblem& prob) {
     const detail::Dims& d = prob.dims;
     if (prob.paged) {
       k = a.take<char>(d.Sk * d.Hk * d.D * int64_t(elem(p.q)));
       v = a.take<char>(d.Sk * d.Hk * d.D * int64_t(elem(p.q)));
       if (prob.dynamic) scores = a.take<char>(d.Hk * d.Sk * int64_t(elem(p.score_cache)));
+    }
+    if (prob.state_slots) {
+      row = a.take<double>(d.Sk);
+      begin = a.take<int32_t>(d.Sk);
+      end = a.take<int32_t>(d.Sk);
+      heap = a.take<int32_t>(prob.state_slots);
     }
     inner_bytes = prob.dynamic ? dma_workspace(dma_problem(prob, d.Sk), Pass::forward)
                                : attention_workspace(attention_problem(prob, d.Sk), Pass::forward);
@@ -173,6 +183,24 @@ void empty_sequence(const fdma_kvcache_params& p, const KvCacheProblem& prob, in
     }
 }
 
+// select_state rows of sequence b: [0, len) and the positions of its top-min(w, len) keys,
+// ascending (the last query's selection when it sees every key).
+void write_select_state(const fdma_kvcache_params& p, const KvCacheProblem& prob, const KvLayout& L,
+                        const SequenceViews& s, int64_t b, int64_t len) {
+  const fdma_tensor& st = p.select_state;
+  for (int64_t hk = 0; hk < prob.dims.Hk; ++hk) {
+    auto* out = static_cast<int32_t*>(st.data) + b * st.stride[0] + hk * st.stride[1];
+    out[0] = int32_t(len);
+    if (len == 0) continue;
+    load_strided(byte_ptr(s.scores.data, dtype_of(s.scores), hk * s.scores.stride[1]), dtype_of(s.scores), len,
+                 s.scores.stride[2], L.row);
+    select_row<double>(L.row, nullptr, 0, 1, len, prob.window, false, L.begin, L.end, L.heap);
+    int64_t n = 0;
+    for (int64_t j = 0; j < len; ++j)
+      if (L.end[j] == 1) out[1 + n++] = int32_t(j);
+  }
+}
+
 }  // namespace
 
 size_t kvcache_workspace(const fdma_kvcache_params& p, const KvCacheProblem& prob) {
@@ -191,9 +219,13 @@ void kvcache_forward(const fdma_kvcache_params& p, const KvCacheProblem& prob) {
     const int64_t len = lens[b * p.cache_seqlens.stride[0]] + prob.Snew;
     if (len == 0) {
       empty_sequence(p, prob, b);
+      if (prob.state_slots)
+        for (int64_t hk = 0; hk < d.Hk; ++hk)
+          static_cast<int32_t*>(p.select_state.data)[b * p.select_state.stride[0] + hk * p.select_state.stride[1]] = 0;
       continue;
     }
     const SequenceViews s = sequence_views(p, prob, L, b, len);
+    if (prob.state_slots) write_select_state(p, prob, L, s, b, len);
     fdma_tensor q = shifted(p.q, b * p.q.stride[0]), out = shifted(p.out, b * p.out.stride[0]), lse{};
     q.shape[0] = out.shape[0] = 1;
     if (p.lse.data) {

@@ -23,6 +23,7 @@ void run_gpu(KvRun& r) {
   std::vector<HostTensor*> hosts = {&r.q, &r.k_cache, &r.v_cache, &r.score_cache, &r.seqlens, &r.out, &r.lse};
   if (r.c.page_size) hosts.push_back(&r.table);
   if (r.c.Snew) hosts.insert(hosts.end(), {&r.k_new, &r.v_new, &r.s_new});
+  if (r.c.state) hosts.push_back(&r.state);
   std::vector<std::unique_ptr<DeviceTensor>> dev;
   for (HostTensor* h : hosts) dev.push_back(std::make_unique<DeviceTensor>(*h));
   auto view = [&](HostTensor& h) {
@@ -47,6 +48,7 @@ void run_gpu(KvRun& r) {
     if (r.c.dynamic) p.scores = view(r.s_new);
   }
   p.out = view(r.out), p.lse = view(r.lse);
+  if (r.c.state) p.select_state = view(r.state);
   const size_t bytes = kvcache_workspace_size(p);
   void* ws = nullptr;
   if (bytes) ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
@@ -55,12 +57,14 @@ void run_gpu(KvRun& r) {
   FDMA_CUDA_OK(cudaDeviceSynchronize());
   if (ws) cudaFree(ws);
   for (HostTensor* h : {&r.out, &r.lse, &r.k_cache, &r.v_cache, &r.score_cache}) device_of(*h).download();
+  if (r.c.state) device_of(r.state).download();
 }
 
-// GPU out/lse against the reference, within twice the CPU backend's error plus rounding.
-void check_case(const KvCase& c) {
+// One call on the CPU and the GPU from the same inputs: GPU out/lse against the reference,
+// within twice the CPU backend's error plus rounding; appends and select_state byte for byte.
+void compare_step(KvRun& cpu, KvRun& gpu) {
+  const KvCase& c = cpu.c;
   SCOPED_TRACE(c.str());
-  KvRun cpu(c), gpu(c);
   cpu.run_cpu();
   run_gpu(gpu);
   if (c.Snew) {
@@ -75,6 +79,26 @@ void check_case(const KvCase& c) {
   const double bound = 2 * max_err(co, ref_out) + unit(c.dtype) * std::max(1e-3, max_abs(ref_out)) + 1e-4;
   EXPECT_TRUE(all_close(go, ref_out, {bound, 0.0}, "out (GPU)")) << "CPU error " << max_err(co, ref_out);
   EXPECT_TRUE(all_close(gpu.lse.values(), ref_lse, {2e-3, 1e-3}, "lse (GPU)"));
+  if (c.state) EXPECT_TRUE(cpu.state.bytes() == gpu.state.bytes()) << "select_state";
+}
+
+void check_case(const KvCase& c) {
+  KvRun cpu(c), gpu(c);
+  compare_step(cpu, gpu);
+}
+
+// A generation loop: `steps` calls, each appending Snew tokens, cache_seqlens advanced between.
+void check_loop(const KvCase& c, int steps) {
+  KvRun cpu(c), gpu(c);
+  for (int s = 0; s < steps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    compare_step(cpu, gpu);
+    if (::testing::Test::HasFailure()) return;
+    for (KvRun* r : {&cpu, &gpu}) {
+      r->advance();
+      r->next_tokens(c.seed * 1000 + s);
+    }
+  }
 }
 
 }  // namespace
@@ -205,4 +229,109 @@ TEST(KvCacheGpu, BothSelectionPaths) {
       check_case(c);
     }
   }
+}
+
+// select_state in generation loops: the first call selects from scratch (or grows an empty
+// state over a short cache), the later ones grow it by their new keys. Every step against the
+// reference and the state against the CPU's. Float16 scores in [-2, 2) differ below the high 16
+// bits of their float value, which the selection must still rank.
+TEST(KvCacheGpu, SelectStateDecodeLoops) {
+  REQUIRE_GPU();
+  uint64_t seed = 300;
+  for (int64_t page : {0, 16})
+    for (DType sdt : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t Sq : {1, 4})
+        for (bool causal : {true, false}) {
+          KvCase c;
+          c.B = 4, c.Sq = Sq, c.Snew = Sq, c.H = 8, c.Hk = 2, c.D = 64, c.w = 40, c.max_len = 640, c.page_size = page;
+          c.causal = causal, c.dtype = sdt == DType::f16 ? DType::f16 : DType::bf16, c.score_dtype = sdt;
+          c.ties = sdt == DType::bf16;
+          c.state = true, c.seed = seed++;
+          c.lens = {0, 30, 45, 500};
+          check_loop(c, 5);
+        }
+}
+
+// Float16 scores without a state, through both selection paths (the same ranking rule).
+TEST(KvCacheGpu, Float16ScoresRankBelowTheHighBits) {
+  REQUIRE_GPU();
+  ScopedEnv env("FDMA_DECODE_SELECT");
+  uint64_t seed = 340;
+  for (const char* path : {"passes", "cluster"}) {
+    env.set(path);
+    SCOPED_TRACE(path);
+    KvCase c;
+    c.B = 3, c.Sq = 2, c.H = 4, c.Hk = 2, c.D = 64, c.w = 100, c.max_len = 5000, c.page_size = 0;
+    c.dtype = DType::f16, c.score_dtype = DType::f16, c.seed = seed++;
+    c.lens = {4999, 700, 101};
+    check_case(c);
+  }
+}
+
+// States that do not describe the cache are rebuilt, never trusted: junk, a prefix longer
+// than the keys before this call's appends (a rollback), positions out of order or range.
+TEST(KvCacheGpu, SelectStateRebuildsWhatItCannotGrow) {
+  REQUIRE_GPU();
+  KvCase c;
+  c.B = 3, c.Sq = 1, c.Snew = 1, c.H = 4, c.Hk = 2, c.D = 64, c.w = 20, c.max_len = 3000, c.page_size = 32;
+  c.dtype = DType::bf16, c.state = true, c.seed = 360;
+  c.lens = {2500, 700, 60};
+  for (int kind = 0; kind < 4; ++kind) {
+    SCOPED_TRACE("kind " + std::to_string(kind));
+    KvRun cpu(c), gpu(c);
+    compare_step(cpu, gpu);  // a valid state for every row
+    for (KvRun* r : {&cpu, &gpu}) {
+      r->advance();
+      if (kind == 1)  // rolled back by two: the state describes keys this call rewrites
+        for (int64_t b = 0; b < c.B; ++b) {
+          r->c.lens[b] -= 2;
+          r->seqlens.set(b, double(r->c.lens[b]));
+        }
+      const int64_t n = r->state.shape()[2];
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t hk = 0; hk < c.Hk; ++hk) {
+          const int64_t row = (b * c.Hk + hk) * n;
+          if (kind == 0)  // the prefix right, the positions junk
+            for (int64_t i = 1; i < n; ++i) r->state.set(row + i, double(int64_t(i * 2654435761u % 5000) - 100));
+          if (kind == 2) {  // two positions out of order
+            const double x = r->state.get(row + 3);
+            r->state.set(row + 3, r->state.get(row + 4));
+            r->state.set(row + 4, x);
+          }
+          if (kind == 3) r->state.set(row + n - 1, 1e6);  // past the prefix
+        }
+      r->next_tokens(c.seed + kind);
+    }
+    compare_step(cpu, gpu);
+  }
+}
+
+// Calls with more than 16 queries (chunked prefill) select without the state, then bring it
+// up to date for the decode steps that follow.
+TEST(KvCacheGpu, SelectStateAfterChunkedPrefill) {
+  REQUIRE_GPU();
+  KvCase c;
+  c.B = 2, c.Sq = 100, c.Snew = 100, c.H = 8, c.Hk = 2, c.D = 128, c.w = 64, c.max_len = 2000, c.page_size = 64;
+  c.dtype = DType::bf16, c.state = true, c.seed = 380;
+  c.lens = {0, 1200};
+  KvRun cpu(c), gpu(c);
+  compare_step(cpu, gpu);
+}
+
+// A state that describes a prefix is grown, not recomputed: one whose set is not that
+// prefix's top-w (a contract violation the call cannot see) still comes back grown from it.
+TEST(KvCacheGpu, SelectStateIsGrownFromWhatItHolds) {
+  REQUIRE_GPU();
+  KvCase c;
+  c.B = 1, c.Sq = 1, c.Snew = 1, c.H = 2, c.Hk = 1, c.D = 64, c.w = 16, c.max_len = 1000;
+  c.dtype = DType::bf16, c.state = true, c.seed = 390;
+  c.lens = {900};
+  KvRun r(c);
+  r.state.set(0, 900);
+  for (int64_t i = 0; i < c.w; ++i) r.state.set(1 + i, double(i));  // claims keys 0..15 are the top 16
+  run_gpu(r);
+  EXPECT_EQ(r.state.get(0), 901.0);
+  int64_t from_claim = 0;
+  for (int64_t i = 0; i < c.w; ++i) from_claim += r.state.get(1 + i) < c.w;
+  EXPECT_GE(from_claim, c.w - 1) << "the state was recomputed instead of grown";
 }

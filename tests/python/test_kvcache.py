@@ -138,7 +138,8 @@ def test_compiles_with_fullgraph(device):
     assert torch.equal(step(q, lens), eager)
 
 
-def test_cuda_graph_decode_loop(device):
+@pytest.mark.parametrize("with_state", [False, True])
+def test_cuda_graph_decode_loop(device, with_state):
     if device.type != "cuda":
         pytest.skip("CUDA graphs need a GPU")
     B, Hk, H, D, w, max_len, steps = 2, 2, 8, 64, 16, 256, 5
@@ -149,10 +150,11 @@ def test_cuda_graph_decode_loop(device):
     q = torch.zeros((B, 1, H, D), dtype=dtype, device=device)
     k, v = torch.zeros((B, 1, Hk, D), dtype=dtype, device=device), torch.zeros((B, 1, Hk, D), dtype=dtype, device=device)
     s = torch.zeros((B, Hk, 1), dtype=torch.float32, device=device)
+    state = flash_dma.new_select_state(c.kp, w, c.table) if with_state else None
 
     def step():
         return flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, k=k, v=v, scores=s,
-                                                             **c.args())
+                                                             select_state=state, **c.args())
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -172,9 +174,48 @@ def test_cuda_graph_decode_loop(device):
         expect = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=ref_lens, window_size=w, k=k, v=v,
                                                                scores=s, **ref.args())
         torch.cuda.synchronize()
-        assert torch.equal(out, expect), f"step {t}"
+        if with_state:  # the same keys, listed in another order: sums round differently
+            torch.testing.assert_close(out, expect, atol=tol(dtype), rtol=0, msg=f"step {t}")
+        else:
+            assert torch.equal(out, expect), f"step {t}"
         lens += 1
         ref_lens += 1
+    if with_state:  # the last replay appended at 30 + steps - 1 and 100 + steps - 1
+        assert state[0, :, 0].tolist() == [30 + steps] * Hk and state[1, :, 0].tolist() == [100 + steps] * Hk
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_select_state_decode_loop(device, page_size):
+    """A generation loop that passes select_state gives what the same loop without it gives,
+    and leaves each row's top-w positions in the state."""
+    B, Hk, H, D, w, max_len, steps = 3, 2, 4, 32, 12, 160, 6
+    dtype = dtype_of(device)
+    a = Cache(B, max_len, Hk, D, dtype, device, seed=91, page_size=page_size)
+    b = Cache(B, max_len, Hk, D, dtype, device, seed=91, page_size=page_size)
+    state = flash_dma.new_select_state(a.args()["k_cache"], w, a.args().get("block_table"))
+    assert state.shape == (B, Hk, 1 + w) and state.dtype == torch.int32 and not state.any()
+    lens = torch.tensor([0, 11, 90], dtype=torch.int32, device=device)
+    for t in range(steps):
+        q = rand((B, 1, H, D), dtype, device, 500 + t)
+        k, v = rand((B, 1, Hk, D), dtype, device, 600 + t), rand((B, 1, Hk, D), dtype, device, 700 + t)
+        s = rand((B, Hk, 1), torch.float32, device, 800 + t, -2, 2)
+        got = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, k=k, v=v, scores=s,
+                                                            select_state=state, **a.args())
+        want = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, k=k, v=v, scores=s,
+                                                             **b.args())
+        torch.testing.assert_close(got, want, atol=tol(dtype), rtol=0, msg=f"step {t}")
+        lens += 1
+    scores = b.s.clone()  # the contiguous copy holds no appends when paged: rebuild the logical scores
+    if page_size:
+        pages = b.table.long()
+        scores = b.sp[pages].permute(0, 3, 1, 2).reshape(B, Hk, -1)[:, :, :max_len]
+    for bi in range(B):
+        L = int(lens[bi])
+        for h in range(Hk):
+            row = scores[bi, h, :L].double().cpu()
+            top = sorted(sorted(range(L), key=lambda j: (-row[j].item(), j))[: min(w, L)])
+            assert state[bi, h, 0].item() == L
+            assert state[bi, h, 1 : 1 + len(top)].tolist() == top, (bi, h)
 
 
 def test_bad_input_names_the_argument(device):
@@ -193,6 +234,14 @@ def test_bad_input_names_the_argument(device):
     bad["score_cache"] = bad["score_cache"][:, :1]
     with pytest.raises(ValueError, match="score_cache.shape"):
         flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=4, **bad)
+    with pytest.raises(TypeError, match="select_state must be an int32 tensor"):
+        flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=4, **c.args(),
+                                                      select_state=torch.zeros((B, Hk, 5), dtype=torch.int64,
+                                                                               device=device))
+    with pytest.raises(ValueError, match=r"select_state.shape\[2\]"):
+        flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=4, **c.args(),
+                                                      select_state=torch.zeros((B, Hk, 4), dtype=torch.int32,
+                                                                               device=device))
     if device.type == "cpu":  # the CPU reads the lengths; the GPU clamps them instead
         with pytest.raises(ValueError, match=r"cache_seqlens\[1\]"):
             flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=torch.tensor([3, 33], dtype=torch.int32),

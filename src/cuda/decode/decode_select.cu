@@ -17,8 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/decode/cache_view.cuh"
 #include "cuda/decode/decode_select.hpp"
+#include "cuda/decode/score_bits.cuh"
 
 namespace fdma::cuda {
 namespace {
@@ -38,93 +38,14 @@ __device__ __forceinline__ Row row_of(const DecodeSelectArgs& a, int row) {
   return r;
 }
 
-// A score's order bits as the selection ranks them. 16-bit scores carry nothing below bit 16
-// as floats; setting those bits to ones makes every key of a settled bucket equal (negative
-// scores have ones there already), so two passes finish them (the threshold's low digit is
-// then all ones too: resolve_digit).
-__device__ __forceinline__ uint32_t order_bits(const CacheView& c, float score) {
-  return score_order_bits(score) | (c.score_dtype == 1 ? 0u : 0xffffu);
-}
-
-// A cached key's score, order bits (0: absent) and where it lives.
-struct KeyRead {
-  uint32_t bits;
-  int outer;
-  float score;
-};
-__device__ __forceinline__ KeyRead read_key(const CacheView& c, int b, int hk, int pos) {
-  KeyRead k{0u, 0, 0.f};
-  int inner;
-  if (!locate(c, b, pos, k.outer, inner)) return k;
-  k.score = load_cached_score(c, k.outer, inner, hk);
-  k.bits = order_bits(c, k.score);
-  return k;
-}
-
 constexpr int kItems = kSelectChunk / kSelectThreads;  // keys per thread and chunk
 
-// A chunk's keys' order bits, thread t taking keys j0 + i * kSelectThreads + t: every load is
-// issued before any is used (one at a time, a CTA waited out its memory latencies in turn).
-// The same with the score dtype and the cache layout fixed at compile time: the row's base
-// pointer is computed once, and each key costs a load and a few integer operations (the
-// generic read_key's per-key dtype switch and stride products dominated the passes).
-template <class S, bool kPaged, int kThreads = kSelectThreads, int N = kItems>
-__device__ __forceinline__ void load_chunk_bits_as(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
-                                                   uint32_t (&bits)[N]) {
-  const CacheView& c = a.cache;
-  const S* scores = static_cast<const S*>(c.scores);
-  const uint32_t low = sizeof(S) == 4 ? 0u : 0xffffu;  // order_bits' rule for 16-bit scores
-  const S* row = scores + (kPaged ? 0 : r.b * c.score_stride[0]) + r.hk * c.score_stride[2];
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int j = j0 + i * kThreads + int(threadIdx.x);
-    bits[i] = 0u;
-    if (j < j1) {
-      int64_t off;
-      if constexpr (kPaged) {
-        const int page_index = c.page_size.div(j);
-        const int page = c.block_table[r.b * c.table_stride[0] + page_index * c.table_stride[1]];
-        if (page < 0 || page >= c.num_pages) continue;
-        off = page * c.score_stride[0] + (j - page_index * c.page_size.divisor) * c.score_stride[1];
-      } else {
-        off = int64_t(j) * c.score_stride[1];
-      }
-      bits[i] = score_order_bits(float(row[off])) | low;
-    }
-  }
-}
-
+// A chunk of the row's keys' order bits (score_bits.cuh), thread t taking j0 + i * kThreads + t.
 template <int kThreads = kSelectThreads, int N = kItems>
 __device__ __forceinline__ void load_chunk_bits(const DecodeSelectArgs& a, const Row& r, int j0, int j1,
                                                 uint32_t (&bits)[N]) {
-  const bool paged = a.cache.block_table != nullptr;
-  switch (a.cache.score_dtype) {
-    case 2:
-      paged ? load_chunk_bits_as<__half, true, kThreads>(a, r, j0, j1, bits)
-            : load_chunk_bits_as<__half, false, kThreads>(a, r, j0, j1, bits);
-      break;
-    case 3:
-      paged ? load_chunk_bits_as<__nv_bfloat16, true, kThreads>(a, r, j0, j1, bits)
-            : load_chunk_bits_as<__nv_bfloat16, false, kThreads>(a, r, j0, j1, bits);
-      break;
-    default:
-      paged ? load_chunk_bits_as<float, true, kThreads>(a, r, j0, j1, bits)
-            : load_chunk_bits_as<float, false, kThreads>(a, r, j0, j1, bits);
-  }
+  load_score_bits<kThreads, N>(a.cache, r.b, r.hk, j0, j1, bits);
 }
-
-template <int kPass>
-struct Digit {
-  static constexpr int kShift = kPass == 0 ? 21 : kPass == 1 ? 10 : 0;
-  static constexpr int kWidth = kPass == 2 ? 10 : 11;
-  static constexpr int kBins = 1 << kWidth;
-  // Whether bits lie in the bucket the earlier passes chose.
-  __device__ static bool in_bucket(uint32_t bits, uint32_t prefix) {
-    if constexpr (kPass == 0) return true;
-    else return (bits >> (kShift + kWidth)) == (prefix >> (kShift + kWidth));
-  }
-  __device__ static uint32_t of(uint32_t bits) { return (bits >> kShift) & (kBins - 1); }
-};
 
 // The last CTA of a pass: the digit holding the `need`-th key from the top, from the
 // histogram in shared memory (kBins <= 2048 = 256 threads x 8 bins).

@@ -18,6 +18,7 @@
 #include "cuda/decode/decode_combine.hpp"
 #include "cuda/decode/decode_params.hpp"
 #include "cuda/decode/decode_select.hpp"
+#include "cuda/decode/select_state.hpp"
 #include "cuda/primitives/device_guard.hpp"
 #include "cuda/attention/kernel_table.hpp"
 
@@ -49,6 +50,12 @@ void check_inputs(const fdma_kvcache_params& p, const detail::KvCacheProblem& pr
   if (prob.append) {
     check_rows_aligned(p.k, "k");
     check_rows_aligned(p.v, "v");
+  }
+  if (prob.state_slots) {
+    const int max_slots = select_state_max_slots();
+    if (prob.state_slots > max_slots)
+      unsupported("select_state holds min(window, capacity) = " + std::to_string(prob.state_slots) +
+                  " positions in shared memory; this GPU fits " + std::to_string(max_slots));
   }
   if (!detail::locate_pointer(p.workspace).device && p.workspace)
     detail::fail(Status::workspace, std::string(kOp) + ": the workspace must be CUDA device memory");
@@ -208,7 +215,23 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
     s.hist = reinterpret_cast<uint32_t*>(ws + pl.select.hist_offset);
     s.eq_count = reinterpret_cast<int32_t*>(ws + pl.select.eq_offset);
     s.list = reinterpret_cast<KeptKey*>(ws + pl.select.list_offset);
-    check(run_decode_select(s, pl.rows, ws, pl.select.zeroed_bytes, stream), "selection");
+    // With a state, decode steps grow it (select_state.cu); longer calls select as without
+    // one, then bring it up to date.
+    StateSelectArgs g{};
+    if (prob.state_slots) {
+      g.cache = cache;
+      g.Sq = s.Sq, g.w = s.w, g.slots = int(prob.state_slots), g.causal = s.causal;
+      g.emit = d.Sq <= kStateMaxQueries;
+      g.state = static_cast<int32_t*>(p.select_state.data);
+      g.state_stride[0] = p.select_state.stride[0], g.state_stride[1] = p.select_state.stride[1];
+      g.list_cap = pl.list_cap, g.sel = s.state, g.list = s.list;
+    }
+    if (g.emit) {
+      check(run_select_state(g, pl.rows, stream), "selection");
+    } else {
+      check(run_decode_select(s, pl.rows, ws, pl.select.zeroed_bytes, stream), "selection");
+      if (prob.state_slots) check(run_select_state(g, pl.rows, stream), "select_state update");
+    }
     a.list = s.list;
     a.state = s.state;
     a.list_cap = pl.list_cap;

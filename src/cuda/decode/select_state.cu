@@ -1,0 +1,330 @@
+// The decode selection with a caller-owned state: per (batch, KV head) row, the positions of
+// the top-w keys of a prefix [0, n) of the cache, ascending (fdma.h, select_state).
+//
+// Scores are fixed per key, so the top-w of a prefix grown by one key is the old set with the
+// new key in place of the worst one when it ranks above it. A decode step whose state
+// describes the cache up to its new keys therefore reads w scores and the new keys' instead of
+// the whole row: one CTA per row holds the set in shared memory, lets the new keys arrive in
+// position order (each query's set is the one after its own key arrived), writes the kept
+// list with each key's interval of queries, and writes the set back for the next step.
+//
+// A state that does not describe such a prefix (zeros for a non-empty cache, a prefix longer
+// than the keys that predate this call's appends, positions out of order or range, a key now
+// absent) is rebuilt here by a radix select over the prefix (11/11/10-bit digits as in
+// decode_select.cu, all in this CTA) whose kept keys are compacted in position order.
+#include "cuda/decode/select_state.hpp"
+
+#include <cuda_runtime.h>
+
+#include "cuda/decode/score_bits.cuh"
+
+namespace fdma::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kItems = 16;  // keys per thread and tile of the rebuild
+constexpr int kTile = kThreads * kItems;
+constexpr int kMaxGrowth = 64;  // keys a state may be behind the cache and still be grown
+
+struct Shared {
+  uint32_t rep[kSelectBins * 4];  // first-digit counters, 4 replicas (decode_select.cu's reason)
+  uint32_t hist[kSelectBins];
+  uint32_t part[kThreads];
+  int strict_scan[kItems * kWarps], eq_scan[kItems * kWarps];  // per (item, warp), then scanned
+  uint64_t warp_rank[kWarps];
+  int warp_arg[kWarps];
+  int tile_strict, tile_eq, strict_run, eq_run;
+  uint32_t prefix;
+  int need, keep_all, ok;
+  uint64_t worst_rank;
+  int worst;
+};
+// Followed by the set: pos[slots], score[slots], since[slots] (its first query).
+
+size_t shared_bytes(int slots) { return sizeof(Shared) + size_t(slots) * 12; }
+
+// The digit of the need-th key from the top of sh.hist (kBins <= 2048 = 512 x 4).
+template <int kPass>
+__device__ void resolve(Shared& sh, bool final_pass) {
+  using Dg = Digit<kPass>;
+  constexpr int kPer = Dg::kBins / kThreads;  // 4 or 2
+  constexpr int kParts = kThreads / 32;       // parts a lane sums
+  const int tid = threadIdx.x;
+  uint32_t s = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) s += sh.hist[tid * kPer + k];
+  sh.part[tid] = s;
+  __syncthreads();
+  if (tid < 32) {
+    const int lane = tid;
+    uint32_t group = 0;
+#pragma unroll
+    for (int k = 0; k < kParts; ++k) group += sh.part[lane * kParts + k];
+    uint32_t incl = group;  // keys in this lane's bins and above
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
+      if (lane + off < 32) incl += v;
+    }
+    const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
+    const uint32_t need = uint32_t(sh.need);
+    __syncwarp();  // every lane has read sh.need before one rewrites it
+    if (kPass == 0 && total <= need) {
+      if (lane == 0) sh.keep_all = 1;
+    } else {
+      uint32_t above = incl - group;
+      if (above < need && need <= incl) {  // exactly one lane
+        int p = lane * kParts + kParts - 1;
+        while (above + sh.part[p] < need) above += sh.part[p--];
+        int bin = p * kPer + kPer - 1;
+        while (above + sh.hist[bin] < need) above += sh.hist[bin--];
+        sh.prefix |= uint32_t(bin) << Dg::kShift;
+        if (final_pass && kPass == 1) sh.prefix |= 0x3ffu;  // 16-bit scores: their low ones
+        sh.need = int(need - above);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// One digit's histogram over keys [0, V) of the row, then its resolution.
+template <int kPass>
+__device__ void radix_pass(const CacheView& c, Shared& sh, int b, int hk, int V, bool final_pass) {
+  using Dg = Digit<kPass>;
+  const int tid = threadIdx.x;
+  uint32_t* counters = kPass == 0 ? sh.rep : sh.hist;
+  const int n_counters = kPass == 0 ? kSelectBins * 4 : Dg::kBins;
+  for (int i = tid; i < n_counters; i += kThreads) counters[i] = 0;
+  __syncthreads();
+  const uint32_t prefix = sh.prefix;
+  for (int j0 = 0; j0 < V; j0 += kTile) {
+    uint32_t bits[kItems];
+    load_score_bits<kThreads, kItems>(c, b, hk, j0, V, bits);
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (bits[i] == 0 || !Dg::in_bucket(bits[i], prefix)) continue;
+      if constexpr (kPass == 0) atomicAdd(&sh.rep[Dg::of(bits[i]) * 4 + (tid & 3)], 1u);
+      else atomicAdd(&sh.hist[Dg::of(bits[i])], 1u);
+    }
+  }
+  __syncthreads();
+  if constexpr (kPass == 0)
+    for (int bin = tid; bin < kSelectBins; bin += kThreads) {
+      const uint4 r = *reinterpret_cast<const uint4*>(&sh.rep[bin * 4]);
+      sh.hist[bin] = r.x + r.y + r.z + r.w;
+    }
+  __syncthreads();
+  resolve<kPass>(sh, final_pass);
+}
+
+// The top-w of keys [0, V) into pos/score in position order; returns how many.
+__device__ int rebuild(const CacheView& c, Shared& sh, int w, int b, int hk, int V, int* pos, float* score) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid == 0) sh.prefix = 0, sh.need = w, sh.keep_all = 0, sh.strict_run = 0, sh.eq_run = 0;
+  __syncthreads();
+  const bool f32 = c.score_dtype == 1;
+  radix_pass<0>(c, sh, b, hk, V, false);
+  if (!sh.keep_all) radix_pass<1>(c, sh, b, hk, V, !f32);
+  if (!sh.keep_all && f32) radix_pass<2>(c, sh, b, hk, V, true);
+  const bool keep_all = sh.keep_all != 0;
+  const uint32_t tau = sh.prefix;
+  const int need = sh.need;  // threshold keys to keep, lowest positions first
+  // Compaction in position order: a key's slot is the strictly-above keys before it plus the
+  // threshold keys before it, the latter capped at need.
+  const unsigned below = (1u << lane) - 1;
+  for (int j0 = 0; j0 < V; j0 += kTile) {
+    uint32_t bits[kItems], strict[kItems], eq[kItems];
+    load_score_bits<kThreads, kItems>(c, b, hk, j0, V, bits);
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const uint32_t k = bits[i];
+      strict[i] = __ballot_sync(0xffffffffu, k != 0 && (keep_all || k > tau));
+      eq[i] = __ballot_sync(0xffffffffu, !keep_all && k != 0 && k == tau);
+      if (lane == 0) sh.strict_scan[i * kWarps + warp] = __popc(strict[i]), sh.eq_scan[i * kWarps + warp] = __popc(eq[i]);
+    }
+    __syncthreads();
+    if (tid < 32) {  // exclusive scans in (item, warp) order, 8 entries a lane, from the runs
+      constexpr int kPer = kItems * kWarps / 32;
+      int s_sum = 0, e_sum = 0;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) s_sum += sh.strict_scan[lane * kPer + k], e_sum += sh.eq_scan[lane * kPer + k];
+      int s_incl = s_sum, e_incl = e_sum;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int sv = __shfl_up_sync(0xffffffffu, s_incl, off), ev = __shfl_up_sync(0xffffffffu, e_incl, off);
+        if (lane >= off) s_incl += sv, e_incl += ev;
+      }
+      int s_run = sh.strict_run + s_incl - s_sum, e_run = sh.eq_run + e_incl - e_sum;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int sn = sh.strict_scan[lane * kPer + k], en = sh.eq_scan[lane * kPer + k];
+        sh.strict_scan[lane * kPer + k] = s_run, sh.eq_scan[lane * kPer + k] = e_run;
+        s_run += sn, e_run += en;
+      }
+      if (lane == 31) sh.tile_strict = s_run, sh.tile_eq = e_run;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const bool is_strict = (strict[i] >> lane) & 1u, is_eq = (eq[i] >> lane) & 1u;
+      if (!is_strict && !is_eq) continue;
+      const int s_before = sh.strict_scan[i * kWarps + warp] + __popc(strict[i] & below);
+      const int e_before = sh.eq_scan[i * kWarps + warp] + __popc(eq[i] & below);
+      if (is_eq && e_before >= need) continue;
+      const int slot = s_before + min(e_before, need);
+      const int j = j0 + i * kThreads + tid;
+      pos[slot] = j;
+      score[slot] = read_key(c, b, hk, j).score;  // kept keys are few: read again for the value
+    }
+    __syncthreads();
+    if (tid == 0) sh.strict_run = sh.tile_strict, sh.eq_run = sh.tile_eq;
+    __syncthreads();
+  }
+  return sh.strict_run + min(sh.eq_run, need);
+}
+
+// The set's worst entry (lowest rank) into sh.worst_rank / sh.worst.
+__device__ void find_worst(const CacheView& c, Shared& sh, const int* pos, const float* score, int size) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  uint64_t best = ~uint64_t(0);
+  int arg = -1;
+  for (int i = tid; i < size; i += kThreads) {
+    const uint64_t r = rank_of(order_bits(c, score[i]), pos[i]);
+    if (r < best) best = r, arg = i;
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const uint64_t ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
+    if (ob < best) best = ob, arg = oa;
+  }
+  if (lane == 0) sh.warp_rank[warp] = best, sh.warp_arg[warp] = arg;
+  __syncthreads();
+  if (tid == 0) {
+    uint64_t b = ~uint64_t(0);
+    int s = -1;
+    for (int k = 0; k < kWarps; ++k)
+      if (sh.warp_rank[k] < b) b = sh.warp_rank[k], s = sh.warp_arg[k];
+    sh.worst_rank = b, sh.worst = s;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void write_kept(const CacheView& c, KeptKey* list, int slot, int cap, int b, int pos,
+                                           float score, int begin, int end) {
+  int outer, inner;
+  locate(c, b, pos, outer, inner);
+  if (slot < cap) list[slot] = KeptKey{pos, outer, uint32_t(begin) | (uint32_t(end) << 16), score};
+}
+
+__global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  Shared& sh = *reinterpret_cast<Shared*>(smem);
+  int* pos = reinterpret_cast<int*>(smem + sizeof(Shared));
+  float* score = reinterpret_cast<float*>(pos + a.slots);
+  int* since = reinterpret_cast<int*>(score + a.slots);
+  const CacheView& c = a.cache;
+  const int row = blockIdx.x, b = row / c.Hk, hk = row - b * c.Hk, tid = threadIdx.x;
+  const int L = cache_length(c, b);
+  const int old = max(0, L - c.Snew);  // keys that predate this call's appends
+  // The prefix the set must describe before keys arrive one by one: what the first query sees
+  // (emitting), or all of the cache (refreshing).
+  const int first = !a.emit ? L : a.causal ? max(0, L - a.Sq + 1) : L;
+  int32_t* st = a.state + b * a.state_stride[0] + hk * a.state_stride[1];
+  const int n = st[0];
+  const bool usable = n >= 0 && n <= old && n <= first && L - n <= kMaxGrowth;
+  if (tid == 0) sh.ok = usable;
+  __syncthreads();
+  int size = 0, grown_from = first;
+  if (usable) {
+    size = min(a.w, n);
+#pragma unroll 4
+    for (int i = tid; i < size; i += kThreads) {
+      const int p = st[1 + i], prev = i ? st[i] : -1;
+      bool good = p > prev && p < n;
+      float s = 0.f;
+      if (good) {
+        const KeyRead k = read_key(c, b, hk, p);
+        good = k.bits != 0;
+        s = k.score;
+      }
+      if (!good) sh.ok = 0;
+      pos[i] = good ? p : 0, score[i] = s, since[i] = 0;
+    }
+    __syncthreads();
+    grown_from = n;
+  }
+  if (!sh.ok) {
+    size = rebuild(c, sh, a.w, b, hk, first, pos, score);
+    for (int i = tid; i < size; i += kThreads) since[i] = 0;
+    grown_from = first;
+  }
+  __syncthreads();
+
+  // Keys arrive in position order. Causal, key p is first seen by query p - (L - Sq).
+  KeptKey* list = a.list + size_t(row) * a.list_cap;
+  const int off = L - a.Sq;
+  int evicted = 0;  // list entries of keys that left the set (the same count in every thread)
+  for (int p = grown_from; p < L; ++p) {
+    const KeyRead k = read_key(c, b, hk, p);
+    if (k.bits == 0) continue;  // absent: never kept
+    const int q0 = a.causal ? max(0, p - off) : 0;
+    if (size < a.w) {
+      if (tid == 0) pos[size] = p, score[size] = k.score, since[size] = q0;
+      ++size;
+      __syncthreads();
+      continue;
+    }
+    find_worst(c, sh, pos, score, size);
+    if (rank_of(k.bits, p) < sh.worst_rank) continue;  // never kept by any query
+    const int x = sh.worst;
+    if (a.emit && q0 > since[x]) {  // the evicted key served queries [since, q0)
+      if (tid == 0) write_kept(c, list, evicted, a.list_cap, b, pos[x], score[x], since[x], q0);
+      ++evicted;
+    }
+    // Close the gap at x, then append the new key (the highest position so far).
+    for (int base = x + 1; base < size; base += kThreads) {
+      const int i = base + tid;
+      int pv = 0, cv = 0;
+      float sv = 0.f;
+      if (i < size) pv = pos[i], sv = score[i], cv = since[i];
+      __syncthreads();
+      if (i < size) pos[i - 1] = pv, score[i - 1] = sv, since[i - 1] = cv;
+    }
+    __syncthreads();
+    if (tid == 0) pos[size - 1] = p, score[size - 1] = k.score, since[size - 1] = q0;
+    __syncthreads();
+  }
+
+  if (a.emit) {
+    for (int i = tid; i < size; i += kThreads)
+      write_kept(c, list, evicted + i, a.list_cap, b, pos[i], score[i], since[i], a.Sq);
+    if (tid == 0) a.sel[row].listed = min(evicted + size, a.list_cap);
+  }
+  // A set short of min(w, L) (keys on pages outside the cache) is not the state of [0, L):
+  // a prefix of 0 asks the next call to rebuild rather than trust entries left from before.
+  for (int i = tid; i < size; i += kThreads) st[1 + i] = pos[i];
+  if (tid == 0) st[0] = size == min(a.w, L) ? L : 0;
+}
+
+}  // namespace
+
+int select_state_max_slots() {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return int((size_t(optin) - sizeof(Shared)) / 12);
+}
+
+cudaError_t run_select_state(const StateSelectArgs& a, int rows, cudaStream_t stream) {
+  const size_t smem = shared_bytes(a.slots);
+  cudaError_t err = cudaFuncSetAttribute(select_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err != cudaSuccess) return err;
+  select_state_kernel<<<rows, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace fdma::cuda

@@ -1,0 +1,33 @@
+// Host entry of the decode selection that keeps a caller-owned state (select_state.cu; the
+// state's contract is fdma.h's select_state).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/decode/decode_params.hpp"
+
+namespace fdma::cuda {
+
+// Calls with at most this many queries grow the state key by key; longer ones (chunked
+// prefill) take the radix passes and then refresh the state (emit = false).
+constexpr int kStateMaxQueries = 16;
+
+struct StateSelectArgs {
+  CacheView cache;
+  int Sq, w, slots;  // slots = min(w, capacity)
+  bool causal;
+  bool emit;                  // write the kept list; false: only bring the state up to date
+  int32_t* state;             // [B, Hk, 1 + slots], unit stride in the last dim
+  int64_t state_stride[2];    // b, hk
+  int list_cap;
+  SelectState* sel;  // [rows]: .listed
+  KeptKey* list;     // [rows][list_cap]
+};
+
+// Positions the kernel can hold in shared memory on the current device (the limit on slots).
+int select_state_max_slots();
+
+// One CTA per (batch, KV head) row on `stream`.
+cudaError_t run_select_state(const StateSelectArgs& args, int rows, cudaStream_t stream);
+
+}  // namespace fdma::cuda
