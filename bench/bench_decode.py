@@ -15,6 +15,7 @@ grows each row's kept set instead of selecting over the whole cache).
 import argparse
 import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -163,6 +164,18 @@ def run_config(B, H, Hk, K, D, w, Sq=1, page_size=0, baselines=True, with_state=
     return row
 
 
+def dense_ours(B, H, Hk, K, D):
+    """ms of attention_with_kvcache over K cached keys (position order), caches rotated."""
+    count = max(1, min(16, math.ceil(2 * L2_BYTES / (B * Hk * K * D * 4))))
+    sets = make_sets(B, K, Hk, D, 0, count, seed=7)
+    lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+
+    def f(c):
+        return lambda: flash_dma.attention_with_kvcache(q, c["k_cache"], c["v_cache"], lens)
+    return graph_time([f(c) for c in sets])
+
+
 def kernel_breakdown(B, H, Hk, K, D, w, with_state=False):
     """Per-kernel device time of one call (µs, from the profiler over 10 calls), and the
     selection's share (its kernels and the scratch memset). with_state: steady-state decode
@@ -203,16 +216,25 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="ours alone on the two latency configurations")
     ap.add_argument("--tune", action="store_true", help="select_state steps against FDMA_DECODE_CTAS_PER_SM")
+    ap.add_argument("--tune-one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = []
-    if args.tune:
-        import os
+    if args.tune:  # one process per setting: the Python layer caches workspace sizes per shape
+        import subprocess
+        import sys
         for per_sm in (2, 3, 4, 6, 8):
-            os.environ["FDMA_DECODE_CTAS_PER_SM"] = str(per_sm)
-            for cfg in ((8, 32, 8, 131072, 128, 2048), (64, 32, 8, 32768, 128, 2048), (1, 2, 1, 524288, 64, 1024)):
-                r = run_config(*cfg, baselines=False, plain=False)
-                print(f"ctas/SM {per_sm}: B{cfg[0]} K{cfg[3]}: {r['state_ms']:.4f} ms, {r['state_GBps']:.0f} GB/s")
-        del os.environ["FDMA_DECODE_CTAS_PER_SM"]
+            env = dict(os.environ, FDMA_DECODE_CTAS_PER_SM=str(per_sm))
+            subprocess.run([sys.executable, __file__, "--tune-one"], env=env, check=False)
+        return
+    if args.tune_one:
+        per_sm = os.environ.get("FDMA_DECODE_CTAS_PER_SM")
+        for cfg in ((8, 32, 8, 131072, 128, 2048), (64, 32, 8, 32768, 128, 2048), (1, 2, 1, 524288, 64, 1024)):
+            r = run_config(*cfg, baselines=False, plain=False)
+            print(f"ctas/SM {per_sm}: B{cfg[0]} K{cfg[3]}: {r['state_ms']:.4f} ms, {r['state_GBps']:.0f} GB/s", flush=True)
+        for B in (8, 64):  # the same bytes read in position order: dense attention over 2048 cached keys
+            ms = dense_ours(B, 32, 8, 2048, 128)
+            print(f"ctas/SM {per_sm}: dense B{B} K2048: {ms:.4f} ms, {B * 8 * 2048 * 128 * 4 / ms / 1e6:.0f} GB/s",
+                  flush=True)
         return
     if args.quick:
         kernel_breakdown(8, 32, 8, 131072, 128, 2048)

@@ -1,5 +1,6 @@
 """Plot of bench_decode.py --sweep's JSON: decode latency against cache length for Flash-DMA,
-dense SDPA flash over the whole cache, and torch topk + gather + SDPA.
+with and without a select_state, dense SDPA flash over the whole cache, and torch topk +
+gather + SDPA.
 Usage: python3 bench/plot_decode.py results.json out.png"""
 import json
 import sys
@@ -9,7 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SYSTEMS = [("ours_ms", "Flash-DMA kvcache (top-w)"), ("dense_flash_ms", "dense SDPA flash, whole cache"),
+SYSTEMS = [("state_ms", "Flash-DMA kvcache, select_state kept"), ("ours_ms", "Flash-DMA kvcache, selecting each step"),
+           ("dense_flash_ms", "dense SDPA flash, whole cache"),
            ("topk_ms", "torch topk + gather + SDPA")]
 
 

@@ -22,17 +22,24 @@
 
 namespace fdma::cuda {
 
+// Up to head dim 128 the Q fragments live in registers: Q passes through the second stage's
+// buffer before the loop, and the 4 KB it would hold for good is what lets three CTAs share an
+// H100 SM instead of two (76 KB a CTA before). Wider heads keep Q in shared memory (their
+// accumulators fill the registers, and one CTA an SM is all their buffers allow either way).
 template <class T, int kHeadDim>
 struct DecodeTile {
   static constexpr int kWarps = 4, kThreads = 128, kBlockN = 64, kRows = 16, kStages = 2;
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr bool kQInRegisters = kHeadDim <= 128;
+  static constexpr int kQBytes = kQInRegisters ? 0 : kRows * kRowBytes;  // shared memory kept for Q
   static constexpr int kKvBytes = kBlockN * kRowBytes;  // K or V, one stage
   static constexpr int kStageBytes = 2 * kKvBytes;
+  static_assert(kRows * kRowBytes <= kKvBytes, "Q passes through a K buffer");
   static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4;  // the warps' O, after the loop
   static_assert(kMergeBytes <= kStages * kStageBytes, "the merge reuses the K/V buffers");
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kMinCtasPerSm = kQInRegisters ? 3 : 1;  // caps registers at 170 a thread
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -46,7 +53,7 @@ struct BlockKeys {
 };
 
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(128) decode_attention_kernel(DecodeAttentionArgs a) {
+__global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm)) decode_attention_kernel(DecodeAttentionArgs a) {
   using Tile = DecodeTile<T, kHeadDim>;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ BlockKeys keys[Tile::kStages];
@@ -62,8 +69,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeAttentionAr
   const int k_begin = split * a.split_keys, k_end = min(n, k_begin + a.split_keys);
   const int rows_total = a.G * a.Sq;
 
-  const uint32_t q_smem = ptx::smem_addr(smem);
-  const uint32_t kv_smem = q_smem + Tile::kQBytes;
+  const uint32_t kv_smem = ptx::smem_addr(smem) + Tile::kQBytes;
+  // Q's rows: for good before the K/V stages, or for now in the second stage's K buffer.
+  const uint32_t q_smem = Tile::kQInRegisters ? kv_smem + Tile::kStageBytes : ptx::smem_addr(smem);
 
   // Q: rows (group head gh, query i) = (r / Sq, r % Sq) of this m-tile.
   {
@@ -140,6 +148,21 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeAttentionAr
 
   const int nblk = k_end > k_begin ? (k_end - k_begin + 63) / 64 : 0;
   if (nblk > 0) prefetch(0, 0);
+  // Q's A fragments, one per 16 columns (registers, or read from shared memory per block).
+  constexpr int kQFrags = Tile::kQInRegisters ? kHeadDim / 16 : 1;
+  uint32_t q_frag[kQFrags][4];
+  const int q_mat = lane / 8, q_r8 = lane % 8;
+  auto q_fragment = [&](int kk, uint32_t (&qa)[4]) {
+    ptx::ldmatrix_x4(qa, q_smem + ((q_mat % 2) * 8 + q_r8) * Tile::kRowBytes + (kk * 16 + (q_mat / 2) * 8) * 2);
+  };
+  if constexpr (Tile::kQInRegisters) {
+    if (nblk > 0) ptx::cp_async_wait<1>();  // Q's group, committed before block 0's
+    else ptx::cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kQFrags; ++kk) q_fragment(kk, q_frag[kk]);
+    __syncthreads();  // every warp has its fragments before block 1 lands on them
+  }
   for (int blk = 0; blk < nblk; ++blk) {
     const int stage = blk & 1;
     if (blk + 1 < nblk) {
@@ -156,12 +179,18 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(DecodeAttentionAr
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t qa[4], kb[4];
+      uint32_t kb[4];
       const int mat = lane / 8, r8 = lane % 8;
-      ptx::ldmatrix_x4(qa, q_smem + ((mat % 2) * 8 + r8) * Tile::kRowBytes + (kk * 16 + (mat / 2) * 8) * 2);
       ptx::ldmatrix_x4(kb, k_tile + ((mat / 2) * 8 + r8) * Tile::kRowBytes + (kk * 16 + (mat % 2) * 8) * 2);
-      ptx::mma_16816<T>(s[0], qa, kb[0], kb[1]);
-      ptx::mma_16816<T>(s[1], qa, kb[2], kb[3]);
+      if constexpr (Tile::kQInRegisters) {
+        ptx::mma_16816<T>(s[0], q_frag[kk], kb[0], kb[1]);
+        ptx::mma_16816<T>(s[1], q_frag[kk], kb[2], kb[3]);
+      } else {
+        uint32_t qa[4];
+        q_fragment(kk, qa);
+        ptx::mma_16816<T>(s[0], qa, kb[0], kb[1]);
+        ptx::mma_16816<T>(s[1], qa, kb[2], kb[3]);
+      }
     }
 
     // Scores in log2 units, masked by each key's query interval; the online softmax.
@@ -284,7 +313,23 @@ cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cud
   return cudaGetLastError();
 }
 
+// CTAs of the kernel one SM holds at once on the current device (0 if the query fails).
+template <class T, int kHeadDim>
+int decode_attention_ctas_per_sm() {
+  using Tile = DecodeTile<T, kHeadDim>;
+  auto kernel = decode_attention_kernel<T, kHeadDim>;
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tile::kThreads, Tile::kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace fdma::cuda
 
-#define FDMA_INSTANTIATE_DECODE_ATTENTION(T, HD) \
-  template cudaError_t fdma::cuda::launch_decode_attention<T, HD>(const fdma::cuda::DecodeAttentionArgs&, dim3, cudaStream_t);
+#define FDMA_INSTANTIATE_DECODE_ATTENTION(T, HD)                                                                     \
+  template cudaError_t fdma::cuda::launch_decode_attention<T, HD>(const fdma::cuda::DecodeAttentionArgs&, dim3,    \
+                                                                  cudaStream_t);                                   \
+  template int fdma::cuda::decode_attention_ctas_per_sm<T, HD>();

@@ -26,6 +26,8 @@ namespace fdma::cuda {
 
 template <class T, int kHeadDim>
 cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream);
+template <class T, int kHeadDim>
+int decode_attention_ctas_per_sm();
 
 namespace {
 
@@ -68,7 +70,35 @@ int sm_count() {
   return sms;
 }
 
-constexpr int kCtasPerSm = 4;  // measured on the H100: 4 beat 8, 16 and 32 (docs/performance.md)
+// The attention kernel's CTAs one SM holds (3 at head dim 128 on the H100, 1 at 256).
+int attention_ctas_per_sm(const detail::KvCacheProblem& prob) {
+  const bool bf16 = prob.dtype == DType::bf16;
+  const int bucket = head_dim_bucket(int(prob.dims.D));
+  int n = 0;
+#define FDMA_KERNEL(T, IS_BF16, HD) \
+  if (!n && bf16 == IS_BF16 && bucket == HD) n = decode_attention_ctas_per_sm<T, HD>();
+#include "kernel_list.inc"
+#undef FDMA_KERNEL
+  return std::max(n, 1);
+}
+
+// Splits of each row's keys: the fewest waves of CTAs over the GPU, each as long as it can be.
+// A split of `per` 64-key blocks costs about per + 2 blocks (its queries' load, the pipeline's
+// fill and drain, the partial's write), and a launch of more CTAs than the SMs hold at once
+// runs in waves: the cost is waves * (per + 2). One wave of CTAs that each take a few blocks
+// beats more, shorter CTAs (B8 Hk8 w2048: 6 splits of 6 blocks in one wave of 384 CTAs).
+int choose_splits(int64_t ctas_per_split, int64_t blocks, int64_t slots) {
+  int best = 1;
+  double best_cost = 1e300;
+  for (int64_t s = 1; s <= std::min<int64_t>(blocks, 512); ++s) {
+    const int64_t per = (blocks + s - 1) / s, used = (blocks + per - 1) / per;
+    if (used != s) continue;  // the same split count as a smaller s
+    const int64_t waves = (ctas_per_split * s + slots - 1) / slots;
+    const double cost = double(waves) * double(per + 2);
+    if (cost < best_cost) best_cost = cost, best = int(s);
+  }
+  return best;
+}
 
 // Grid and workspace of one call, from shapes alone.
 struct Plan {
@@ -89,18 +119,14 @@ Plan plan_of(const detail::KvCacheProblem& prob) {
     n_max = pl.list_cap;
     pl.select_bytes = decode_select_workspace(pl.rows, pl.chunks, pl.list_cap, &pl.select);
   }
-  // About kCtasPerSm CTAs per SM over all rows, and at least one 64-key block per split.
-  // FDMA_DECODE_CTAS_PER_SM overrides it for tuning runs (bench/bench_decode.py).
-  const int64_t ctas = int64_t(pl.rows) * pl.m_tiles;
-  int64_t per_sm = kCtasPerSm;
+  // FDMA_DECODE_CTAS_PER_SM overrides the CTAs an SM is taken to hold (tuning runs,
+  // bench/bench_decode.py --tune).
+  int64_t per_sm = attention_ctas_per_sm(prob);
   if (const char* env = std::getenv("FDMA_DECODE_CTAS_PER_SM")) per_sm = std::max(1, std::atoi(env));
-  int64_t splits = std::max<int64_t>(1, (per_sm * sm_count() + ctas - 1) / ctas);
-  splits = std::min<int64_t>(splits, (n_max + 63) / 64);
-  splits = std::max<int64_t>(splits, 1);
-  int64_t per = (n_max + splits - 1) / splits;
-  per = (per + 63) / 64 * 64;
-  pl.split_keys = int(std::max<int64_t>(per, 64));
-  pl.splits = int(std::max<int64_t>(1, (n_max + pl.split_keys - 1) / pl.split_keys));
+  const int64_t blocks = std::max<int64_t>(1, (n_max + 63) / 64);
+  const int splits = choose_splits(int64_t(pl.rows) * pl.m_tiles, blocks, per_sm * sm_count());
+  pl.split_keys = int((blocks + splits - 1) / splits * 64);
+  pl.splits = splits;
   auto up = [](size_t x) { return (x + 255) / 256 * 256; };
   size_t off = up(pl.select_bytes);
   if (pl.splits > 1) {

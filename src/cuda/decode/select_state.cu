@@ -238,18 +238,31 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   int size = 0, grown_from = first;
   if (usable) {
     size = min(a.w, n);
-#pragma unroll 4
-    for (int i = tid; i < size; i += kThreads) {
-      const int p = st[1 + i], prev = i ? st[i] : -1;
-      bool good = p > prev && p < n;
-      float s = 0.f;
-      if (good) {
-        const KeyRead k = read_key(c, b, hk, p);
-        good = k.bits != 0;
-        s = k.score;
+    // kLoads entries a thread at a time: their positions all in flight, then their scores
+    // (a loop of dependent load pairs waited out two latencies per entry).
+    constexpr int kLoads = 4;
+    for (int base = 0; base < size; base += kLoads * kThreads) {
+      int p[kLoads], prev[kLoads];
+#pragma unroll
+      for (int k = 0; k < kLoads; ++k) {
+        const int i = base + k * kThreads + tid;
+        p[k] = i < size ? st[1 + i] : 0;
+        prev[k] = i < size && i > 0 ? st[i] : -1;
       }
-      if (!good) sh.ok = 0;
-      pos[i] = good ? p : 0, score[i] = s, since[i] = 0;
+      KeyRead key[kLoads];
+#pragma unroll
+      for (int k = 0; k < kLoads; ++k) {
+        const int i = base + k * kThreads + tid;
+        const bool ordered = i < size && p[k] > prev[k] && p[k] < n;
+        key[k] = ordered ? read_key(c, b, hk, p[k]) : KeyRead{0u, 0, 0.f};
+      }
+#pragma unroll
+      for (int k = 0; k < kLoads; ++k) {
+        const int i = base + k * kThreads + tid;
+        if (i >= size) continue;
+        if (key[k].bits == 0) sh.ok = 0;  // out of order or range, or now absent
+        pos[i] = p[k], score[i] = key[k].score, since[i] = 0;
+      }
     }
     __syncthreads();
     grown_from = n;
