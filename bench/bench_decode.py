@@ -176,6 +176,27 @@ def dense_ours(B, H, Hk, K, D):
     return graph_time([f(c) for c in sets])
 
 
+def dma_entry(B, H, Hk, K, D, w):
+    """ms of flash_dma.dynamic_mask_attention with one query and no gradient (the decode path)
+    against the training forward (torch.ops.flash_dma.dma_fwd) on the same tensors."""
+    c = make_sets(B, K, Hk, D, 0, 1, seed=11)[0]
+    q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v, s = c["k_cache"], c["v_cache"], c["score_cache"]
+
+    def decode():
+        with torch.no_grad():
+            return flash_dma.dynamic_mask_attention(q, k, v, s, w)
+
+    def training():
+        return torch.ops.flash_dma.dma_fwd(q, k, v, s, None, w, True, True, 0.0, 0.0, False)
+
+    row = dict(B=B, H=H, Hk=Hk, K=K, D=D, w=w, decode_ms=graph_time([decode]), training_ms=graph_time([training]))
+    row["max_diff"] = (decode().float() - training()[0].float()).abs().max().item()
+    print(f"dynamic_mask_attention, Sq 1, B{B} H{H} Hk{Hk} K{K} D{D} w{w}: decode path {row['decode_ms']:.4f} ms, "
+          f"training forward {row['training_ms']:.4f} ms, max diff {row['max_diff']:.4f}")
+    return row
+
+
 def kernel_breakdown(B, H, Hk, K, D, w, with_state=False):
     """Per-kernel device time of one call (µs, from the profiler over 10 calls), and the
     selection's share (its kernels and the scratch memset). with_state: steady-state decode
@@ -217,6 +238,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="ours alone on the two latency configurations")
     ap.add_argument("--tune", action="store_true", help="select_state steps against FDMA_DECODE_CTAS_PER_SM")
     ap.add_argument("--tune-one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dma", action="store_true", help="dynamic_mask_attention's decode path against its training one")
     args = ap.parse_args()
     rows = []
     if args.tune:  # one process per setting: the Python layer caches workspace sizes per shape
@@ -235,6 +257,10 @@ def main():
             ms = dense_ours(B, 32, 8, 2048, 128)
             print(f"ctas/SM {per_sm}: dense B{B} K2048: {ms:.4f} ms, {B * 8 * 2048 * 128 * 4 / ms / 1e6:.0f} GB/s",
                   flush=True)
+        return
+    if args.dma:
+        dma_entry(8, 32, 8, 131072, 128, 2048)
+        dma_entry(1, 2, 1, 524288, 64, 1024)
         return
     if args.quick:
         kernel_breakdown(8, 32, 8, 131072, 128, 2048)

@@ -140,7 +140,9 @@ typedef struct fdma_dma_params {
  *                      float32 or q's dtype
  *   block_table      : [B, max_pages] int32: page p of sequence b is block_table[b, p];
  *                      page_size must be a multiple of 16
- *   cache_seqlens    : [B] int32, keys in the cache of sequence b before this call
+ *   cache_seqlens    : [B] int32, keys in the cache of sequence b before this call; absent:
+ *                      every sequence holds all capacity keys (max_len, or max_pages *
+ *                      page_size) and nothing is appended
  * Optional new tokens, appended in place at positions cache_seqlens[b] + t before attending
  * (the caller advances cache_seqlens afterwards, as with FlashAttention):
  *   k, v : [B, Snew, Hk, D] (q's dtype)      scores : [B, Hk, Snew] (score_cache's dtype)

@@ -42,6 +42,9 @@ def attention(q, k, v, attn_mask=None, attn_bias=None, is_causal=False, softmax_
     return (out, lse) if return_lse else out
 
 
+DECODE_MAX_QUERIES = 16  # inference calls with this many queries or fewer take the decode path
+
+
 def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, softmax_scale=None, softcap=0.0,
                            key_padding_mask=None, add_scores=True, deterministic=False, return_lse=False):
     """Each query keeps the top-`window_size` keys of its (batch, KV head) by key_scores
@@ -49,6 +52,10 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     False in key_padding_mask [B, Sk], are never kept) and attends to those alone, with the
     scores added to the kept scores when add_scores. Differentiable in q, k, v and key_scores
     (the selection itself is not). Returns out, and lse when return_lse.
+
+    On CUDA, a call that needs no gradient with at most 16 queries, no key_padding_mask and
+    deterministic=False runs on the decode path (dynamic_mask_attention_with_kvcache over full
+    caches), which selects once per (batch, KV head) row and splits the kept keys across CTAs.
     """
     what = "flash_dma.dynamic_mask_attention"
     check_qkv(what, q, k, v)
@@ -58,6 +65,14 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
         raise TypeError(f"{what}: key_padding_mask must be torch.bool (True = the key exists), "
                         f"got {key_padding_mask.dtype}")
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, key_scores))
+    if (not needs_grad and q.is_cuda and q.shape[1] <= DECODE_MAX_QUERIES and key_padding_mask is None
+            and not deterministic):
+        # Inference with a few queries: the decode path, over k, v and key_scores as full caches.
+        out, lse = torch.ops.flash_dma.kvcache_fwd(q, k, v, key_scores, None, None, None, None, None, None,
+                                                   window_size, bool(is_causal), bool(add_scores),
+                                                   float(softmax_scale or 0.0), float(softcap or 0.0))
+        return (out, lse) if return_lse else out
     out, lse, _, _ = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size,
                                                  bool(is_causal), bool(add_scores), float(softmax_scale or 0.0),
                                                  float(softcap or 0.0), bool(deterministic))
@@ -92,8 +107,9 @@ def select_keys(key_scores, window_size, num_queries=None, is_causal=True, key_p
 def _check_kvcache(what, q, k_cache, v_cache, cache_seqlens, block_table, k, v, window_size=None):
     check_qkv(what, q, k_cache, v_cache)
     check_same_device(what, q, cache_seqlens=cache_seqlens, block_table=block_table, k=k, v=v)
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
-        raise TypeError(f"{what}: cache_seqlens must be an int32 tensor [batch]")
+    if cache_seqlens is not None and (not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32
+                                      or cache_seqlens.dim() != 1):
+        raise TypeError(f"{what}: cache_seqlens must be an int32 tensor [batch] (or None: every cache is full)")
     if block_table is not None and block_table.dtype != torch.int32:
         raise TypeError(f"{what}: block_table must be an int32 tensor [batch, max_pages], got {block_table.dtype}")
     if (k is None) != (v is None):
@@ -110,7 +126,7 @@ def dynamic_mask_attention_with_kvcache(q, k_cache, v_cache, score_cache, cache_
     cached keys it may see by their score, as FlashAttention's flash_attn_with_kvcache lays the
     cache out. q [B, Sq, H, D]; k_cache, v_cache [B, max_len, Hk, D] and score_cache
     [B, Hk, max_len], or paged [num_pages, page_size, Hk, D] / [num_pages, page_size, Hk] with
-    block_table [B, max_pages] int32; cache_seqlens [B] int32. New tokens k, v [B, Snew, Hk, D]
+    block_table [B, max_pages] int32; cache_seqlens [B] int32 (None: every cache is full). New tokens k, v [B, Snew, Hk, D]
     and scores [B, Hk, Snew] are written into the caches at cache_seqlens first (advance
     cache_seqlens yourself afterwards). Query i then sits at position L - Sq + i of its
     sequence's L = cache_seqlens + Snew keys. No host synchronization: CUDA-graph capturable.

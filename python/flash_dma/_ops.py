@@ -225,7 +225,8 @@ def _(key_scores, key_padding, num_queries, window, causal):
 # The caches are written in place when new tokens (k, v, scores) are given; select_state
 # is rewritten by every call that gets it.
 @torch.library.custom_op("flash_dma::kvcache_fwd", mutates_args=("k_cache", "v_cache", "score_cache", "select_state"))
-def kvcache_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, score_cache: Optional[Tensor], cache_seqlens: Tensor,
+def kvcache_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, score_cache: Optional[Tensor],
+                cache_seqlens: Optional[Tensor],
                 block_table: Optional[Tensor], k: Optional[Tensor], v: Optional[Tensor], scores: Optional[Tensor],
                 select_state: Optional[Tensor], window: int, causal: bool, add_scores: bool, scale: float,
                 softcap: float) -> Tuple[Tensor, Tensor]:

@@ -449,7 +449,7 @@ void check_cache_contents(const Checker& c, const fdma_kvcache_params& p, const 
   const auto* lens = static_cast<const int32_t*>(p.cache_seqlens.data);
   const auto* table = static_cast<const int32_t*>(p.block_table.data);
   for (int64_t b = 0; b < prob.dims.B; ++b) {
-    const int64_t len = lens[b * p.cache_seqlens.stride[0]];
+    const int64_t len = lens ? lens[b * p.cache_seqlens.stride[0]] : prob.dims.Sk;
     if (len < 0 || len + prob.Snew > prob.dims.Sk)
       c.bad("cache_seqlens[" + std::to_string(b) + "] = " + std::to_string(len) +
             (prob.Snew ? " plus " + std::to_string(prob.Snew) + " appended keys" : std::string()) +
@@ -513,10 +513,12 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
     c.dim(p.k_cache, "k_cache", 0, d.B, "B");
     d.Sk = p.k_cache.shape[1];
   }
-  c.layout(p.cache_seqlens, "cache_seqlens", 1, "[B]");
-  c.dtype_in(p.cache_seqlens, "cache_seqlens", {DType::i32}, "int32");
-  c.dim(p.cache_seqlens, "cache_seqlens", 0, d.B, "B");
-  io.input(p.cache_seqlens, "cache_seqlens");
+  if (p.cache_seqlens.data) {
+    c.layout(p.cache_seqlens, "cache_seqlens", 1, "[B]");
+    c.dtype_in(p.cache_seqlens, "cache_seqlens", {DType::i32}, "int32");
+    c.dim(p.cache_seqlens, "cache_seqlens", 0, d.B, "B");
+    io.input(p.cache_seqlens, "cache_seqlens");
+  }
 
   prob.dynamic = p.score_cache.data != nullptr;
   if (prob.dynamic) {
@@ -541,6 +543,8 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
 
   // New tokens to append.
   prob.append = p.k.data || p.v.data || p.scores.data;
+  if (prob.append && !p.cache_seqlens.data)
+    c.bad("k, v and scores are appended at cache_seqlens, which is not given (without it every cache is full)");
   if (prob.append) {
     if (!p.k.data || !p.v.data) c.bad("k and v go together: give both or neither");
     if (prob.dynamic && !p.scores.data) c.bad("scores is required with k and v when score_cache is given");

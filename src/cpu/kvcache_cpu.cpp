@@ -216,7 +216,7 @@ void kvcache_forward(const fdma_kvcache_params& p, const KvCacheProblem& prob) {
   const auto* lens = static_cast<const int32_t*>(p.cache_seqlens.data);
   const detail::Dims& d = prob.dims;
   for (int64_t b = 0; b < d.B; ++b) {
-    const int64_t len = lens[b * p.cache_seqlens.stride[0]] + prob.Snew;
+    const int64_t len = lens ? lens[b * p.cache_seqlens.stride[0]] + prob.Snew : d.Sk;  // absent: full
     if (len == 0) {
       empty_sequence(p, prob, b);
       if (prob.state_slots)

@@ -29,4 +29,13 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 size_t kvcache_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
 void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
 
+// dynamic_mask_attention's forward with at most kDecodeMaxQueries queries, no key padding, no
+// intervals to write and no determinism asked for runs on the decode path, as a KV-cache call
+// over full caches (its list order follows the selection's atomics). FDMA_DMA_DECODE=0 keeps
+// such calls on the training kernels.
+constexpr int64_t kDecodeMaxQueries = 16;
+bool dma_forward_takes_decode_path(const fdma_dma_params& p, const detail::DmaProblem& prob);
+size_t dma_decode_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob);
+void dma_decode_forward(const fdma_dma_params& p, const detail::DmaProblem& prob);
+
 }  // namespace fdma::cuda

@@ -577,3 +577,27 @@ TEST(DmaGpu, SchedulingSwitchesGiveBitwiseTheDefault) {
     run_gpu_dma(r);
   }
 }
+
+// Forward calls with at most 16 queries and no padding run on the decode path (a KV-cache call
+// over full caches); FDMA_DMA_DECODE=0 keeps them on the training kernels. Both against the
+// reference: causal and not, GQA, ties, softcap, scores added or not, w below and above Sk.
+TEST(DmaGpu, FewQueriesEitherPath) {
+  REQUIRE_GPU();
+  ScopedEnv path("FDMA_DMA_DECODE");
+  for (const char* setting : {"1", "0"}) {
+    path.set(setting);
+    SCOPED_TRACE(std::string("FDMA_DMA_DECODE=") + setting);
+    uint64_t seed = 1700;
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {1, 5000}, {5, 300}, {16, 2000}, {16, 9}})
+      for (int variant = 0; variant < 3; ++variant) {
+        DmaCase c;
+        c.B = 2, c.Sq = Sq, c.Sk = Sk, c.w = variant == 2 ? Sk + 3 : 40, c.causal = variant != 1, c.seed = seed++;
+        c.H = 8, c.Hk = variant == 0 ? 8 : 2, c.D = variant == 1 ? 64 : 128;
+        c.dtype = variant == 1 ? DType::f16 : DType::bf16;
+        c.ties = variant == 1, c.add_scores = variant != 2, c.softcap = variant == 2 ? 5.0 : 0.0;
+        c.score_dtype = variant == 1 ? c.dtype : DType::f32;
+        DmaRun r(c);
+        run_gpu_dma(r, false);
+      }
+  }
+}

@@ -246,3 +246,35 @@ def test_bad_input_names_the_argument(device):
         with pytest.raises(ValueError, match=r"cache_seqlens\[1\]"):
             flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=torch.tensor([3, 33], dtype=torch.int32),
                                                           window_size=4, **c.args())
+
+
+def test_full_caches_without_cache_seqlens(device):
+    """cache_seqlens=None: every sequence holds the whole cache."""
+    B, Hk, H, D, w, max_len = 2, 2, 4, 16, 8, 48
+    dtype = dtype_of(device)
+    c = Cache(B, max_len, Hk, D, dtype, device, seed=95, page_size=16)
+    q = rand((B, 3, H, D), dtype, device, 96)
+    full = torch.full((B,), max_len, dtype=torch.int32, device=device)
+    want = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=full, window_size=w, **c.args())
+    got = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=None, window_size=w, **c.args())
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="appended at cache_seqlens"):
+        flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=None, window_size=w, k=c.k[:, :1],
+                                                      v=c.v[:, :1], scores=c.s[:, :, :1].contiguous(), **c.args())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_dynamic_mask_attention_inference_takes_the_decode_path(device, causal):
+    """dynamic_mask_attention without gradients and with few queries (the decode path on CUDA)
+    against the same call with gradients enabled (the training kernels)."""
+    B, Hk, H, D, w, Sk = 2, 2, 8, 64, 24, 700
+    dtype = dtype_of(device)
+    c = Cache(B, Sk, Hk, D, dtype, device, seed=97)
+    for Sq in (1, 5, 16):
+        q = rand((B, Sq, H, D), dtype, device, 98 + Sq)
+        with torch.no_grad():
+            fast, fast_lse = flash_dma.dynamic_mask_attention(q, c.k, c.v, c.s, w, is_causal=causal, return_lse=True)
+        qg = q.clone().requires_grad_()
+        slow, slow_lse = flash_dma.dynamic_mask_attention(qg, c.k, c.v, c.s, w, is_causal=causal, return_lse=True)
+        torch.testing.assert_close(fast, slow.detach(), atol=tol(dtype), rtol=0)
+        torch.testing.assert_close(fast_lse, slow_lse.detach(), atol=1e-3, rtol=0)

@@ -60,8 +60,7 @@ def _doge_attention_forward(self, hidden_states, position_embeddings, attention_
         # score -inf: ranked last, and weightless were it ever kept.
         if padding is not None:
             scores = scores.masked_fill(~padding[:, None, :], float("-inf"))
-        lens = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
-        out = dynamic_mask_attention_with_kvcache(qt, kt, vt, scores, lens, int(self.keep_window_size),
+        out = dynamic_mask_attention_with_kvcache(qt, kt, vt, scores, None, int(self.keep_window_size),
                                                   softmax_scale=self.scaling)
     else:
         out = dynamic_mask_attention(qt, kt, vt, scores, int(self.keep_window_size), is_causal=True,

@@ -10,8 +10,9 @@
 
 namespace fdma::cuda {
 
-// Keys of sequence b after this call's append.
+// Keys of sequence b after this call's append (no lengths: every cache is full).
 __device__ __forceinline__ int cache_length(const CacheView& c, int b) {
+  if (!c.seqlens) return c.capacity;
   const int64_t len = int64_t(c.seqlens[b * c.seqlens_stride]) + c.Snew;
   return int(len < 0 ? 0 : len > c.capacity ? c.capacity : len);
 }

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <utility>
 #include <string>
 
 #include "core/device.hpp"
@@ -203,7 +205,44 @@ __global__ void __launch_bounds__(128) append_kernel(CacheView c, const char* k,
     }
 }
 
+// dynamic_mask_attention's problem as a KV-cache call over full contiguous caches: k, v
+// [B, Sk, Hk, D] and key_scores [B, Hk, Sk] are already that layout, and its bottom-right
+// causal rule puts query i at Sk - Sq + i, as the cache call does.
+std::pair<fdma_kvcache_params, detail::KvCacheProblem> as_full_cache(const fdma_dma_params& p,
+                                                                     const detail::DmaProblem& prob) {
+  fdma_kvcache_params k{};
+  k.q = p.q, k.k_cache = p.k, k.v_cache = p.v, k.score_cache = p.key_scores;
+  k.window = p.window, k.causal = p.causal, k.add_scores = p.add_scores, k.scale = p.scale, k.softcap = p.softcap;
+  k.out = p.out, k.lse = p.lse;
+  k.backend = FDMA_BACKEND_CUDA, k.stream = p.stream, k.workspace = p.workspace, k.workspace_bytes = p.workspace_bytes;
+  detail::KvCacheProblem kp;
+  kp.dims = prob.dims;
+  kp.dynamic = true, kp.causal = prob.causal, kp.add_scores = prob.add_scores;
+  kp.window = prob.window, kp.scale = prob.scale, kp.softcap = prob.softcap;
+  kp.dtype = prob.dtype, kp.score_dtype = static_cast<DType>(p.key_scores.dtype);
+  kp.backend = Backend::cuda;
+  return {k, kp};
+}
+
 }  // namespace
+
+bool dma_forward_takes_decode_path(const fdma_dma_params& p, const detail::DmaProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  if (d.Sq > kDecodeMaxQueries || prob.has_padding || prob.has_intervals || p.deterministic) return false;
+  if (d.D % 8 != 0 || d.B * d.Hk > 65535 || (prob.dtype != DType::bf16 && prob.dtype != DType::f16)) return false;
+  const char* env = std::getenv("FDMA_DMA_DECODE");  // "0": the training kernels (tests run both)
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+size_t dma_decode_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob) {
+  const auto [k, kp] = as_full_cache(p, prob);
+  return kvcache_workspace(k, kp);
+}
+
+void dma_decode_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
+  const auto [k, kp] = as_full_cache(p, prob);
+  kvcache_forward(k, kp);
+}
 
 size_t kvcache_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob) {
   check_inputs(p, prob);

@@ -201,6 +201,7 @@ void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
 size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {
   check_dma_inputs(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward", p, prob,
                    pass);
+  if (pass == Pass::forward && dma_forward_takes_decode_path(p, prob)) return dma_decode_workspace(p, prob);
   return dma_layout(prob, topw_inputs(p.key_scores, p.key_padding), pass).total();
 }
 
@@ -208,6 +209,7 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const char* op = "dynamic_mask_attention forward";
   check_dma_inputs(op, p, prob, Pass::forward);
   require_device_workspace(op, p.workspace);
+  if (dma_forward_takes_decode_path(p, prob)) return dma_decode_forward(p, prob);
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
