@@ -11,7 +11,7 @@ Configurations (environment switches, read by the library per call):
   serial                    FDMA_OVERLAP_LAUNCHES=0: every kernel waits for the previous one to end
   longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles
                             (the longest lists) start first
-  full+serial               the defaults up to the eleventh session
+  full+serial               both switches off: full-width last tiles and serial launches
   dkdv1, dkdv2              FDMA_DKDV_GROUPS=1 or 2: one or two warp groups per dk/dv CTA, forced
                             (the default picks per call: two in dynamic-mask mode; with one, dk,
                             dv, dkey_scores differ bitwise: another summation order)
@@ -100,7 +100,7 @@ def main():
         times = {label: {"fwd": [], "fwd+bwd": []} for label, _, _ in runs}
         for r in range(args.rounds):
             # The order rotates each round: in a fixed order the second library of an A/B measured
-            # slower at 128K in three runs out of three (docs/benchmarks.md, thirteenth session).
+            # slower at 128K in three runs out of three (docs/performance.md, "method").
             for label, lib, name in runs[r % len(runs):] + runs[:r % len(runs)]:
                 set_config(name)
                 times[label]["fwd"].append(median_ms(lambda: fwd(lib), warmup=2, iters=args.iters))

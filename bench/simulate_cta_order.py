@@ -5,7 +5,7 @@ and epilogue, handed to the first free slot of 132 SMs (the forward: one CTA per
 in launch order. Prints the makespan over the perfectly balanced time for the grid order
 (heads one after the other, query tiles ascending), the same with query tiles descending, and
 the largest-first order FDMA_LONGEST_FIRST=1 launches (query tiles descending, every head's
-together; cta_order.cuh). docs/perf-notes.md, eleventh session.
+together; cta_order.cuh). docs/performance.md, "key lists".
 
 Usage: python3 bench/simulate_cta_order.py [--seqlens 16384,32768,131072]
 """

@@ -2,7 +2,7 @@
 over their per-query-tile key lists, simulated on the CPU (numpy) for the causal top-w selection
 of random scores: kept pairs over computed (query, key) pairs with every tile full width, with
 the last tile of a list 32 or 64 keys wide where it holds no more (FDMA_FWD_LAST_TILE=narrow in
-the forward), and over the lists' exact lengths (docs/perf-notes.md, eleventh session).
+the forward), and over the lists' exact lengths (docs/performance.md, "key lists").
 
 Usage: python3 bench/simulate_tile_lists.py [--seqlens 16384,32768,131072]
 """

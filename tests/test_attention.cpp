@@ -1,4 +1,4 @@
-// attention on the CPU against the float64 reference over design.md section 3's shape list:
+// attention on the CPU against the float64 reference over the shape list below:
 // ragged lengths, Sq != Sk, MHA/GQA/MQA, every broadcast shape of mask and bias, mask only,
 // bias only, both, causal, softcap, rows with no visible key, every dtype and layout.
 #include <gtest/gtest.h>

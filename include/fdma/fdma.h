@@ -66,7 +66,7 @@ typedef struct fdma_tensor {
   int64_t stride[FDMA_MAX_DIMS];
 } fdma_tensor;
 
-/* attention (design.md 2.1). Forward reads q, k, v, mask, bias and writes out, lse.
+/* attention (README, "What it computes"). Forward reads q, k, v, mask, bias and writes out, lse.
  * Backward also reads out, lse, dout and writes dq, dk, dv and (if given) dbias.
  *   q, out, dout, dq : [B, Sq, H, D]        k, v, dk, dv : [B, Sk, Hk, D]
  *   lse              : [B, H, Sq] float32 (float64 allowed when q is float64)
@@ -87,7 +87,7 @@ typedef struct fdma_attention_params {
   size_t workspace_bytes;
 } fdma_attention_params;
 
-/* selection (design.md 2.2): which queries keep each key. For every key j of (b, hk) the
+/* selection (docs/design.md, "Selection"): which queries keep each key. For every key j of (b, hk) the
  * queries that keep it form one interval [keep_begin, keep_end); a key no query keeps has
  * keep_begin == keep_end == 0.
  *   key_scores : [B, Hk, Sk] float32, float16, bfloat16 or float64 (NaN ranks lowest)
@@ -105,7 +105,7 @@ typedef struct fdma_select_params {
   size_t workspace_bytes;
 } fdma_select_params;
 
-/* dynamic_mask_attention (design.md 2.2). Same layouts as attention; key_scores
+/* dynamic_mask_attention (README, "What it computes"). Same layouts as attention; key_scores
  * [B, Hk, Sk] in float32 or q's dtype; dkey_scores (optional in backward) has the shape
  * and dtype of key_scores.
  *   keep_begin, keep_end: optional [B, Hk, Sk] int32, both or neither: the selection's
@@ -130,7 +130,7 @@ typedef struct fdma_dma_params {
   size_t workspace_bytes;
 } fdma_dma_params;
 
-/* Attention of a few new queries against a KV cache (design.md 2.3), the inference path,
+/* Attention of a few new queries against a KV cache (docs/decode.md), the inference path,
  * forward only. dynamic_mask_attention when score_cache is given (each query keeps its top-w
  * cached keys by score), plain attention over the whole cache when it is not.
  *

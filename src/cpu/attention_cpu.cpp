@@ -1,4 +1,4 @@
-// attention (design.md 2.1) on the CPU.
+// attention (README, "What it computes") on the CPU.
 //
 // Forward: one query row at a time (row_kernels.hpp), parallel over rows.
 // Backward, race-free and deterministic without atomics, in two passes:

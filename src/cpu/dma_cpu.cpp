@@ -1,4 +1,4 @@
-// dynamic_mask_attention (design.md 2.2) on the CPU.
+// dynamic_mask_attention (README, "What it computes") on the CPU.
 //
 // Selection gives each key its interval of keeping queries (selection.hpp). Query rows are
 // processed in tiles of kTile: a tile gathers the keys any of its queries keeps (at most

@@ -1,4 +1,4 @@
-// Attention against a KV cache on the CPU (design.md 2.3): the reference for the decode path.
+// Attention against a KV cache on the CPU (docs/decode.md): the reference for the decode path.
 //
 // Each sequence b is its own problem over the first L_b = cache_seqlens[b] + Snew cached
 // keys, with the Sq queries at positions L_b - Sq .. L_b - 1: exactly dynamic_mask_attention

@@ -1,4 +1,4 @@
-// Top-w key selection on the CPU (design.md 2.2), for one (batch, KV head) row of scores.
+// Top-w key selection on the CPU (docs/design.md, "Selection"), for one (batch, KV head) row of scores.
 //
 // Result: for each key j, the interval of queries [begin[j], end[j]) that keep it; a key no
 // query keeps gets begin == end == 0. This exists because, with one score per key, the

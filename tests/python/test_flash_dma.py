@@ -1,4 +1,4 @@
-"""flash_dma against float64 PyTorch references: values and gradients over the design.md
+"""flash_dma against float64 PyTorch references: values and gradients over a
 shape list (ragged lengths, Sq != Sk, MHA/GQA/MQA, causal, softcap, every broadcast of mask
 and bias), the selection, the flash-dmattn shim, torch.library.opcheck, torch.compile with
 fullgraph, CUDA graph replay (on CUDA), the nn module, and bad inputs.

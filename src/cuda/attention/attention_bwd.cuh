@@ -64,7 +64,7 @@ __device__ __forceinline__ void store_dbias(const AttentionBwdParams& p, int64_t
 // Writes zeros to dbias[b, hb, i, k0:k1) for the rows i in [row0, row0 + rows): the dq kernel's
 // dS on the tiles its walk skipped. Where a row's keys are contiguous, each warp takes a row
 // and its lanes store 16 bytes each (2-byte stores with the full index math made these zeros
-// cost 15% of a causal 4-D bias backward; docs/perf-notes.md).
+// cost 15% of a causal 4-D bias backward; docs/performance.md, "attention backward").
 template <class T>
 __device__ __forceinline__ void zero_dbias_keys(const AttentionBwdParams& p, int b, int64_t hb, int row0, int rows,
                                                 int k0, int k1, int tid) {
@@ -132,7 +132,7 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, flo
 // each score's additive term add_at(nt, e) (fragment element e of n-tile nt). Each caller
 // passes one lambda per uniform case, so the unrolled loop a tile executes holds only its own
 // case (one loop with every case inlined per score overflowed the instruction cache: ncu "no
-// instruction" stalls, docs/perf-notes.md). Rows are queries: dp becomes dS, s becomes
+// instruction" stalls, docs/performance.md, "attention backward"). Rows are queries: dp becomes dS, s becomes
 // dS * d(capped)/d(qk).
 template <bool kVisible = false, int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float (&s)[kTilesN][4],
@@ -198,7 +198,7 @@ struct BwdDqTile {
 };
 
 // kGather: dynamic-mask mode (f.lists), an instantiation of its own as in the forward, so that
-// each kernel holds only its own loops (the instruction cache; docs/perf-notes.md).
+// each kernel holds only its own loops (the instruction cache; docs/performance.md, "attention backward").
 template <class T, int kHeadDim, bool kGather, class Mma>
 __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& p) {
   using Tile = BwdDqTile<Mma, kHeadDim>;
@@ -558,7 +558,7 @@ struct BwdDkdvTile {
 // (head, query tile) steps, each with its own double buffer and barrier, and add their
 // partial sums in a fixed order at the end (so the result stays reproducible). Halving the
 // walk of a long key group matters in dynamic-mask mode, where a few groups of keys kept to
-// the end of the sequence span every query (docs/perf-notes.md).
+// the end of the sequence span every query (docs/performance.md, "key lists").
 template <class T, int kHeadDim, bool kGather, class Mma>
 __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams& p) {
   using Tile = BwdDkdvTile<Mma, kHeadDim>;
@@ -614,7 +614,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   // Head-major, queries ascending; gathered: query-major from the last query tile down. The
   // CTAs of a window of kept keys share their intervals' end (gather_key_group), so walking down
   // they start together at the same query tiles and read each one's Q and dO from L2, where
-  // walking up from their scattered begins every read came from DRAM (docs/perf-notes.md).
+  // walking up from their scattered begins every read came from DRAM (docs/performance.md, "key lists").
   // Gathered: a multiply and a shift per step instead of an integer division (its fix-up
   // showed in the stall samples). Not gathered, the two registers it holds across the loop
   // made the sm_90a dk/dv kernel spill, so there it stays a division.

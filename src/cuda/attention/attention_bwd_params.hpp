@@ -21,7 +21,7 @@ constexpr int bwd_dkdv_chunk(int head_dim) { return head_dim <= 128 ? head_dim :
 // the other's steps: 3-10% faster with a block mask, 5-6% at D = 64 and 192 without one. Two
 // for the gathered walk, where a few key groups span every query and halving their walk sets
 // the makespan (one measured 23% slower), and for the unmasked wgmma kernel at D = 128 (one
-// measured 3-4% slower at 16K). docs/perf-notes.md, fifteenth session.
+// measured 3-4% slower at 16K). docs/performance.md, "attention backward".
 constexpr int bwd_dkdv_groups(int head_dim, bool wgmma, bool gathered, bool masked) {
   return gathered || (wgmma && head_dim == 128 && !masked) ? 2 : 1;
 }

@@ -59,7 +59,7 @@ struct FwdTile {
 
 // kGather: dynamic-mask mode (p.lists), an instantiation of its own so that each kernel's
 // unrolled loop holds only its own path (one kernel with both stalled on the instruction
-// cache; docs/perf-notes.md).
+// cache; docs/performance.md, "key lists").
 template <class T, int kHeadDim, bool kGather, class Mma>
 __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) {
   using Tile = FwdTile<Mma>;

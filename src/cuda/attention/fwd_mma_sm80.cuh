@@ -20,7 +20,7 @@ struct FwdMmaSm80 : TileIoSm80<T, kHeadDim, 128> {
   static constexpr int kThreads = 128;
   static constexpr int kBlockM = fwd_block_m(kHeadDim);
   // Keys per tile. D = 128 with two m-tiles sits at the register limit: 32-key tiles halve
-  // the S registers and measured 10-18% faster than 64 (docs/perf-notes.md).
+  // the S registers and measured 10-18% faster than 64 (docs/performance.md, "attention forward").
   static constexpr int kBlockN = fwd_block_n(kHeadDim);
   static_assert(kBlockM == 16 * kMTiles * kThreads / 32, "tile table and kernel agree");
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);

@@ -16,7 +16,7 @@ constexpr int head_dim_bucket(int D) {
 // 32-key tiles at D = 128 where two m-tiles sit at the register limit.
 constexpr int fwd_m_tiles_per_warp(int head_dim) { return head_dim <= 128 ? 2 : 1; }
 constexpr int fwd_block_m(int head_dim) { return 16 * fwd_m_tiles_per_warp(head_dim) * 4; }
-#ifndef FDMA_TUNE_BLOCK_N_D128  // build-time override for tuning runs (docs/perf-notes.md)
+#ifndef FDMA_TUNE_BLOCK_N_D128  // build-time override for tuning runs (docs/performance.md, "attention forward")
 #define FDMA_TUNE_BLOCK_N_D128 32
 #endif
 constexpr int fwd_block_n(int head_dim) { return head_dim == 128 ? FDMA_TUNE_BLOCK_N_D128 : 64; }

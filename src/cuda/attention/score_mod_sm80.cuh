@@ -79,7 +79,7 @@ struct ScoreTiles {
 // Adds the bias (if any) to s and sets s to -inf where the mask hides the score. Each source
 // layout gets its own loop, picked once per tile, so the per-score work carries no branches on
 // uniform flags (which doubled the instruction count when they sat inside the loop;
-// docs/perf-notes.md). Adding in place, not through an array of terms, keeps 8 * kTilesN
+// docs/performance.md, "attention forward"). Adding in place, not through an array of terms, keeps 8 * kTilesN
 // registers free (the wgmma forward spilled with the array). kGlobalTerms = false compiles out
 // the reads through global memory (for masks and biases that cannot be tiled): the wgmma
 // forward, which is only launched with tiled terms, spilled in its hot loop with them.

@@ -2,11 +2,11 @@
 // bias streams through shared memory with the step's other operands (K/V in the dq kernel,
 // Q/dO in the dk/dv kernel), so interior scores read their additive term from shared memory
 // instead of global memory per score (which made the backward of a 4-D top-w mask 13x its
-// forward; docs/perf-notes.md). Rows of a tile are queries in both kernels; a query-broadcast
+// forward; docs/performance.md, "attention backward"). Rows of a tile are queries in both kernels; a query-broadcast
 // mask has one row. A query-broadcast bias's per-key values the kernels hold in registers
 // (BiasTerm::key): the dq kernel reads them from a one-row tile (kKeyRow; from global memory
 // per tile, those loads stalled it), the dk/dv kernel, whose keys stay for all its steps,
-// from global memory once per head (measured slower through the tile; docs/perf-notes.md).
+// from global memory once per head (measured slower through the tile; docs/performance.md, "attention backward").
 #pragma once
 
 #include <type_traits>
@@ -42,7 +42,7 @@ struct TermTiles {
   __host__ __device__ static int bytes(const AttentionFwdParams& p) { return mask_bytes(p) + bias_bytes(p); }
 
   // Where (b, h)'s mask and bias start (element [b, h, 0, 0]), worked out once per head: the
-  // head arithmetic per tile cost the dq kernel a few percent (docs/perf-notes.md).
+  // head arithmetic per tile cost the dq kernel a few percent (docs/performance.md, "attention backward").
   struct Rows {
     const char* mask;
     const char* bias;
@@ -94,7 +94,7 @@ struct TermTiles {
   // The biases of keys nt * 8 + 2t and nt * 8 + 2t + 1 of a buffer's query-broadcast row
   // (kKeyRow, bias_tiled) into kb[nt][0..1]: one load per pair, and the dtype chosen once, so
   // that the loads issue back to back (a branch per key cost the dq kernel 1.7x its dense time;
-  // docs/perf-notes.md).
+  // docs/performance.md, "attention backward").
   template <class T, int kN>
   __device__ static void key_bias_pairs(const unsigned char* smem, const AttentionFwdParams& p, int t,
                                         float (&kb)[kN][2]) {
@@ -126,7 +126,7 @@ __device__ __forceinline__ float tile_term(uint32_t keep, const T* bias, float k
 }
 
 // Calls f(mask, bias) with the uniform `mask present` and bias source as constants, so each
-// combination gets its own unrolled loop (docs/perf-notes.md: no uniform branches per score).
+// combination gets its own unrolled loop (docs/performance.md, "attention backward": no uniform branches per score).
 template <class F>
 __device__ __forceinline__ void with_terms(bool mask, BiasTerm bias, F&& f) {
   auto by_bias = [&](auto m) {

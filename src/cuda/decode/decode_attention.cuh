@@ -1,4 +1,4 @@
-// Split-K attention of a few queries over a row's kept keys (design.md 2.3). Grid (splits,
+// Split-K attention of a few queries over a row's kept keys (docs/decode.md). Grid (splits,
 // B * Hk, m-tiles): a CTA takes one KV head's 16 (group head, query) rows, so the G query heads
 // of the head share every K/V row read, and one contiguous share of the row's kept-key list
 // (or, dense, of its cached positions). Its 4 warps each walk 16 keys of every 64-key block,

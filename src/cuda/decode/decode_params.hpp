@@ -1,4 +1,4 @@
-// The decode path's kernel parameters (design.md 2.3; docs/design.md "Decode"): where the
+// The decode path's kernel parameters (docs/decode.md): where the
 // cache is, what the selection leaves for the attention, and the split-K partials.
 #pragma once
 

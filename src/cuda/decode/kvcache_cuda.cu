@@ -1,4 +1,4 @@
-// Attention against a KV cache on the GPU (design.md 2.3): append the new tokens, select each
+// Attention against a KV cache on the GPU (docs/decode.md): append the new tokens, select each
 // (batch, KV head) row's kept keys (decode_select.cu; dynamic mask only), attend over them
 // split across CTAs (decode_attention.cuh), merge the splits (decode_combine.cu). Every launch
 // is on the caller's stream, reads lengths and pages on the device and sizes its grid from
@@ -22,6 +22,7 @@
 #include "cuda/decode/decode_select.hpp"
 #include "cuda/decode/select_state.hpp"
 #include "cuda/primitives/device_guard.hpp"
+#include "cuda/primitives/path_switches.hpp"
 #include "cuda/attention/kernel_table.hpp"
 
 namespace fdma::cuda {
@@ -230,8 +231,7 @@ bool dma_forward_takes_decode_path(const fdma_dma_params& p, const detail::DmaPr
   const detail::Dims& d = prob.dims;
   if (d.Sq > kDecodeMaxQueries || prob.has_padding || prob.has_intervals || p.deterministic) return false;
   if (d.D % 8 != 0 || d.B * d.Hk > 65535 || (prob.dtype != DType::bf16 && prob.dtype != DType::f16)) return false;
-  const char* env = std::getenv("FDMA_DMA_DECODE");  // "0": the training kernels (tests run both)
-  return !(env && std::strcmp(env, "0") == 0);
+  return !env_is("FDMA_DMA_DECODE", "0");  // "0": the training kernels (tests run both)
 }
 
 size_t dma_decode_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob) {

@@ -197,7 +197,7 @@ __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZe
   ptx::griddep_launch_dependents();
   // One thread per 16-byte chunk of a key's dk and dv rows (D * elem_bytes is a multiple of
   // 16); the key's first chunk also does its dscores entry. A warp per key left half its lanes
-  // idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K (perf-notes).
+  // idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K (docs/performance.md, "key lists").
   const int chunks = z.D * z.elem_bytes / 16;
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= s.keys() * chunks) return;

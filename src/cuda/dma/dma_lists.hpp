@@ -2,7 +2,7 @@
 //   key records: per key {begin, end, bias};
 //   kept list:   per (batch, KV head) the keys with a non-empty interval, in index order;
 //   tile lists:  causal only, per query tile of block_m rows the kept keys some row of the tile
-//                keeps (at most min(w, Sk) + block_m of them; design.md 2.2): those kept by
+//                keeps (at most min(w, Sk) + block_m of them; docs/design.md, "Per-tile key lists"): those kept by
 //                every row of the tile first, then the others, each part in index order.
 //                Non-causal selections keep the same keys for every query, so every tile
 //                reads the kept list itself;
@@ -67,7 +67,7 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
 // Non-causal forward: every query keeps the same kept keys, so their K/V rows and biases are
 // copied once into dense [B, Hk, W, D] / [B, Hk, W] buffers (W = min(w, Sk) slots; slots past
 // a row's kept count get zero rows and a -inf bias) for the dense attention kernel, whose
-// per-key bias streams through shared memory (docs/perf-notes.md).
+// per-key bias streams through shared memory (docs/performance.md, "attention backward").
 struct KeptGatherArgs {
   const void *k, *v;
   int64_t k_stride[3], v_stride[3];  // (batch, seq, head), elements

@@ -1,6 +1,6 @@
 // Division by a runtime divisor fixed for a whole kernel (or CTA) as a multiply and a shift:
 // a loop's `it / n` compiles to about 20 instructions around MUFU.RCP per step, and showed in
-// the dk/dv kernel's stall samples (docs/perf-notes.md). Round-up multiplier (Granlund and
+// the dk/dv kernel's stall samples (docs/performance.md, "key lists"). Round-up multiplier (Granlund and
 // Montgomery): with l = ceil(log2 d) and m = floor(2^32 (2^l - d) / d) + 1,
 // n / d = (umulhi(n, m) + n) >> l, exact for 0 <= n < 2^31 (tests/test_fast_divmod.cpp).
 #pragma once

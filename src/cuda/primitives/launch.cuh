@@ -1,7 +1,7 @@
 // Kernel launches that may overlap the previous kernel of the stream (programmatic dependent
 // launch, compute capability 9.0+). The chains of small kernels before an attention kernel
 // (selection, intervals, key records, kept and tile lists) each cost a launch gap of about
-// 1 us (docs/perf-notes.md); launched with overlap_previous, a kernel's CTAs can be placed
+// 1 us (docs/performance.md, "key lists"); launched with overlap_previous, a kernel's CTAs can be placed
 // while its predecessor finishes and wait on the GPU (ptx::griddep_wait) instead.
 //
 // Every kernel launched this way calls ptx::griddep_wait() before touching global memory, and

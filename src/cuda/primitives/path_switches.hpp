@@ -1,5 +1,5 @@
 // The environment switches that choose between equivalent GPU paths, read per call so that
-// tests and bench/bench_switches.py can run both ways (README "Build notes" lists them).
+// tests and bench/bench_switches.py can run both ways (docs/design.md, "Dispatch", lists them all).
 #pragma once
 
 #include <cstdlib>

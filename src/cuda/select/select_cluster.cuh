@@ -15,7 +15,7 @@
 //     level's zero counts per segment travel with that copy (a C x C table of counts per
 //     destination), so a level costs one cluster barrier.
 // Rows up to kClusterRowMaxKeys keys; the results are the ones the other paths write
-// (docs/perf-notes.md, tenth session, has the measurements).
+// (docs/performance.md, "selection").
 #pragma once
 
 #include <cooperative_groups.h>

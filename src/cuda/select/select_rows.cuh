@@ -96,7 +96,7 @@ __device__ __forceinline__ void wavelet_chunk(const T* src, T* dst, int Sk, int 
 // t), so a warp's zeros, and its ones, land contiguous in dst and global accesses coalesce;
 // ballots count each warp's zeros per item and one warp scans the counts in position order.
 // (Runs of 16 consecutive positions per thread cut the instructions by a third but scattered
-// the partition's stores: twice the time, docs/perf-notes.md.) Ends on a barrier.
+// the partition's stores: twice the time, docs/performance.md, "selection".) Ends on a barrier.
 template <class T>
 __device__ void wavelet_level(const T* src, T* dst, int Sk, int bit, bool last, int32_t offset, int32_t* r,
                               int32_t* counts) {

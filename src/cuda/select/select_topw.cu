@@ -180,7 +180,7 @@ cudaError_t wavelet_levels(const TopwInputs& in, const TopwScratch& s, const Wav
 //           and the rank sort there too up to kRowThreads * 16 keys;
 //   global: the device-wide sort, then one CTA per row builds the wavelet through global memory;
 //   levels: the device-wide sort, then kernels per wavelet level over all rows.
-// Measured on the H100 (docs/perf-notes.md, eighth session): shared is the fastest of the last
+// Measured on the H100 (docs/performance.md, "selection"): shared is the fastest of the last
 // three wherever it fits; past 32K keys global wins from about SMs / 5 rows on (32 rows of 64K
 // keys: 0.77 against 0.85 ms) and levels below (16 rows: 0.53 against 0.60 ms; 4 rows of 128K:
 // 0.40 against 0.91 ms). FDMA_SELECT_PATH=cluster|shared|global|levels in the environment
