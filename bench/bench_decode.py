@@ -268,6 +268,8 @@ def main():
         rows.append(run_config(8, 32, 8, 131072, 128, 2048, baselines=False))
         rows.append(run_config(1, 2, 1, 524288, 64, 1024, baselines=False))
         rows.append(run_config(8, 32, 8, 131072, 128, 2048, page_size=64))
+        rows.append(run_config(64, 32, 8, 32768, 128, 2048, baselines=False, plain=False))
+        rows.append(run_config(8, 32, 8, 131072, 128, 2048, Sq=4, baselines=False, plain=False))
     elif args.sweep:
         for K in [4096, 16384, 65536, 262144, 1048576]:
             rows.append(run_config(1, 32, 8, K, 128, 2048))

@@ -252,6 +252,21 @@ TEST(KvCacheGpu, SelectStateDecodeLoops) {
         }
 }
 
+// Windows long enough that each row's keys split across several CTAs, with a state: the
+// split-K merge over lists the state kernel wrote, across a generation loop.
+TEST(KvCacheGpu, SelectStateSplitsMergeInTheAttentionKernel) {
+  REQUIRE_GPU();
+  uint64_t seed = 320;
+  for (int64_t page : {0, 32})
+    for (int64_t Sq : {1, 3}) {
+      KvCase c;
+      c.B = 2, c.Sq = Sq, c.Snew = Sq, c.H = 8, c.Hk = 2, c.D = 128, c.w = 700, c.max_len = 3000, c.page_size = page;
+      c.dtype = DType::bf16, c.state = true, c.seed = seed++;
+      c.lens = {2500, 800};
+      check_loop(c, 3);
+    }
+}
+
 // Float16 scores without a state, through both selection paths (the same ranking rule).
 TEST(KvCacheGpu, Float16ScoresRankBelowTheHighBits) {
   REQUIRE_GPU();
