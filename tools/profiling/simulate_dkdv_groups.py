@@ -6,7 +6,7 @@ ranked by end), groups of 64 keys, each walking the 64-query steps its
 keys span for each of the G query heads. Prints, per window size, the share of computed pairs
 that are kept pairs, and the longest CTA against the average per SM (docs/performance.md, "key lists").
 
-Usage: python3 bench/simulate_dkdv_groups.py [--seqlen 131072] [--windows 256,1024]
+Usage: python3 tools/profiling/simulate_dkdv_groups.py [--seqlen 131072] [--windows 256,1024]
 """
 import argparse
 

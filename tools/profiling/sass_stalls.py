@@ -2,9 +2,9 @@
 
 On the GPU machine:
   ncu --kernel-name regex:attention_bwd_dq --launch-skip 1 --launch-count 1 --section SourceCounters \\
-      -f -o /tmp/dq python3 bench/profile_bwd.py --seqlen 8192 --case per-key
+      -f -o /tmp/dq python3 tools/profiling/profile_bwd.py --seqlen 8192 --case per-key
   ncu --import /tmp/dq.ncu-rep --page source --csv --print-source sass > dq.csv
-Then anywhere: python3 bench/sass_stalls.py dq.csv [other.csv]
+Then anywhere: python3 tools/profiling/sass_stalls.py dq.csv [other.csv]
 
 A region is a run of consecutive executed instructions; each line gives its instruction range,
 its share of the stall samples, how often its busiest instruction ran, and its top stall

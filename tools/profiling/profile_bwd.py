@@ -1,7 +1,7 @@
 """One attention forward + backward through the Python package, twice (warm-up, then the one
 to read), for a profiler:
 `FDMA_LIBRARY=build/libfdma.so ncu --kernel-name regex:attention_bwd --launch-skip 2 --launch-count 2
- --metrics gpu__time_duration.sum,smsp__inst_executed.sum python3 bench/profile_bwd.py --seqlen 8192`
+ --metrics gpu__time_duration.sum,smsp__inst_executed.sum python3 tools/profiling/profile_bwd.py --seqlen 8192`
 bf16, D128. Cases: dense (B1 H16); per-key (a [B, H, 1, S] bias with its gradient); topw (the
 top-w 4-D mask case of bench_topw_mask.py: B1 H16 Hk4 w2048 causal, the selection as a
 [B, Hk, S, S] mask and the scores as a [B, Hk, 1, S] bias)."""
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 import flash_dma  # noqa: E402
 
 

@@ -9,7 +9,7 @@
 // and no race by construction: every shared word is written and read by one thread, or passed
 // from group 1 to group 0 across a __syncthreads.
 //
-// Build: nvcc -O2 -arch=sm_90a bench/racecheck_probe.cu -o racecheck_probe
+// Build: nvcc -O2 -arch=sm_90a tools/profiling/racecheck_probe.cu -o racecheck_probe
 // Run:   compute-sanitizer --tool racecheck ./racecheck_probe STEPS0 STEPS1
 // The host checks the values it gets back; racecheck's summary says what it saw.
 #include <cstdio>

@@ -1,6 +1,6 @@
 """Runs the attention forward once per case for a profiler (ncu) to capture.
 
-python3 bench/profile_fwd.py --lib build/libfdma.so [--seqlen 8192]
+python3 tools/profiling/profile_fwd.py --lib build/libfdma.so [--seqlen 8192]
 Cases: dense, per-key bias [B,H,1,Sk]; B1 H16 D128 bf16, non-causal; each launched twice
 (warm-up, then the one to read).
 """
@@ -11,7 +11,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # bench_attention.py
 from flash_dma import _abi  # noqa: E402
 from bench_attention import view  # noqa: E402
 

@@ -4,7 +4,7 @@ of random scores: kept pairs over computed (query, key) pairs with every tile fu
 the last tile of a list 32 or 64 keys wide where it holds no more (FDMA_FWD_LAST_TILE=narrow in
 the forward), and over the lists' exact lengths (docs/performance.md, "key lists").
 
-Usage: python3 bench/simulate_tile_lists.py [--seqlens 16384,32768,131072]
+Usage: python3 tools/profiling/simulate_tile_lists.py [--seqlens 16384,32768,131072]
 """
 import argparse
 import os

@@ -1,5 +1,5 @@
 """One causal dynamic_mask_attention forward + backward (B1 H16 Hk4 D128 w2048, bf16), for a
-profiler: `ncu --print-summary per-kernel python3 bench/profile_dma.py --seqlen 16384`."""
+profiler: `ncu --print-summary per-kernel python3 tools/profiling/profile_dma.py --seqlen 16384`."""
 import argparse
 import ctypes
 import os
@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # dma_problem.py
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 from bench_attention import view  # noqa: E402
 from dma_problem import attach_workspace, dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402

@@ -7,7 +7,7 @@ in launch order. Prints the makespan over the perfectly balanced time for the gr
 the largest-first order FDMA_LONGEST_FIRST=1 launches (query tiles descending, every head's
 together; cta_order.cuh). docs/performance.md, "key lists".
 
-Usage: python3 bench/simulate_cta_order.py [--seqlens 16384,32768,131072]
+Usage: python3 tools/profiling/simulate_cta_order.py [--seqlens 16384,32768,131072]
 """
 import argparse
 import heapq

@@ -1,5 +1,5 @@
 """One decode call per configuration, for Nsight Compute:
-  ncu --kernel-name regex:select --set full python3 bench/profile_decode.py
+  ncu --kernel-name regex:select --set full python3 tools/profiling/profile_decode.py
 Warm-up calls first (module load, workspace sizes), then one call under NVTX range "step"."""
 import torch
 

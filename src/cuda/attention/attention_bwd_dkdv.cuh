@@ -1,0 +1,402 @@
+// The attention backward's dk/dv kernel: one CTA per 64 keys of a (batch, KV head) (in
+// dynamic-mask mode, 64 kept keys with similar query intervals) walks the G query heads of the
+// group and their query tiles, so the GQA sum of dk/dv stays on chip; owns dkey_scores, and
+// dbias when the bias broadcasts over queries.
+#pragma once
+
+#include "cuda/attention/attention_bwd_common.cuh"
+
+namespace fdma::cuda {
+
+// Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). The kept keys ordered by interval
+// end (lists.kept_by_end: latest end first, then index) are cut into windows of kBwdWindow;
+// window x / 4 is ranked by key index (the order of the intervals' begins), so each key lands
+// in exactly one group, and group x % 4 takes ranks [64 (x % 4), +64): keys whose intervals end
+// close together and begin close together. Fills keys (index or -1), their KeyInfo records,
+// the queries they span [q_lo, q_hi), and the group's size; returns false (uniformly) for an
+// empty group.
+__device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, int b, int hk, int x, int32_t* keys,
+                                                 KeyInfo* kinfo, int32_t* window, int& q_lo, int& q_hi,
+                                                 int& n_group) {
+  constexpr int kGroup = kBwdBlockN;
+  const int64_t bh = int64_t(b) * f.Hk + hk;
+  const int kept = f.lists.kept_count[bh];
+  const int w0 = x / (kBwdWindow / kGroup) * kBwdWindow, g0 = x % (kBwdWindow / kGroup) * kGroup;
+  const int n_window = min(kBwdWindow, kept - w0);
+  if (n_window <= g0) return false;
+  n_group = min(kGroup, n_window - g0);
+  const int32_t* by_end = f.lists.kept_by_end + bh * f.Sk + w0;
+  const KeyInfo* info = f.lists.info + bh * f.Sk;
+  for (int i = threadIdx.x; i < n_window; i += blockDim.x) window[i] = by_end[i];
+  // Whole 16-byte reads below: pad with INT_MAX, which no key index reaches.
+  const int n_pad = (n_window + 3) & ~3;
+  if (threadIdx.x < n_pad - n_window) window[n_window + threadIdx.x] = INT_MAX;
+  __shared__ int range[2];
+  if (threadIdx.x == 0) range[0] = INT_MAX, range[1] = INT_MIN;
+  __syncthreads();
+  // A key's rank = the window's keys with a lower index; each thread ranks 4 keys per pass, one
+  // broadcast read per 4 indices.
+  for (int base = 0; base < n_window; base += 4 * blockDim.x) {
+    int mine[4], rank[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int i = base + threadIdx.x + s * blockDim.x;
+      mine[s] = i < n_window ? window[i] : INT_MAX;
+      rank[s] = 0;
+    }
+    for (int o = 0; o < n_pad; o += 4) {
+      const int4 w4 = *reinterpret_cast<const int4*>(window + o);
+      const int other[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) rank[s] += other[c] < mine[s];
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if (mine[s] == INT_MAX || rank[s] < g0 || rank[s] >= g0 + n_group) continue;
+      const KeyInfo ki = info[mine[s]];
+      keys[rank[s] - g0] = mine[s];
+      kinfo[rank[s] - g0] = ki;
+      atomicMin(&range[0], ki.begin);  // integer min/max: the same result in any order
+      atomicMax(&range[1], ki.end);
+    }
+  }
+  for (int i = n_group + threadIdx.x; i < kGroup; i += blockDim.x) {
+    keys[i] = -1;
+    kinfo[i] = KeyInfo{0, 0, 0.f, 0};
+  }
+  __syncthreads();
+  q_lo = range[0], q_hi = range[1];
+  return true;
+}
+
+template <class Mma, int kHeadDim>
+struct BwdDkdvTile {
+  static constexpr int kBlockN = kBwdBlockN, kBlockM = Mma::kDkdvBlockM;
+  static constexpr int kChunk = bwd_dkdv_chunk(kHeadDim), kChunks = kHeadDim / kChunk;
+  static constexpr int kQBytes = Mma::tile_bytes(kBlockM);
+  // Shared memory: K, V; then per warp group Q x2, dO x2, lse2 x2, delta x2 (padded so the
+  // next group's tiles keep the policy's alignment); then, in dynamic-mask mode, the group's
+  // keys and KeyInfo records and the window being ranked.
+  static constexpr int kKVBytes = 2 * Mma::tile_bytes(kBlockN);
+  static constexpr int kGroupBytes =
+      (4 * kQBytes + 4 * kBlockM * 4 + Mma::kTileAlign - 1) / Mma::kTileAlign * Mma::kTileAlign;
+  // keys and records of the group, then the window's key indices (kBwdWindow % 4 == 0: the
+  // 16-byte reads' padding stays inside)
+  static constexpr int kListBytes = kBlockN * (4 + 16) + kBwdWindow * 4;
+  static_assert(kBwdWindow % 4 == 0, "the window is read in whole 16-byte pieces");
+  // Then, per warp group, its mask/bias tiles x2 (sized at launch: none without them), then
+  // per warp group the next-active table over its steps (next_active.cuh; with a mask summary
+  // and f.next_active_table only): a step's summary entry sits in another row of the summary
+  // than the last one's, so the walk it replaces waited on an L2 load per skipped step.
+  using Terms = TermTiles<kBlockM, kBlockN, false>;
+  __host__ __device__ static constexpr int terms_offset(int groups) {
+    return kKVBytes + groups * kGroupBytes + kListBytes;
+  }
+  __host__ __device__ static int table_bytes(int groups, const AttentionFwdParams& f) {
+    if (!f.next_active_table || !f.tile_active || f.lists.keys) return 0;
+    const int steps = f.G * ((f.Sq + kBlockM - 1) / kBlockM), per_group = (steps + groups - 1) / groups;
+    return per_group <= kMaxNextActiveTiles ? next_active_table_bytes(per_group) : 0;
+  }
+  __host__ __device__ static int smem_bytes(int groups, const AttentionFwdParams& f) {
+    return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * (2 * Terms::bytes(f) + table_bytes(groups, f));
+  }
+  // At the end, warp group 1 hands its fp32 dk, dv and key sums to group 0 through the
+  // space the groups' Q/dO tiles used.
+  static constexpr int kHandoffBytes = kBwdThreads * (2 * (kChunk / 8) * 4 + 2) * 4;
+  static_assert(kHandoffBytes <= 2 * kGroupBytes, "the handoff fits in the two groups' tiles");
+  static_assert(kChunk % 16 == 0, "output chunks are whole k16 steps");
+};
+
+// One CTA = 64 keys of a (batch, KV head) and one chunk of their dk/dv columns. blockDim is
+// 128 or 256: with 256, two warp groups of 4 warps share the K/V tile and take alternate
+// (head, query tile) steps, each with its own double buffer and barrier, and add their
+// partial sums in a fixed order at the end (so the result stays reproducible). Halving the
+// walk of a long key group matters in dynamic-mask mode, where a few groups of keys kept to
+// the end of the sequence span every query (docs/performance.md, "key lists").
+template <class T, int kHeadDim, bool kGather, class Mma>
+__device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams& p) {
+  using Tile = BwdDkdvTile<Mma, kHeadDim>;
+  constexpr int kBM = Tile::kBlockM, kNq = kBM / 8, kDC = Tile::kChunk / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
+  const AttentionFwdParams& f = p.f;
+  const int n_groups = blockDim.x / kBwdThreads, wg = threadIdx.x / kBwdThreads;
+  const int tid = threadIdx.x % kBwdThreads, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Causal or dynamic mask: the first key groups walk the most queries (cta_order.cuh).
+  const CtaTile cta = cta_tile(f.causal || f.lists.keys != nullptr);
+  const int x = cta.x, head_chunk = cta.y;
+  const int key0 = x * Tile::kBlockN;
+  const int hk = head_chunk / Tile::kChunks, chunk = head_chunk % Tile::kChunks, b = blockIdx.z;
+  const int col0 = chunk * Tile::kChunk;  // this CTA's columns of dk and dv
+  const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
+
+  const uint32_t s_k = ptx::smem_addr(smem), s_v = s_k + Tile::kKVBytes / 2;
+  unsigned char* group_smem = smem + Tile::kKVBytes + wg * Tile::kGroupBytes;
+  const uint32_t s_q = ptx::smem_addr(group_smem), s_do = s_q + 2 * Tile::kQBytes;
+  float* s_lse2 = reinterpret_cast<float*>(group_smem + 4 * Tile::kQBytes);
+  float* s_delta = s_lse2 + 2 * kBM;
+  int32_t* s_keys = reinterpret_cast<int32_t*>(smem + Tile::kKVBytes + n_groups * Tile::kGroupBytes);
+  KeyInfo* s_kinfo = reinterpret_cast<KeyInfo*>(s_keys + Tile::kBlockN);  // group's key indices, -1 = none
+  using Terms = typename Tile::Terms;
+  constexpr bool gather = kGather;  // as in the dq kernel
+  const int terms_bytes = gather ? 0 : Terms::bytes(f);  // no mask or bias tiles when gathered
+  unsigned char* s_terms = smem + Tile::terms_offset(n_groups) + wg * 2 * terms_bytes;
+
+  const T* k = static_cast<const T*>(f.k) + b * f.k_stride[0] + hk * f.k_stride[2];
+  const T* v = static_cast<const T*>(f.v) + b * f.v_stride[0] + hk * f.v_stride[2];
+  BiasTerm bias_term;
+  const bool terms_tiled = !gather && terms_on_chip(f, bias_term);  // interior steps read no global terms
+  int q_lo = 0, q_hi = f.Sq, n_group = 0;
+  if (gather) {
+    if (!gather_key_group(f, b, hk, x, s_keys, s_kinfo, reinterpret_cast<int32_t*>(s_kinfo + Tile::kBlockN),
+                          q_lo, q_hi, n_group))
+      return;  // past the (batch, KV head)'s kept keys
+    if (wg == 0) {
+      Mma::template load_rows_gather_pair<Tile::kBlockN>(s_k, k, f.k_stride[1], s_v, v, f.v_stride[1], s_keys, n_group,
+                                                         f.D, tid);
+    }
+  } else if (wg == 0) {
+    Mma::template load_rows<Tile::kBlockN>(s_k, k, f.k_stride[1], key0, f.Sk, f.D, tid);
+    Mma::template load_rows<Tile::kBlockN>(s_v, v, f.v_stride[1], key0, f.Sk, f.D, tid);
+  }
+
+  // Queries that can see these keys: causality starts them at key0 - (Sk - Sq); gathered
+  // keys span [q_lo, q_hi).
+  const int q_begin = gather ? q_lo / kBM * kBM : f.causal ? max(0, key0 - (f.Sk - f.Sq)) / kBM * kBM : 0;
+  const int n_q = q_begin < q_hi ? (q_hi - q_begin + kBM - 1) / kBM : 0;
+  const int n_steps = f.G * n_q;  // (head of the group, query tile)
+  // Head-major, queries ascending; gathered: query-major from the last query tile down. The
+  // CTAs of a window of kept keys share their intervals' end (gather_key_group), so walking down
+  // they start together at the same query tiles and read each one's Q and dO from L2, where
+  // walking up from their scattered begins every read came from DRAM (docs/performance.md, "key lists").
+  // Gathered: a multiply and a shift per step instead of an integer division (its fix-up
+  // showed in the stall samples). Not gathered, the two registers it holds across the loop
+  // made the sm_90a dk/dv kernel spill, so there it stays a division.
+  const FastDivmod by_group(gather ? f.G : 1);
+  auto head_of = [&](int it) { return hk * f.G + (gather ? by_group.mod(it) : it / n_q); };
+  auto q0_of = [&](int it) { return q_begin + (gather ? n_q - 1 - by_group.div(it) : it % n_q) * kBM; };
+  // This warp group's steps are wg, wg + n_groups, ...; mask tiles ruled out are skipped,
+  // through each group's next-active table where there is one (its place and presence come from
+  // the params each time, as in the forward: fewer registers held across the loop).
+  auto step_active = [&](int it) {
+    return tile_is_active(f, active_row(f, b, head_of(it), q0_of(it) / kBwdBlockM), key0 / kBwdBlockN);
+  };
+  auto table_of = [&](int group) {
+    return reinterpret_cast<int16_t*>(smem + Tile::terms_offset(n_groups) + n_groups * 2 * terms_bytes +
+                                      group * Tile::table_bytes(n_groups, f));
+  };
+  if (Tile::table_bytes(n_groups, f))
+    for (int group = 0; group < n_groups; ++group) {
+      const int count = n_steps > group ? (n_steps - group + n_groups - 1) / n_groups : 0;
+      build_next_active(table_of(group), count, [&](int k) { return step_active(group + k * n_groups); }, threadIdx.x,
+                        blockDim.x);
+    }
+  auto next_active = [&](int it) {
+    if (Tile::table_bytes(n_groups, f)) return it < n_steps ? wg + int(table_of(wg)[(it - wg) / n_groups]) * n_groups : it;
+    while (it < n_steps && !step_active(it)) it += n_groups;
+    return it;
+  };
+  auto sync_group = [&] {
+    if (wg == 0)
+      ptx::named_barrier_sync<1, kBwdThreads>();
+    else
+      ptx::named_barrier_sync<2, kBwdThreads>();
+  };
+  auto load_step = [&](int it, int buf) {
+    const int h = head_of(it), q0 = q0_of(it);
+    const T* q = static_cast<const T*>(f.q) + b * f.q_stride[0] + h * f.q_stride[2];
+    const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + h * p.dout_stride[2];
+    Mma::template load_rows<kBM>(s_q + buf * Tile::kQBytes, q, f.q_stride[1], q0, f.Sq, f.D, tid);
+    Mma::template load_rows<kBM>(s_do + buf * Tile::kQBytes, dout, p.dout_stride[1], q0, f.Sq, f.D, tid);
+    // lse2 and delta are padded to Sq_pad (a multiple of 64), so whole 16-byte chunks exist.
+    const int64_t row_base = (int64_t(b) * f.H + h) * p.Sq_pad + q0;
+    if (tid < kBM / 4)
+      ptx::cp_async_16(ptx::smem_addr(s_lse2 + buf * kBM + 4 * tid), p.lse2 + row_base + 4 * tid, 16);
+    else if (tid < kBM / 2)
+      ptx::cp_async_16(ptx::smem_addr(s_delta + buf * kBM + 4 * (tid - kBM / 4)), p.delta + row_base + 4 * (tid - kBM / 4), 16);
+    if (terms_bytes)
+      Terms::template load<kBwdThreads>(s_terms + buf * terms_bytes, f, Terms::rows_of(f, b, h), q0, key0, tid,
+                                        mask_keeps_tile(f, active_row(f, b, h, q0 / kBwdBlockM), key0 / kBwdBlockN));
+  };
+
+  KeyInfo row_keys[2] = {};  // dynamic-mask mode: the records of this thread's two keys
+  if (gather) row_keys[0] = s_kinfo[keys[0] - key0], row_keys[1] = s_kinfo[keys[1] - key0];
+
+  float dk[kDC][4], dv[kDC][4];
+#pragma unroll
+  for (int dt = 0; dt < kDC; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+  const bool db_cols = !gather && p.dbias_owner == DbiasOwner::columns && chunk == 0;  // as in dq
+  const bool key_bias = key_bias_only(f);
+  float db[2] = {0.f, 0.f};
+  // A bias broadcast over queries: this thread's two keys' biases, read when the head changes
+  // (not per step: those loads and their head arithmetic sat between a step's matmuls).
+  const bool key_row_bias = !gather && f.bias && f.bias_stride[2] == 0;
+  float kb[2] = {0.f, 0.f};
+  int kb_head = -1;
+  const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
+                      (f.bias_head_mode == 0 ? hk : 0);
+
+  int it = next_active(wg);
+  if (it < n_steps) load_step(it, 0);
+  ptx::cp_async_commit();
+  if (n_groups > 1) {  // K and V, loaded by group 0, must land for both groups
+    ptx::cp_async_wait<0>();
+    Mma::tile_landed();
+    __syncthreads();
+  }
+
+  for (int buf = 0; it < n_steps; buf ^= 1) {
+    const int it_next = next_active(it + n_groups);
+    if (it_next < n_steps) load_step(it_next, buf ^ 1);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();
+    Mma::tile_landed();
+    sync_group();
+
+    const int h = head_of(it), q0 = q0_of(it);
+    if (key_row_bias && h != kb_head) {
+      kb[0] = key_bias_at<T>(f, b, h, keys[0]), kb[1] = key_bias_at<T>(f, b, h, keys[1]);
+      kb_head = h;
+    }
+    const uint32_t q_tile = s_q + buf * Tile::kQBytes, do_tile = s_do + buf * Tile::kQBytes;
+    // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the kBM queries.
+    float st[kNq][4], dpt[kNq][4];
+    Mma::template a_bt_pair<Tile::kBlockN, kBM>(st, s_k, q_tile, dpt, s_v, do_tile, warp, lane);
+
+    const float* lse2 = s_lse2 + buf * kBM;
+    const float* delta = s_delta + buf * kBM;
+    const bool interior = q0 + kBM <= f.Sq && key0 + Tile::kBlockN <= f.Sk &&
+                          (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+    // st becomes P^T (for dv), dpt becomes dS^T * d(capped)/d(qk) (for dk); db sums dS^T rows.
+    auto query = [&](int nt, int e) { return q0 + nt * 8 + 2 * t + (e & 1); };
+    // Dynamic-mask mode: where the warp's 16 keys are all kept by the step's queries, no
+    // interval test per score.
+    auto covers = [&](const KeyInfo& key) { return key.begin <= q0 && key.end >= q0 + kBM; };
+    const bool keys_cover_step = gather && __all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]));
+    if (keys_cover_step) {
+      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
+    } else if (gather) {  // each thread's two keys keep their records in registers
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
+                       [&](int nt, int e) { return interval_add(row_keys[e >> 1], query(nt, e)); });
+    } else if (terms_tiled && interior) {  // mask/bias from this step's shared copies, key biases in registers
+      const unsigned char* terms = s_terms + buf * terms_bytes;
+      const int mask_pitch = Terms::mask_bcast(f) ? 0 : Terms::kMaskPitch;
+      const int kl[2] = {keys[0] - key0, keys[1] - key0};
+      const bool test_mask = f.mask && !mask_keeps_tile(f, active_row(f, b, h, q0 / kBwdBlockM), key0 / kBwdBlockN);
+      with_terms(test_mask, bias_term, [&](auto has_mask, auto bias_kind) {
+        constexpr bool kMask = decltype(has_mask)::value;
+        constexpr BiasTerm kBias = decltype(bias_kind)::value;
+        const T* bias_tile = Terms::template bias_tile<T>(terms, f);
+        scores_to_p_ds_t<!kMask>(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {  // as in the dq kernel
+          const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);
+          return tile_term<kMask, kBias>(kMask ? terms[il * mask_pitch + kl[r]] : 0u,
+                                         bias_tile + il * Terms::kBiasPitch + kl[r], kb[r]);
+        });
+      });
+    } else if (key_bias) {  // steps on the causal diagonal or the sequence ends
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+        const int r = e >> 1;
+        return visible_at(f, query(nt, e), keys[r]) ? kb[r] : -INFINITY;
+      });
+    } else {
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
+                       [&](int nt, int e) { return score_add_at<T>(f, b, h, query(nt, e), keys[e >> 1]); });
+    }
+    Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
+
+    // Whether it_next is past this head's last step (steps are head-major where not gathered):
+    // a multiply, where head_of(it_next) was a second integer division per step.
+    const bool head_ends = it_next >= (h - hk * f.G + 1) * n_q;
+    // dbias[.., 0, j] (bias broadcast over queries): after each head, add its sum for the
+    // keys this thread's quad owns; heads sharing a bias head add in order. Each warp group
+    // adds into its own half of the slots (the host allocates two per sharing group), and the
+    // finish kernel sums the slots in order: reproducible with both groups running.
+    if (db_cols && head_ends) {
+      const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+      const int64_t hb = head_index(f.bias_head_mode, h, f.G);
+      float* acc = p.dbias_acc + (int64_t(wg) * (p.dbias_slots / 2) + db_slot) *
+                                     (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
+      if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[0])] += r0;
+      if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
+    }
+    if (!gather && head_ends) db[0] = db[1] = 0.f;
+    sync_group();
+    it = it_next;
+  }
+  ptx::cp_async_wait<0>();  // nothing may still land in shared memory when the CTA exits
+
+  if (n_groups > 1) {  // group 0 adds group 1's partial sums: a fixed order, so reproducible
+    float* handoff = reinterpret_cast<float*>(smem + Tile::kKVBytes) + tid;  // [slot][thread]
+    __syncthreads();  // both groups are done with their tiles
+    if (wg == 1) {
+#pragma unroll
+      for (int dt = 0; dt < kDC; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          handoff[(8 * dt + e) * kBwdThreads] = dk[dt][e];
+          handoff[(8 * dt + 4 + e) * kBwdThreads] = dv[dt][e];
+        }
+      handoff[8 * kDC * kBwdThreads] = db[0];
+      handoff[(8 * kDC + 1) * kBwdThreads] = db[1];
+    }
+    __syncthreads();
+    if (wg == 1) return;
+#pragma unroll
+    for (int dt = 0; dt < kDC; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dk[dt][e] += handoff[(8 * dt + e) * kBwdThreads];
+        dv[dt][e] += handoff[(8 * dt + 4 + e) * kBwdThreads];
+      }
+    db[0] += handoff[8 * kDC * kBwdThreads];
+    db[1] += handoff[(8 * kDC + 1) * kBwdThreads];
+  }
+
+  if (gather && f.lists.dscores && chunk == 0) {
+    // dscores(j): dS summed over the group's heads and the queries that keep j, in order.
+    const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+    for (int r = 0; r < 2; ++r) {
+      const int local = keys[r] - key0;
+      if (t != 0 || local >= n_group) continue;
+      const int64_t off = b * f.lists.dscores_stride[0] + hk * f.lists.dscores_stride[1] +
+                          int64_t(s_keys[local]) * f.lists.dscores_stride[2];
+      const float value = r ? r1 : r0;
+      if (f.lists.dscores_f32)
+        static_cast<float*>(f.lists.dscores)[off] = value;
+      else
+        static_cast<T*>(f.lists.dscores)[off] = T(value);
+    }
+  }
+  T* dk_base = static_cast<T*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
+  T* dv_base = static_cast<T*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (gather ? keys[r] - key0 >= n_group : keys[r] >= f.Sk) continue;
+    const int64_t row = gather ? s_keys[keys[r] - key0] : keys[r];
+#pragma unroll
+    for (int dt = 0; dt < kDC; ++dt) {
+      const int d = col0 + dt * 8 + 2 * t;
+      if (d >= f.D) continue;
+      *reinterpret_cast<uint32_t*>(dk_base + row * p.dk_stride[1] + d) = ptx::pack2<T>(dk[dt][2 * r], dk[dt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_base + row * p.dv_stride[1] + d) = ptx::pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    }
+  }
+}
+
+template <class T, int kHeadDim, bool kGather, class Mma>
+__global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
+  // It reads nothing dq writes, but waits for it all the same: then its own completion implies
+  // the prepare kernel's and everything before (launch.cuh).
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
+    __trap();
+  else
+    attention_bwd_dkdv_body<T, kHeadDim, kGather, Mma>(p);
+}
+
+}  // namespace fdma::cuda
