@@ -9,8 +9,6 @@ Configurations (environment switches, read by the library per call):
                             (programmatic dependent launch), CTAs in grid order
   full                      FDMA_FWD_LAST_TILE=full: every key tile 128 keys wide
   serial                    FDMA_OVERLAP_LAUNCHES=0: every kernel waits for the previous one to end
-  longest                   FDMA_LONGEST_FIRST=1: the forward and dq CTAs of the last query tiles
-                            (the longest lists) start first
   full+serial               both switches off: full-width last tiles and serial launches
   dkdv1, dkdv2              FDMA_DKDV_GROUPS=1 or 2: one or two warp groups per dk/dv CTA, forced
                             (the default picks per call: two in dynamic-mask mode; with one, dk,
@@ -39,7 +37,6 @@ CONFIGS = {
     "default": {},
     "full": {"FDMA_FWD_LAST_TILE": "full"},
     "serial": {"FDMA_OVERLAP_LAUNCHES": "0"},
-    "longest": {"FDMA_LONGEST_FIRST": "1"},
     "full+serial": {"FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
     "dkdv1": {"FDMA_DKDV_GROUPS": "1"},
     "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
@@ -47,7 +44,7 @@ CONFIGS = {
 
 
 def set_config(name):
-    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST", "FDMA_DKDV_GROUPS"):
+    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS"):
         os.environ.pop(var, None)
     os.environ.update(CONFIGS[name])
 

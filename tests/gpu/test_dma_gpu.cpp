@@ -532,13 +532,11 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
 //   FDMA_OVERLAP_LAUNCHES (1, the default, against 0): the selection, list, forward and backward
 //     kernels launched overlapping their predecessors (programmatic dependent launch, compute
 //     capability 9.0+; older GPUs launch serially either way), each waiting for its
-//     predecessor on the GPU;
-//   FDMA_LONGEST_FIRST (1 against 0, the default): the forward and dq CTAs of the last query
-//     tiles started first.
+//     predecessor on the GPU.
 TEST(DmaGpu, SchedulingSwitchesGiveBitwiseTheDefault) {
   REQUIRE_GPU();
   uint64_t seed = 1200;
-  for (const char* name : {"FDMA_OVERLAP_LAUNCHES", "FDMA_LONGEST_FIRST"}) {
+  for (const char* name : {"FDMA_OVERLAP_LAUNCHES"}) {
     const ScopedEnv scheduling(name);
     for (bool causal : {true, false}) {
       DmaCase c;

@@ -41,7 +41,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
   const AttentionFwdParams& f = p.f;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   // Causal, or a causal dynamic mask's lists: the last query tiles see the most keys.
-  const QueryTileCta cta = query_tile_cta(f.causal || (f.lists.keys && f.lists.longest_first));
+  const QueryTileCta cta = query_tile_cta(f.causal);
   const int m_block = cta.m_block;
   const int row0 = m_block * Tile::kBlockM, warp_row0 = row0 + 16 * warp;
   const int rows[2] = {warp_row0 + g, warp_row0 + g + 8};

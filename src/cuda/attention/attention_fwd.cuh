@@ -68,11 +68,10 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
   unsigned char* smem = aligned_smem<Mma::kTileAlign>(smem_raw);
   ptx::griddep_wait();  // launched overlapping the list kernels: their lists (launch.cuh)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  // Causal blocks near the end see the most keys: every head's start first (cta_order.cuh);
-  // so do the longest key lists with FDMA_LONGEST_FIRST, in the wgmma kernel only: in the
-  // mma.sync ones (where p.causal is false) the computed coordinates made ptxas spill at D = 96
-  // and 256 (20 -> 44 and 0 -> 48 bytes).
-  const QueryTileCta cta = query_tile_cta(kGather ? Mma::kHopperOnly && p.lists.longest_first : p.causal);
+  // Causal blocks near the end see the most keys: every head's start first (cta_order.cuh).
+  // Gathered CTAs keep grid order: the same order for the longest lists measured within noise
+  // (docs/performance.md, "key lists").
+  const QueryTileCta cta = query_tile_cta(!kGather && p.causal);
   const int m_block = cta.m_block;
   const int h = cta.y, b = blockIdx.z, hk = h / p.G;
   const int row0 = m_block * Tile::kBlockM;

@@ -21,9 +21,6 @@ struct KeyLists {
   const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
   int count_tiles;                           // 1 when every tile shares the list
   int max_listed;                            // causal tile lists: the most keys one holds (0: unknown)
-  // The forward and dq CTAs with the longest lists (the last query tiles) start first
-  // (cta_order.cuh: query_tile_cta); FDMA_LONGEST_FIRST=1 (dma_cuda.cu).
-  bool longest_first;
   const KeyInfo* info;                       // [B * Hk, Sk]
   // dk/dv: the kept keys of each (b, hk) in index order, and the same keys ordered by interval
   // end (descending, then index), which the dk/dv kernel cuts into windows (attention_bwd.cuh).

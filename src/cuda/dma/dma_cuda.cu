@@ -159,14 +159,12 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
 // The attention kernels' view of q, k, v, out, lse in dynamic-mask mode, with the path switches
 // read per call (path_switches.hpp). On Hopper a list's last key tile runs 32 or 64 keys wide
 // where it holds no more (attention_fwd.cuh; 2-6% of the forward, docs/performance.md, "key lists"):
-// FDMA_FWD_LAST_TILE=full turns that off. FDMA_LONGEST_FIRST=1 starts the forward and dq CTAs
-// of the last query tiles first (cta_order.cuh); off by default, as it measured within noise.
+// FDMA_FWD_LAST_TILE=full turns that off.
 AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProblem& prob, const KeyLists& lists) {
   AttentionFwdParams k{};
   // causal = false: the intervals carry causality
   set_inputs_outputs(k, p.q, p.k, p.v, p.out, p.lse, prob.dims, prob.scale, prob.softcap, false);
   k.lists = lists;
-  k.lists.longest_first = env_is("FDMA_LONGEST_FIRST", "1");
   k.narrow_last_tile = !env_is("FDMA_FWD_LAST_TILE", "full");
   return k;
 }
