@@ -36,8 +36,9 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   auto dkdv_kernel =
       gather ? attention_bwd_dkdv_kernel<T, kHeadDim, true, Mma> : attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma>;
   // Warp groups per dk/dv CTA: bwd_dkdv_groups, or FDMA_DKDV_GROUPS=1 or 2 (A/B runs and tests).
-  const bool forced = env_is("FDMA_DKDV_GROUPS", "1") || env_is("FDMA_DKDV_GROUPS", "2");
-  int dkdv_groups = forced ? (env_is("FDMA_DKDV_GROUPS", "1") ? 1 : 2)
+  const int forced_groups = forced_dkdv_groups();
+  const bool forced = forced_groups != 0;
+  int dkdv_groups = forced ? forced_groups
                            : bwd_dkdv_groups(kHeadDim, Mma::kHopperOnly, gather, params.f.tile_active != nullptr);
   // Mask/bias tiles that would not fit in shared memory are read per score instead: the
   // bias's first (larger), then the mask's; the next-active table is dropped before either.

@@ -158,7 +158,7 @@ void attention_forward(const fdma_attention_params& p, const detail::AttentionPr
     k.active_q_tiles = grid.q_tiles;
     k.active_k_tiles = grid.k_tiles;
     k.mask_tiled = can_tile(p.mask, prob.mask);
-    k.next_active_table = !env_is("FDMA_NEXT_ACTIVE_TABLE", "0");
+    k.next_active_table = next_active_table_allowed();
   }
   if (prob.bias.present) k.bias_tiled = can_tile(p.bias, prob.bias);
 
@@ -191,7 +191,7 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
     k.f.active_q_tiles = plan.grid.q_tiles;
     k.f.active_k_tiles = plan.grid.k_tiles;
     k.f.mask_tiled = can_tile(p.mask, prob.mask);
-    k.f.next_active_table = !env_is("FDMA_NEXT_ACTIVE_TABLE", "0");
+    k.f.next_active_table = next_active_table_allowed();
   }
   // The backward tiles a bias with a query dim only in q's dtype (score_terms_bwd.cuh). The
   // launch may still fall back to per-score reads where the tiles would not fit in shared memory.

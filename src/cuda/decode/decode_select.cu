@@ -19,6 +19,7 @@
 
 #include "cuda/decode/decode_select.hpp"
 #include "cuda/decode/score_bits.cuh"
+#include "cuda/primitives/path_switches.hpp"
 
 namespace fdma::cuda {
 namespace {
@@ -576,9 +577,9 @@ size_t decode_select_workspace(int rows, int chunks, int list_cap, SelectScratch
 // (B8 Hk8 128K keys: 219 us with 16 CTAs a row, 167 with 4, passes 166; docs/performance.md).
 // FDMA_DECODE_SELECT=passes or =cluster forces either path (the GPU tests run both).
 int decode_select_cluster_size(int max_candidates) {
-  const char* env = std::getenv("FDMA_DECODE_SELECT");
-  if (env && std::strcmp(env, "passes") == 0) return 0;
-  const bool forced = env && std::strcmp(env, "cluster") == 0;
+  const char* path = forced_decode_select();
+  if (std::strcmp(path, "passes") == 0) return 0;
+  const bool forced = std::strcmp(path, "cluster") == 0;
   if (!forced && max_candidates > kClusterThreads * 16) return 0;
   int device = 0, major = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||

@@ -125,7 +125,7 @@ Plan plan_of(const detail::KvCacheProblem& prob) {
   // FDMA_DECODE_CTAS_PER_SM overrides the CTAs an SM is taken to hold (tuning runs,
   // bench/bench_decode.py --tune).
   int64_t per_sm = attention_ctas_per_sm(prob);
-  if (const char* env = std::getenv("FDMA_DECODE_CTAS_PER_SM")) per_sm = std::max(1, std::atoi(env));
+  if (const int forced = forced_decode_ctas_per_sm()) per_sm = forced;
   const int64_t blocks = std::max<int64_t>(1, (n_max + 63) / 64);
   const int splits = choose_splits(int64_t(pl.rows) * pl.m_tiles, blocks, per_sm * sm_count());
   pl.split_keys = int((blocks + splits - 1) / splits * 64);
@@ -231,7 +231,7 @@ bool dma_forward_takes_decode_path(const fdma_dma_params& p, const detail::DmaPr
   const detail::Dims& d = prob.dims;
   if (d.Sq > kDecodeMaxQueries || prob.has_padding || prob.has_intervals || p.deterministic) return false;
   if (d.D % 8 != 0 || d.B * d.Hk > 65535 || (prob.dtype != DType::bf16 && prob.dtype != DType::f16)) return false;
-  return !env_is("FDMA_DMA_DECODE", "0");  // "0": the training kernels (tests run both)
+  return dma_decode_allowed();
 }
 
 size_t dma_decode_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob) {

@@ -165,7 +165,7 @@ AttentionFwdParams kernel_params(const fdma_dma_params& p, const detail::DmaProb
   // causal = false: the intervals carry causality
   set_inputs_outputs(k, p.q, p.k, p.v, p.out, p.lse, prob.dims, prob.scale, prob.softcap, false);
   k.lists = lists;
-  k.narrow_last_tile = !env_is("FDMA_FWD_LAST_TILE", "full");
+  k.narrow_last_tile = narrow_last_tile();
   return k;
 }
 

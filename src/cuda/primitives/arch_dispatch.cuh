@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "cuda/primitives/path_switches.hpp"
+
 namespace fdma::cuda {
 
 constexpr int kMaxDevices = 64;  // per-device caches; devices past this re-query each call
@@ -16,10 +18,7 @@ constexpr int kMaxDevices = 64;  // per-device caches; devices past this re-quer
 // run). FDMA_DISABLE_WGMMA=1 in the environment turns the path off (A/B measurements).
 template <class Kernel>
 inline bool wgmma_path_available(Kernel kernel, int device) {
-  static const bool disabled = [] {
-    const char* env = std::getenv("FDMA_DISABLE_WGMMA");
-    return env && env[0] == '1';
-  }();
+  static const bool disabled = wgmma_disabled();
   if (disabled) return false;
   static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
   if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed))

@@ -10,7 +10,7 @@
 namespace fdma::cuda {
 
 bool overlap_launches() {
-  if (env_is("FDMA_OVERLAP_LAUNCHES", "0")) return false;
+  if (!overlap_launches_allowed()) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();

@@ -1,7 +1,10 @@
-// The environment switches that choose between equivalent GPU paths, read per call so that
-// tests and bench/bench_switches.py can run both ways (docs/design.md, "Dispatch", lists them all).
+// Every environment switch of the CUDA backend, read here and nowhere else. Each one chooses
+// between paths that compute the same result, so that the tests can run both and bench/ can
+// time both; the defaults are the measured winners. docs/design.md ("Dispatch") has the table.
+// They are read per call (except FDMA_DISABLE_WGMMA, read once), so one process can switch.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,5 +15,47 @@ inline bool env_is(const char* name, const char* value) {
   const char* env = std::getenv(name);
   return env && std::strcmp(env, value) == 0;
 }
+
+// FDMA_DISABLE_WGMMA=1: the mma.sync kernels on Hopper too.
+inline bool wgmma_disabled() {
+  const char* env = std::getenv("FDMA_DISABLE_WGMMA");
+  return env && env[0] == '1';
+}
+
+// FDMA_SELECT_PATH=cluster|shared|global|levels: the training selection's path ("" = per call).
+inline const char* forced_select_path() {
+  const char* env = std::getenv("FDMA_SELECT_PATH");
+  return env ? env : "";
+}
+
+// FDMA_FWD_LAST_TILE=full: a list's last key tile as wide as the others.
+inline bool narrow_last_tile() { return !env_is("FDMA_FWD_LAST_TILE", "full"); }
+
+// FDMA_OVERLAP_LAUNCHES=0: no programmatic dependent launch.
+inline bool overlap_launches_allowed() { return !env_is("FDMA_OVERLAP_LAUNCHES", "0"); }
+
+// FDMA_NEXT_ACTIVE_TABLE=0: masked kernels walk the tile summary per step.
+inline bool next_active_table_allowed() { return !env_is("FDMA_NEXT_ACTIVE_TABLE", "0"); }
+
+// FDMA_DKDV_GROUPS=1|2: warp groups per dk/dv CTA (0: chosen per call).
+inline int forced_dkdv_groups() {
+  return env_is("FDMA_DKDV_GROUPS", "1") ? 1 : env_is("FDMA_DKDV_GROUPS", "2") ? 2 : 0;
+}
+
+// FDMA_DECODE_SELECT=passes|cluster: the decode radix selection's path ("" = per call).
+inline const char* forced_decode_select() {
+  const char* env = std::getenv("FDMA_DECODE_SELECT");
+  return env ? env : "";
+}
+
+// FDMA_DECODE_CTAS_PER_SM=n: the CTAs an SM is taken to hold when splitting decode attention
+// (0: the kernel's occupancy).
+inline int forced_decode_ctas_per_sm() {
+  const char* env = std::getenv("FDMA_DECODE_CTAS_PER_SM");
+  return env ? std::max(1, std::atoi(env)) : 0;
+}
+
+// FDMA_DMA_DECODE=0: dynamic_mask_attention's small inference calls stay on the training kernels.
+inline bool dma_decode_allowed() { return !env_is("FDMA_DMA_DECODE", "0"); }
 
 }  // namespace fdma::cuda

@@ -13,6 +13,7 @@
 #include "cuda/select/select_cluster.cuh"
 #include "cuda/select/select_rows.cuh"
 #include "cuda/select/select_topw.cuh"
+#include "cuda/primitives/path_switches.hpp"
 
 namespace fdma::cuda {
 
@@ -324,12 +325,11 @@ SelectPath select_path(const TopwInputs& in) {
   const bool cluster_pays = fits_cluster && rows * cluster_ctas(in.Sk) <= sms;
   // GPUs with less shared memory per block (99 KB on sm_86/89) take rows up to 16K keys here.
   const bool fits_shared = in.Sk <= kSharedRowMaxKeys && select_row_bytes(in.Sk) <= size_t(smem_optin);
-  if (const char* env = std::getenv("FDMA_SELECT_PATH")) {
-    if (std::strcmp(env, "cluster") == 0 && fits_cluster) return SelectPath::cluster;
-    if (std::strcmp(env, "shared") == 0 && fits_shared) return SelectPath::shared;
-    if (std::strcmp(env, "global") == 0) return SelectPath::global;
-    if (std::strcmp(env, "levels") == 0) return SelectPath::levels;
-  }
+  const char* forced = forced_select_path();
+  if (std::strcmp(forced, "cluster") == 0 && fits_cluster) return SelectPath::cluster;
+  if (std::strcmp(forced, "shared") == 0 && fits_shared) return SelectPath::shared;
+  if (std::strcmp(forced, "global") == 0) return SelectPath::global;
+  if (std::strcmp(forced, "levels") == 0) return SelectPath::levels;
   if (cluster_pays) return SelectPath::cluster;
   if (fits_shared) return SelectPath::shared;
   return int64_t(in.B) * in.Hk * 5 >= sms ? SelectPath::global : SelectPath::levels;
