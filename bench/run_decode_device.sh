@@ -24,7 +24,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc $?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
   compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/fdma_gpu_tests \
-    --gtest_filter='KvCacheGpu.Speculative*:KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.SelectStateAfter*:KvCacheGpu.SelectStateSplits*' \
+    --gtest_filter='KvCacheGpu.Speculative*:KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.SelectStateAfter*:KvCacheGpu.SelectStateSplitRows' \
     >"$OUT/racecheck.log" 2>&1
   echo "racecheck rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
 fi

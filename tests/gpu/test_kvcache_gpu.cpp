@@ -254,7 +254,7 @@ TEST(KvCacheGpu, SelectStateDecodeLoops) {
 
 // Windows long enough that each row's keys split across several CTAs, with a state: the
 // split-K merge over lists the state kernel wrote, across a generation loop.
-TEST(KvCacheGpu, SelectStateSplitsMergeInTheAttentionKernel) {
+TEST(KvCacheGpu, SelectStateSplitRows) {
   REQUIRE_GPU();
   uint64_t seed = 320;
   for (int64_t page : {0, 32})
