@@ -59,7 +59,7 @@ def main():
                 elif case.startswith("4-D"):
                     bias = torch.randn(B, H, S, S, device=dev, dtype=torch.bfloat16)
                 elif case.startswith("block"):  # 128 x 128 blocks, as bench_attention.py
-                    # "all active": the same mask path with every tile kept (issue 3's "all-active time")
+                    # "all active": the same mask path with every tile kept (the time a sparse mask is measured against)
                     share = 1.0 if "all active" in case else 1 / 8
                     blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < share
                     mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)

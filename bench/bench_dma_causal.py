@@ -1,5 +1,5 @@
 """Causal dynamic_mask_attention on the GPU, forward and forward+backward, against the
-baselines of issue 4 in one run: dense SDPA cuDNN causal (no sparsity), the floor (SDPA flash
+baselines in one run: dense SDPA cuDNN causal (no sparsity), the floor (SDPA flash
 over exactly w keys per query), FlexAttention compiled with an O(N) mask_mod for the same
 selection (built from our select op's intervals), SDPA efficient with the selection as a
 dense additive bias (where it fits), and this project's attention kernel fed the selection as a

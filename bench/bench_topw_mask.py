@@ -1,4 +1,4 @@
-"""The per-query top-w 4-D mask case of issue 3, through the Python package, in one run:
+"""The per-query top-w 4-D mask case (the original flash-dmattn way), through the Python package, in one run:
 `flash_dma.attention` fed the selection as a dense [B, Hk, S, S] mask plus the scores as a
 per-key bias, `flash_dma.dynamic_mask_attention` (same selection, no S x S anything), SDPA
 efficient with the same mask folded into a dense bias, and FlexAttention with a mask_mod

@@ -1,4 +1,4 @@
-"""The causal dynamic-mask problem the benchmark and profiling scripts share (issue 4's shape:
+"""The causal dynamic-mask problem the benchmark and profiling scripts share (the headline shape:
 B1 H16 Hk4 D128 w2048 bf16 by default): inputs drawn from seed 0, outputs and gradients
 allocated, and the library's DmaParams pointing at them (no workspace, no kept selection: each
 script sets those as it measures)."""
