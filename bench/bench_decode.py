@@ -197,6 +197,28 @@ def dma_entry(B, H, Hk, K, D, w):
     return row
 
 
+def prefill_chunk(B, H, Hk, K, D, w, chunk):
+    """ms of a chunk of `chunk` queries at the end of a K-key cache through the KV-cache call,
+    against dynamic_mask_attention's training forward on the same tensors (same kept pairs)."""
+    c = make_sets(B, K, Hk, D, 0, 1, seed=13)[0]
+    q = torch.randn(B, chunk, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v, s = c["k_cache"], c["v_cache"], c["score_cache"]
+
+    def cache_call():
+        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, None, w)
+
+    def training():
+        return torch.ops.flash_dma.dma_fwd(q, k, v, s, None, w, True, True, 0.0, 0.0, False)
+
+    row = dict(B=B, H=H, Hk=Hk, K=K, D=D, w=w, chunk=chunk, kvcache_ms=graph_time([cache_call], reps=5),
+               training_ms=graph_time([training], reps=5))
+    row["max_diff"] = (cache_call().float() - training()[0].float()).abs().max().item()
+    print(f"chunked prefill, {chunk} queries after {K - chunk} cached keys, B{B} H{H} Hk{Hk} D{D} w{w}: "
+          f"KV-cache call {row['kvcache_ms']:.3f} ms, training forward {row['training_ms']:.3f} ms, "
+          f"max diff {row['max_diff']:.4f}")
+    return row
+
+
 def kernel_breakdown(B, H, Hk, K, D, w, with_state=False):
     """Per-kernel device time of one call (µs, from the profiler over 10 calls), and the
     selection's share (its kernels and the scratch memset). with_state: steady-state decode
@@ -238,6 +260,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="ours alone on the two latency configurations")
     ap.add_argument("--tune", action="store_true", help="select_state steps against FDMA_DECODE_CTAS_PER_SM")
     ap.add_argument("--tune-one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prefill", action="store_true", help="chunked prefill against the training forward")
     ap.add_argument("--dma", action="store_true", help="dynamic_mask_attention's decode path against its training one")
     args = ap.parse_args()
     rows = []
@@ -257,6 +280,10 @@ def main():
             ms = dense_ours(B, 32, 8, 2048, 128)
             print(f"ctas/SM {per_sm}: dense B{B} K2048: {ms:.4f} ms, {B * 8 * 2048 * 128 * 4 / ms / 1e6:.0f} GB/s",
                   flush=True)
+        return
+    if args.prefill:
+        for chunk in (256, 1024, 4096):
+            prefill_chunk(1, 16, 4, 32768, 128, 2048, chunk)
         return
     if args.dma:
         dma_entry(8, 32, 8, 131072, 128, 2048)
