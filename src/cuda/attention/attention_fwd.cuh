@@ -23,6 +23,7 @@
 #include "cuda/attention/kernel_table.hpp"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/attention/next_active.cuh"
+#include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/attention/score_mod_sm80.cuh"
 #include "cuda/primitives/softmax_sm80.cuh"
@@ -379,20 +380,6 @@ __global__ void __launch_bounds__(Mma::kThreads) attention_fwd_kernel(const Atte
     __trap();
   else
     attention_fwd_body<T, kHeadDim, kGather, Mma>(p);
-}
-
-// Raises a kernel's shared-memory limit once per device and size, not per call (the attribute
-// is per device; the caller's device guard has made the tensors' device current).
-template <class Kernel>
-cudaError_t grant_smem_once(Kernel kernel, int smem, std::atomic<int>* granted, int device) {
-  std::atomic<int>* seen_for_device = granted ? &granted[device] : nullptr;
-  if (seen_for_device && smem <= seen_for_device->load(std::memory_order_relaxed)) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess || !seen_for_device) return err;
-  int seen = seen_for_device->load(std::memory_order_relaxed);
-  while (smem > seen && !seen_for_device->compare_exchange_weak(seen, smem)) {
-  }
-  return cudaSuccess;
 }
 
 template <class T, int kHeadDim, bool kGather, class Mma>

@@ -17,6 +17,7 @@
 
 #include "cuda/decode/cache_view.cuh"
 #include "cuda/decode/decode_params.hpp"
+#include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/primitives/tile_io_sm80.cuh"
 
@@ -307,24 +308,28 @@ template <class T, int kHeadDim>
 cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream) {
   using Tile = DecodeTile<T, kHeadDim>;
   auto kernel = decode_attention_kernel<T, kHeadDim>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  static std::atomic<int> granted[kMaxDevices] = {};
+  if (const cudaError_t err = grant_smem_once(kernel, Tile::kSmemBytes, granted); err != cudaSuccess) return err;
   kernel<<<grid, 128, Tile::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
-// CTAs of the kernel one SM holds at once on the current device (0 if the query fails).
+// CTAs of the kernel one SM holds at once on the current device (0 if the query fails),
+// queried once per device.
 template <class T, int kHeadDim>
 int decode_attention_ctas_per_sm() {
   using Tile = DecodeTile<T, kHeadDim>;
-  auto kernel = decode_attention_kernel<T, kHeadDim>;
-  int n = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tile::kThreads, Tile::kSmemBytes) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] {
+    auto kernel = decode_attention_kernel<T, kHeadDim>;
+    int n = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tile::kThreads, Tile::kSmemBytes) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  });
 }
 
 }  // namespace fdma::cuda

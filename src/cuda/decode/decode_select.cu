@@ -20,6 +20,7 @@
 #include "cuda/decode/decode_select.hpp"
 #include "cuda/decode/score_bits.cuh"
 #include "cuda/primitives/path_switches.hpp"
+#include "cuda/primitives/per_device.cuh"
 
 namespace fdma::cuda {
 namespace {
@@ -581,12 +582,15 @@ int decode_select_cluster_size(int max_candidates) {
   if (std::strcmp(path, "passes") == 0) return 0;
   const bool forced = std::strcmp(path, "cluster") == 0;
   if (!forced && max_candidates > kClusterThreads * 16) return 0;
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
-    cudaGetLastError();
-    return 0;
-  }
+  static std::atomic<int> major_of[kMaxDevices] = {};
+  const int major = cached_per_device(major_of, [] {
+    int device = 0, m = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      cudaGetLastError();
+    return m;
+  });
+  if (major < 9) return 0;
   int c = 1;
   while (c * kClusterThreads * kClusterKeysPerThread < max_candidates) c *= 2;
   return c <= 16 ? c : 0;
@@ -606,9 +610,13 @@ cudaError_t run_decode_select(const DecodeSelectArgs& a, int rows, void* zeroed,
     int C = 1;
     while (C * kClusterThreads * args.cluster_items < a.max_candidates) C *= 2;
     const size_t smem = sizeof(ClusterShared) + size_t(args.cluster_items) * kClusterThreads * 4;
-    cudaError_t err = cudaFuncSetAttribute(select_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    static std::atomic<int> granted[kMaxDevices] = {};
+    static std::atomic<bool> non_portable[kMaxDevices] = {};
+    cudaError_t err = grant_smem_once(select_cluster_kernel, int(smem), granted);
     if (err == cudaSuccess && C > 8)
-      err = cudaFuncSetAttribute(select_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      err = once_per_device(non_portable, [] {
+        return cudaFuncSetAttribute(select_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      });
     if (err != cudaSuccess) return err;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(C), unsigned(rows));
@@ -631,8 +639,8 @@ cudaError_t run_decode_select(const DecodeSelectArgs& a, int rows, void* zeroed,
   // 16-bit scores are settled after two passes (nothing below bit 16).
   const int final_pass = a.cache.score_dtype == 1 ? 2 : 1;
   const int lane_bytes = kSelectBins * 8 * 4;  // select_pass_kernel<0>'s replicated counters
-  cudaError_t err2 = cudaFuncSetAttribute(select_pass_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, lane_bytes);
-  if (err2 != cudaSuccess) return err2;
+  static std::atomic<int> granted[kMaxDevices] = {};
+  if (const cudaError_t e = grant_smem_once(select_pass_kernel<0>, lane_bytes, granted); e != cudaSuccess) return e;
   select_pass_kernel<0><<<grid, kSelectThreads, lane_bytes, stream>>>(a, final_pass);
   select_pass_kernel<1><<<grid, kSelectThreads, 0, stream>>>(a, final_pass);
   if (final_pass == 2) select_pass_kernel<2><<<grid, kSelectThreads, 0, stream>>>(a, final_pass);

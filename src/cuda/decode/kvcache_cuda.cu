@@ -23,6 +23,7 @@
 #include "cuda/decode/select_state.hpp"
 #include "cuda/primitives/device_guard.hpp"
 #include "cuda/primitives/path_switches.hpp"
+#include "cuda/primitives/per_device.cuh"
 #include "cuda/attention/kernel_table.hpp"
 
 namespace fdma::cuda {
@@ -67,10 +68,13 @@ void check_inputs(const fdma_kvcache_params& p, const detail::KvCacheProblem& pr
 }
 
 int sm_count() {
-  int device = 0, sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaGetLastError();
-  return sms;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] {
+    int device = 0, sms = 132;
+    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaGetLastError();
+    return sms;
+  });
 }
 
 // The attention kernel's CTAs one SM holds (3 at head dim 128 on the H100, 1 at 256).

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/decode/score_bits.cuh"
+#include "cuda/primitives/per_device.cuh"
 
 namespace fdma::cuda {
 namespace {
@@ -323,19 +324,22 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
 }  // namespace
 
 int select_state_max_slots() {
-  int device = 0, optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return int((size_t(optin) - sizeof(Shared)) / 12);
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] {
+    int device = 0, optin = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return int((size_t(optin) - sizeof(Shared)) / 12);
+  });
 }
 
 cudaError_t run_select_state(const StateSelectArgs& a, int rows, cudaStream_t stream) {
   const size_t smem = shared_bytes(a.slots);
-  cudaError_t err = cudaFuncSetAttribute(select_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (err != cudaSuccess) return err;
+  static std::atomic<int> granted[kMaxDevices] = {};
+  if (const cudaError_t err = grant_smem_once(select_state_kernel, int(smem), granted); err != cudaSuccess) return err;
   select_state_kernel<<<rows, kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }

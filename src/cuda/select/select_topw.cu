@@ -14,6 +14,7 @@
 #include "cuda/select/select_rows.cuh"
 #include "cuda/select/select_topw.cuh"
 #include "cuda/primitives/path_switches.hpp"
+#include "cuda/primitives/per_device.cuh"
 
 namespace fdma::cuda {
 
@@ -209,18 +210,6 @@ int cluster_segment(int Sk) {
   return (std::max(part, std::min(Sk, 512)) + 3) / 4 * 4;
 }
 int cluster_ctas(int Sk) { return (Sk + cluster_segment(Sk) - 1) / cluster_segment(Sk); }
-
-// Runs `set` (a kernel's launch attributes: per kernel and context) once per device; done holds
-// the kernel's per-device flags. Devices past kMaxDevices set them every call.
-template <class F>
-cudaError_t once_per_device(std::atomic<bool> (&done)[kMaxDevices], F&& set) {
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (device < kMaxDevices && done[device].load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t err = set();
-  if (err == cudaSuccess && device < kMaxDevices) done[device].store(true, std::memory_order_release);
-  return err;
-}
 
 // Calls f(Shape{}) with the cluster kernel's CTA shape for segments of `seg` keys.
 template <int kThreads, int kItems>
