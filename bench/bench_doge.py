@@ -18,6 +18,7 @@ import torch
 from transformers import DogeConfig, DogeForCausalLM
 
 import flash_dma
+from bench_attention import median_ms
 
 
 def build(S, window):
@@ -40,20 +41,8 @@ def time_step(model, ids):
         out.loss.backward()
 
     try:
-        for _ in range(2):
-            step()
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        times.sort()
-        return times[2], torch.cuda.max_memory_allocated() / 2 ** 30
+        return median_ms(step, warmup=2, iters=5), torch.cuda.max_memory_allocated() / 2 ** 30
     except torch.OutOfMemoryError:
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()

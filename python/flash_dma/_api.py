@@ -42,9 +42,6 @@ def attention(q, k, v, attn_mask=None, attn_bias=None, is_causal=False, softmax_
     return (out, lse) if return_lse else out
 
 
-DECODE_MAX_QUERIES = 16  # inference calls with this many queries or fewer take the decode path
-
-
 def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, softmax_scale=None, softcap=0.0,
                            key_padding_mask=None, add_scores=True, deterministic=False, return_lse=False):
     """Each query keeps the top-`window_size` keys of its (batch, KV head) by key_scores
@@ -65,17 +62,12 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
         raise TypeError(f"{what}: key_padding_mask must be torch.bool (True = the key exists), "
                         f"got {key_padding_mask.dtype}")
+    # Without a gradient to come, no selection is kept for a backward, which lets the library
+    # choose its path (the decode path on CUDA for a few queries).
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, key_scores))
-    if (not needs_grad and q.is_cuda and q.shape[1] <= DECODE_MAX_QUERIES and key_padding_mask is None
-            and not deterministic):
-        # Inference with a few queries: the decode path, over k, v and key_scores as full caches.
-        out, lse = torch.ops.flash_dma.kvcache_fwd(q, k, v, key_scores, None, None, None, None, None, None,
-                                                   window_size, bool(is_causal), bool(add_scores),
-                                                   float(softmax_scale or 0.0), float(softcap or 0.0))
-        return (out, lse) if return_lse else out
     out, lse, _, _ = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size,
                                                  bool(is_causal), bool(add_scores), float(softmax_scale or 0.0),
-                                                 float(softcap or 0.0), bool(deterministic))
+                                                 float(softcap or 0.0), bool(deterministic), needs_grad)
     return (out, lse) if return_lse else out
 
 

@@ -139,24 +139,33 @@ def _intervals_like(key_scores):
 
 
 # The forward also returns its selection (keep_begin, keep_end: 8 bytes per key), which
-# autograd saves so that the backward does not select again.
+# autograd saves so that the backward does not select again. keep_selection=False (no
+# gradient to come) returns them empty and leaves the library free to choose its path: on
+# CUDA, calls with few queries then run on the decode path (docs/decode.md).
 @torch.library.custom_op("flash_dma::dma_fwd", mutates_args=())
 def dma_fwd(q: Tensor, k: Tensor, v: Tensor, key_scores: Tensor, key_padding: Optional[Tensor], window: int,
-            causal: bool, add_scores: bool, scale: float, softcap: float,
-            deterministic: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+            causal: bool, add_scores: bool, scale: float, softcap: float, deterministic: bool,
+            keep_selection: bool = True) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     out, lse = _out_and_lse(q)
-    keep_begin, keep_end = _intervals_like(key_scores)
+    if keep_selection:
+        keep_begin, keep_end = _intervals_like(key_scores)
+        _dma(_abi.PASS_FORWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
+             deterministic, out, lse, keep_begin, keep_end)
+        return out, lse, keep_begin, keep_end
     _dma(_abi.PASS_FORWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
-         deterministic, out, lse, keep_begin, keep_end)
-    return out, lse, keep_begin, keep_end
+         deterministic, out, lse, None, None)
+    none = key_scores.new_empty((0,), dtype=torch.int32)
+    return out, lse, none, none.clone()
 
 
 @dma_fwd.register_fake
-def _(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic):
+def _(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic,
+      keep_selection=True):
     B, Sq, H, _ = q.shape
     lse = q.new_empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
-    return (q.new_empty(q.shape), lse, key_scores.new_empty(key_scores.shape, dtype=torch.int32),
-            key_scores.new_empty(key_scores.shape, dtype=torch.int32))
+    shape = key_scores.shape if keep_selection else (0,)
+    return (q.new_empty(q.shape), lse, key_scores.new_empty(shape, dtype=torch.int32),
+            key_scores.new_empty(shape, dtype=torch.int32))
 
 
 # keep_begin/keep_end: the forward's selection, or None to select again.
@@ -178,7 +187,7 @@ def _(dout, q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end, wi
 
 
 def _dma_setup(ctx, inputs, output):
-    q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic = inputs
+    q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic = inputs[:11]
     out, lse, keep_begin, keep_end = output
     ctx.save_for_backward(q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end)
     ctx.args = (window, causal, add_scores, scale, softcap, deterministic)
@@ -190,10 +199,12 @@ def _dma_backward(ctx, dout, _dlse, _dbegin, _dend):
     window, causal, add_scores, scale, softcap, deterministic = ctx.args
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
+    if keep_begin.numel() == 0:  # a forward that kept no selection: the backward selects again
+        keep_begin = keep_end = None
     dq, dk, dv, dscores = torch.ops.flash_dma.dma_bwd(dout, q, k, v, key_scores, key_padding, out, lse, keep_begin,
                                                       keep_end, window, causal, add_scores, scale, softcap,
                                                       deterministic)
-    return dq, dk, dv, (dscores if ctx.needs_input_grad[3] else None), None, None, None, None, None, None, None
+    return (dq, dk, dv, (dscores if ctx.needs_input_grad[3] else None)) + (None,) * (len(ctx.needs_input_grad) - 4)
 
 
 torch.library.register_autograd("flash_dma::dma_fwd", _dma_backward, setup_context=_dma_setup)

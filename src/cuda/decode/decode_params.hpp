@@ -40,12 +40,17 @@ struct KeptKey {
   float score;
 };
 
+// The radix selection's threshold between digit passes (resolve_digit, score_bits.cuh).
+struct RadixThreshold {
+  uint32_t prefix;   // the threshold's bits found so far
+  int32_t need;      // keys still to keep inside the prefix's bucket
+  int32_t count_eq;  // keys whose bits equal the final threshold
+  int32_t keep_all;  // at most w candidates: keep every one
+};
+
 // Per-row state of the radix selection (decode_select.cu), in the workspace, zeroed per call.
 struct SelectState {
-  uint32_t prefix;     // the threshold's bits found so far
-  int32_t remaining;   // keys still to keep inside the prefix's bucket
-  int32_t count_eq;    // keys whose bits equal the final threshold
-  int32_t keep_all;    // at most w candidates: keep every one
+  RadixThreshold t;
   uint32_t arrived;    // CTAs of the current pass done (the last one resolves the digit)
   int32_t listed;      // entries in the row's kept list
   int32_t pad[2];

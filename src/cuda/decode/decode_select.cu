@@ -49,49 +49,6 @@ __device__ __forceinline__ void load_chunk_bits(const DecodeSelectArgs& a, const
   load_score_bits<kThreads, N>(a.cache, r.b, r.hk, j0, j1, bits);
 }
 
-// The last CTA of a pass: the digit holding the `need`-th key from the top, from the
-// histogram in shared memory (kBins <= 2048 = 256 threads x 8 bins).
-template <int kPass>
-__device__ void resolve_digit(const uint32_t* hist, SelectState& st, int need, bool final_pass) {
-  using Dg = Digit<kPass>;
-  __shared__ uint32_t part[kSelectThreads];
-  const int tid = threadIdx.x;
-  constexpr int kPer = Dg::kBins / kSelectThreads;  // 8 or 4
-  uint32_t s = 0;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) s += hist[tid * kPer + k];
-  part[tid] = s;
-  __syncthreads();
-  if (tid >= 32) return;
-  const int lane = tid;
-  uint32_t group = 0;  // lane covers parts [8 lane, 8 lane + 8)
-#pragma unroll
-  for (int k = 0; k < 8; ++k) group += part[lane * 8 + k];
-  uint32_t incl = group;  // keys in this lane's bins and above
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
-    if (lane + off < 32) incl += v;
-  }
-  const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
-  if (kPass == 0 && total <= uint32_t(need)) {  // at most w candidates: keep them all
-    if (lane == 0) st.keep_all = 1, st.arrived = 0;
-    return;
-  }
-  uint32_t above = incl - group;
-  if (above < uint32_t(need) && uint32_t(need) <= incl) {  // exactly one lane
-    int p = lane * 8 + 7;
-    while (above + part[p] < uint32_t(need)) above += part[p--];
-    int bin = p * kPer + kPer - 1;
-    while (above + hist[bin] < uint32_t(need)) above += hist[bin--];
-    st.prefix |= uint32_t(bin) << Dg::kShift;
-    if (final_pass && kPass == 1) st.prefix |= 0x3ffu;  // 16-bit scores: order_bits' low ones
-    st.remaining = need - int(above);
-    if (final_pass) st.count_eq = int(hist[bin]);
-    st.arrived = 0;
-  }
-}
-
 // The first digit's histogram. A float's top 11 bits are its sign, exponent and 2 mantissa
 // bits, so scores crowd into a few bins, and shared-memory atomics on one address serialize:
 // about 10 us per 4096-key CTA on the H100 with one counter per bin (letting same-bin lanes add
@@ -121,13 +78,13 @@ __device__ __forceinline__ void replicated_histogram(const uint32_t (&bits)[kIte
 template <int kPass>
 __global__ void __launch_bounds__(kSelectThreads) select_pass_kernel(DecodeSelectArgs a, int final_pass) {
   using Dg = Digit<kPass>;
-  __shared__ uint32_t hist[Dg::kBins];
+  __shared__ uint32_t hist[Dg::kBins], part[kSelectThreads];
   __shared__ int is_last;
   const Row r = row_of(a, blockIdx.y);
   if (int(blockIdx.x) >= r.chunks || kPass > final_pass) return;
   SelectState& st = a.state[r.row];
-  if (kPass > 0 && st.keep_all) return;
-  const uint32_t prefix = kPass > 0 ? st.prefix : 0u;
+  if (kPass > 0 && st.t.keep_all) return;
+  const uint32_t prefix = kPass > 0 ? st.t.prefix : 0u;
   const int tid = threadIdx.x;
   for (int i = tid; i < Dg::kBins; i += kSelectThreads) hist[i] = 0;
   __syncthreads();
@@ -162,7 +119,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_pass_kernel(DecodeSelec
     g[tid + k * kSelectThreads] = 0;
   }
   __syncthreads();
-  resolve_digit<kPass>(hist, st, kPass == 0 ? a.w : st.remaining, kPass == final_pass);
+  // The row's last CTA: the digit, and the pass counter back to zero for the next pass.
+  resolve_digit<kPass, kSelectThreads>(hist, part, kPass == 0 ? a.w : st.t.need, kPass == final_pass, st.t);
+  if (tid == 0) st.arrived = 0;
 }
 
 // Sum over the CTA (every thread gets it).
@@ -178,7 +137,7 @@ __device__ __forceinline__ int block_sum(int x) {
   return total;
 }
 
-__device__ __forceinline__ bool ties_matter(const SelectState& st) { return !st.keep_all && st.count_eq > st.remaining; }
+__device__ __forceinline__ bool ties_matter(const SelectState& st) { return !st.t.keep_all && st.t.count_eq > st.t.need; }
 
 // Threshold ties: how many keys of each chunk equal the threshold, where more than needed do.
 __global__ void __launch_bounds__(kSelectThreads) select_ties_kernel(DecodeSelectArgs a) {
@@ -191,7 +150,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_ties_kernel(DecodeSelec
   load_chunk_bits(a, r, j0, j1, bits);
   int n = 0;
 #pragma unroll
-  for (int i = 0; i < kItems; ++i) n += bits[i] != 0 && bits[i] == st.prefix;
+  for (int i = 0; i < kItems; ++i) n += bits[i] != 0 && bits[i] == st.t.prefix;
   n = block_sum(n);
   if (threadIdx.x == 0) a.eq_count[size_t(r.row) * a.chunks + blockIdx.x] = n;
 }
@@ -202,9 +161,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_collect_kernel(DecodeSe
   const Row r = row_of(a, blockIdx.y);
   if (int(blockIdx.x) >= r.chunks) return;
   SelectState& st = a.state[r.row];
-  const bool keep_all = st.keep_all != 0, ties = ties_matter(st);
-  const uint32_t tau = st.prefix;
-  const int need = st.remaining;
+  const bool keep_all = st.t.keep_all != 0, ties = ties_matter(st);
+  const uint32_t tau = st.t.prefix;
+  const int need = st.t.need;
   // Threshold keys in earlier chunks: this chunk's first one ranks after them.
   int tie_rank = 0;
   if (ties) {
@@ -357,56 +316,11 @@ struct ClusterShared {
   int tie_count[kClusterKeysPerThread * kClusterWarps];  // [item][warp], then its exclusive scan
   int warp_base[kClusterWarps];
   int eq_count, kept_count, cta_base, tie_base;
-  uint32_t prefix;
-  int need, keep_all, count_eq;
+  RadixThreshold t;
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace cg = cooperative_groups;
-
-// The digit holding the need-th key from the top of sh.total (kBins <= 2048 = 512 x 4).
-template <int kPass>
-__device__ void cluster_resolve(ClusterShared& sh, bool final_pass) {
-  using Dg = Digit<kPass>;
-  constexpr int kPer = Dg::kBins / kClusterThreads;  // 4 or 2
-  const int tid = threadIdx.x;
-  uint32_t s = 0;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) s += sh.total[tid * kPer + k];
-  sh.part[tid] = s;
-  __syncthreads();
-  if (tid < 32) {
-    const int lane = tid;
-    constexpr int kParts = kClusterThreads / 32;  // parts per lane
-    uint32_t group = 0;
-#pragma unroll
-    for (int k = 0; k < kParts; ++k) group += sh.part[lane * kParts + k];
-    uint32_t incl = group;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
-      if (lane + off < 32) incl += v;
-    }
-    const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
-    const uint32_t need = uint32_t(sh.need);
-    __syncwarp();  // every lane has read sh.need before one lane rewrites it
-    if (kPass == 0 && total <= need) {
-      if (lane == 0) sh.keep_all = 1;
-    } else {
-      uint32_t above = incl - group;
-      if (above < need && need <= incl) {
-        int p = lane * kParts + kParts - 1;
-        while (above + sh.part[p] < need) above += sh.part[p--];
-        int bin = p * kPer + kPer - 1;
-        while (above + sh.total[bin] < need) above += sh.total[bin--];
-        sh.prefix |= uint32_t(bin) << Dg::kShift;
-        if (final_pass && kPass == 1) sh.prefix |= 0x3ffu;
-        sh.need = int(need - above);
-        if (final_pass) sh.count_eq = int(sh.total[bin]);
-      }
-    }
-  }
-}
 
 template <int kPass>
 __device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, ClusterShared& sh, const uint32_t* keys,
@@ -416,7 +330,7 @@ __device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, Cluster
   uint4* zero = reinterpret_cast<uint4*>(sh.rep);
   for (int i = tid; i < Dg::kBins * 4 / 4; i += kClusterThreads) zero[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
-  const uint32_t prefix = sh.prefix;
+  const uint32_t prefix = sh.t.prefix;
 #pragma unroll 4
   for (int i = 0; i < items; ++i) {
     const uint32_t b = keys[i * kClusterThreads + tid];
@@ -435,7 +349,8 @@ __device__ __forceinline__ void cluster_pass(cg::cluster_group& cluster, Cluster
     sh.total[bin] = t;
   }
   __syncthreads();
-  cluster_resolve<kPass>(sh, final_pass);  // every CTA finds the same digit
+  // Every CTA finds the same digit from the same totals.
+  resolve_digit<kPass, kClusterThreads>(sh.total, sh.part, uint32_t(sh.t.need), final_pass, sh.t);
   cluster.sync();  // the others are done reading this CTA's histogram; sh.* is settled
 }
 #endif
@@ -460,17 +375,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1) select_cluster_kernel(Deco
     for (int i = 0; i < 16; ++i)
       if (i0 + i < items) keys[(i0 + i) * kClusterThreads + tid] = bits[i];
   }
-  if (tid == 0) sh.prefix = 0, sh.need = a.w, sh.keep_all = 0, sh.count_eq = 0, sh.eq_count = 0;
+  if (tid == 0) sh.t = RadixThreshold{0u, a.w, 0, 0}, sh.eq_count = 0;
   __syncthreads();
   const bool f32 = a.cache.score_dtype == 1;
   cluster_pass<0>(cluster, sh, keys, items, false);
-  if (!sh.keep_all) cluster_pass<1>(cluster, sh, keys, items, !f32);  // the same branch in every CTA
-  if (!sh.keep_all && f32) cluster_pass<2>(cluster, sh, keys, items, true);
+  if (!sh.t.keep_all) cluster_pass<1>(cluster, sh, keys, items, !f32);  // the same branch in every CTA
+  if (!sh.t.keep_all && f32) cluster_pass<2>(cluster, sh, keys, items, true);
 
-  const bool keep_all = sh.keep_all != 0;
-  const uint32_t tau = sh.prefix;
-  const int need = sh.need;
-  const bool ties = !keep_all && sh.count_eq > need;
+  const bool keep_all = sh.t.keep_all != 0;
+  const uint32_t tau = sh.t.prefix;
+  const int need = sh.t.need;
+  const bool ties = !keep_all && sh.t.count_eq > need;
   uint64_t kept = 0;
   for (int i = 0; i < items; ++i) {
     const uint32_t kb = keys[i * kClusterThreads + tid];

@@ -119,4 +119,50 @@ struct Digit {
   __device__ static uint32_t of(uint32_t bits) { return (bits >> kShift) & (kBins - 1); }
 };
 
+// The digit holding the need-th key from the top of a pass's histogram (kBins = kThreads x 2,
+// 4 or 8), by a CTA of kThreads: part is kThreads words of shared memory. One lane of warp 0
+// adds the digit to t.prefix and leaves in t.need the keys still to keep inside its bin (and,
+// on the final pass, the bin's count in t.count_eq); on pass 0, at most `need` keys in all
+// sets t.keep_all instead. No barrier after: callers sync as they need.
+template <int kPass, int kThreads>
+__device__ void resolve_digit(const uint32_t* hist, uint32_t* part, uint32_t need, bool final_pass,
+                              RadixThreshold& t) {
+  using Dg = Digit<kPass>;
+  constexpr int kPer = Dg::kBins / kThreads;  // bins a thread sums
+  constexpr int kParts = kThreads / 32;       // parts a lane sums
+  const int tid = threadIdx.x;
+  uint32_t s = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) s += hist[tid * kPer + k];
+  part[tid] = s;
+  __syncthreads();
+  if (tid >= 32) return;
+  const int lane = tid;
+  uint32_t group = 0;
+#pragma unroll
+  for (int k = 0; k < kParts; ++k) group += part[lane * kParts + k];
+  uint32_t incl = group;  // keys in this lane's bins and above
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
+    if (lane + off < 32) incl += v;
+  }
+  const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
+  if (kPass == 0 && total <= need) {  // at most w candidates: keep them all
+    if (lane == 0) t.keep_all = 1;
+    return;
+  }
+  uint32_t above = incl - group;
+  if (above < need && need <= incl) {  // exactly one lane
+    int p = lane * kParts + kParts - 1;
+    while (above + part[p] < need) above += part[p--];
+    int bin = p * kPer + kPer - 1;
+    while (above + hist[bin] < need) above += hist[bin--];
+    t.prefix |= uint32_t(bin) << Dg::kShift;
+    if (final_pass && kPass == 1) t.prefix |= 0x3ffu;  // 16-bit scores: order_bits16's low ones
+    t.need = int(need - above);
+    if (final_pass) t.count_eq = int(hist[bin]);
+  }
+}
+
 }  // namespace fdma::cuda

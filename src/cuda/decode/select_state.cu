@@ -36,58 +36,14 @@ struct Shared {
   uint64_t warp_rank[kWarps];
   int warp_arg[kWarps];
   int tile_strict, tile_eq, strict_run, eq_run;
-  uint32_t prefix;
-  int need, keep_all, ok;
+  RadixThreshold t;
+  int ok;
   uint64_t worst_rank;
   int worst;
 };
 // Followed by the set: pos[slots], score[slots], since[slots] (its first query).
 
 size_t shared_bytes(int slots) { return sizeof(Shared) + size_t(slots) * 12; }
-
-// The digit of the need-th key from the top of sh.hist (kBins <= 2048 = 512 x 4).
-template <int kPass>
-__device__ void resolve(Shared& sh, bool final_pass) {
-  using Dg = Digit<kPass>;
-  constexpr int kPer = Dg::kBins / kThreads;  // 4 or 2
-  constexpr int kParts = kThreads / 32;       // parts a lane sums
-  const int tid = threadIdx.x;
-  uint32_t s = 0;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) s += sh.hist[tid * kPer + k];
-  sh.part[tid] = s;
-  __syncthreads();
-  if (tid < 32) {
-    const int lane = tid;
-    uint32_t group = 0;
-#pragma unroll
-    for (int k = 0; k < kParts; ++k) group += sh.part[lane * kParts + k];
-    uint32_t incl = group;  // keys in this lane's bins and above
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
-      if (lane + off < 32) incl += v;
-    }
-    const uint32_t total = __shfl_sync(0xffffffffu, incl, 0);
-    const uint32_t need = uint32_t(sh.need);
-    __syncwarp();  // every lane has read sh.need before one rewrites it
-    if (kPass == 0 && total <= need) {
-      if (lane == 0) sh.keep_all = 1;
-    } else {
-      uint32_t above = incl - group;
-      if (above < need && need <= incl) {  // exactly one lane
-        int p = lane * kParts + kParts - 1;
-        while (above + sh.part[p] < need) above += sh.part[p--];
-        int bin = p * kPer + kPer - 1;
-        while (above + sh.hist[bin] < need) above += sh.hist[bin--];
-        sh.prefix |= uint32_t(bin) << Dg::kShift;
-        if (final_pass && kPass == 1) sh.prefix |= 0x3ffu;  // 16-bit scores: their low ones
-        sh.need = int(need - above);
-      }
-    }
-  }
-  __syncthreads();
-}
 
 // One digit's histogram over keys [0, V) of the row, then its resolution.
 template <int kPass>
@@ -98,7 +54,7 @@ __device__ void radix_pass(const CacheView& c, Shared& sh, int b, int hk, int V,
   const int n_counters = kPass == 0 ? kSelectBins * 4 : Dg::kBins;
   for (int i = tid; i < n_counters; i += kThreads) counters[i] = 0;
   __syncthreads();
-  const uint32_t prefix = sh.prefix;
+  const uint32_t prefix = sh.t.prefix;
   for (int j0 = 0; j0 < V; j0 += kTile) {
     uint32_t bits[kItems];
     load_score_bits<kThreads, kItems>(c, b, hk, j0, V, bits);
@@ -116,21 +72,22 @@ __device__ void radix_pass(const CacheView& c, Shared& sh, int b, int hk, int V,
       sh.hist[bin] = r.x + r.y + r.z + r.w;
     }
   __syncthreads();
-  resolve<kPass>(sh, final_pass);
+  resolve_digit<kPass, kThreads>(sh.hist, sh.part, uint32_t(sh.t.need), final_pass, sh.t);
+  __syncthreads();
 }
 
 // The top-w of keys [0, V) into pos/score in position order; returns how many.
 __device__ int rebuild(const CacheView& c, Shared& sh, int w, int b, int hk, int V, int* pos, float* score) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  if (tid == 0) sh.prefix = 0, sh.need = w, sh.keep_all = 0, sh.strict_run = 0, sh.eq_run = 0;
+  if (tid == 0) sh.t = RadixThreshold{0u, w, 0, 0}, sh.strict_run = 0, sh.eq_run = 0;
   __syncthreads();
   const bool f32 = c.score_dtype == 1;
   radix_pass<0>(c, sh, b, hk, V, false);
-  if (!sh.keep_all) radix_pass<1>(c, sh, b, hk, V, !f32);
-  if (!sh.keep_all && f32) radix_pass<2>(c, sh, b, hk, V, true);
-  const bool keep_all = sh.keep_all != 0;
-  const uint32_t tau = sh.prefix;
-  const int need = sh.need;  // threshold keys to keep, lowest positions first
+  if (!sh.t.keep_all) radix_pass<1>(c, sh, b, hk, V, !f32);
+  if (!sh.t.keep_all && f32) radix_pass<2>(c, sh, b, hk, V, true);
+  const bool keep_all = sh.t.keep_all != 0;
+  const uint32_t tau = sh.t.prefix;
+  const int need = sh.t.need;  // threshold keys to keep, lowest positions first
   // Compaction in position order: a key's slot is the strictly-above keys before it plus the
   // threshold keys before it, the latter capped at need.
   const unsigned below = (1u << lane) - 1;
