@@ -25,9 +25,12 @@ DECODE_MAX_QUERIES = 16  # the KV-cache path's decode range
 
 
 def _doge_attention_forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None,
-                            **kwargs):
+                            cache=None, **kwargs):
     """DogeAttention.forward with the same projections, norms, rotary embedding and cache update,
-    and the dynamic mask attention itself in flash_dma."""
+    and the dynamic mask attention itself in flash_dma. transformers names the cache
+    `past_key_values` up to 5.23 and `cache` from 5.24: either is taken."""
+    if past_key_values is None:
+        past_key_values = cache
     from transformers.models.doge.modeling_doge import apply_rotary_pos_emb
 
     if self.training and self.attention_dropout:
