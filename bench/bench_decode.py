@@ -199,24 +199,58 @@ def dma_entry(B, H, Hk, K, D, w):
 
 def prefill_chunk(B, H, Hk, K, D, w, chunk):
     """ms of a chunk of `chunk` queries at the end of a K-key cache through the KV-cache call,
+    without a select_state and with one that describes the keys before the chunk (restored
+    before each call, as the previous chunk of a prompt leaves it; the copy is timed too),
     against dynamic_mask_attention's training forward on the same tensors (same kept pairs)."""
     c = make_sets(B, K, Hk, D, 0, 1, seed=13)[0]
     q = torch.randn(B, chunk, H, D, device="cuda", dtype=torch.bfloat16)
     k, v, s = c["k_cache"], c["v_cache"], c["score_cache"]
+    # The state of [0, K - chunk), what the previous chunk would leave: a call whose cache ends there.
+    start = flash_dma.new_select_state(k, w)
+    before = torch.full((B,), K - chunk, dtype=torch.int32, device="cuda")
+    flash_dma.dynamic_mask_attention_with_kvcache(q[:, :1], k, v, s, before, w, select_state=start)
+    state = start.clone()
+    lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
 
     def cache_call():
-        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, None, w)
+        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, lens, w)
+
+    def state_call():
+        state.copy_(start)
+        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, lens, w, select_state=state)
 
     def training():
         return torch.ops.flash_dma.dma_fwd(q, k, v, s, None, w, True, True, 0.0, 0.0, False)
 
     row = dict(B=B, H=H, Hk=Hk, K=K, D=D, w=w, chunk=chunk, kvcache_ms=graph_time([cache_call], reps=5),
-               training_ms=graph_time([training], reps=5))
-    row["max_diff"] = (cache_call().float() - training()[0].float()).abs().max().item()
+               state_ms=graph_time([state_call], reps=5), training_ms=graph_time([training], reps=5))
+    ref = training()[0].float()
+    row["max_diff"] = max((cache_call().float() - ref).abs().max().item(),
+                          (state_call().float() - ref).abs().max().item())
     print(f"chunked prefill, {chunk} queries after {K - chunk} cached keys, B{B} H{H} Hk{Hk} D{D} w{w}: "
-          f"KV-cache call {row['kvcache_ms']:.3f} ms, training forward {row['training_ms']:.3f} ms, "
-          f"max diff {row['max_diff']:.4f}")
+          f"KV-cache call {row['kvcache_ms']:.3f} ms, with select_state {row['state_ms']:.3f} ms, "
+          f"training forward {row['training_ms']:.3f} ms, max diff {row['max_diff']:.4f}", flush=True)
     return row
+
+
+def kernel_times(f, reps=10):
+    """Device µs per call of each kernel f launches (profiler over `reps` calls)."""
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            f()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.device_time if hasattr(e, "device_time") else e.cuda_time
+        name = e.name.replace("(anonymous namespace)::", "").replace("void ", "").replace("fdma::cuda::", "")
+        name = name.split("(")[0].split("<")[0] + ("<" + name.split("<")[1].split(">")[0] + ">" if "pass" in name else "")
+        per[name] = per.get(name, 0.0) + us / reps
+    return per
 
 
 def kernel_breakdown(B, H, Hk, K, D, w, with_state=False):
@@ -231,21 +265,7 @@ def kernel_breakdown(B, H, Hk, K, D, w, with_state=False):
         sets = make_sets(B, K, Hk, D, 0, 1, seed=3)
         lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
         f = lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=w, **sets[0])  # noqa
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            f()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-        name = e.name.replace("(anonymous namespace)::", "").replace("void ", "").replace("fdma::cuda::", "")
-        name = name.split("(")[0].split("<")[0] + ("<" + name.split("<")[1].split(">")[0] + ">" if "pass" in name else "")
-        per[name] = per.get(name, 0.0) + us / 10
+    per = kernel_times(f)
     sel = sum(v for n, v in per.items() if "select" in n or "emset" in n)
     print(f"kernels of one call, B{B} Hk{Hk} K{K} w{w}{' (select_state)' if with_state else ''}: " +
           ", ".join(f"{n.strip()} {v:.1f}" for n, v in per.items()))
@@ -282,8 +302,16 @@ def main():
                   flush=True)
         return
     if args.prefill:
-        for chunk in (256, 1024, 4096):
-            prefill_chunk(1, 16, 4, 32768, 128, 2048, chunk)
+        rows = [prefill_chunk(1, 16, 4, 32768, 128, 2048, chunk) for chunk in (32, 256, 1024, 4096)]
+        q = torch.randn(1, 4096, 16, 128, device="cuda", dtype=torch.bfloat16)
+        c = make_sets(1, 32768, 4, 128, 0, 1, seed=13)[0]
+        lens = torch.full((1,), 32768, dtype=torch.int32, device="cuda")
+        per = kernel_times(lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens,
+                                                                                 window_size=2048, **c))
+        print("kernels of the 4096-query chunk (no state), us: " + ", ".join(f"{n} {v:.1f}" for n, v in per.items()))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
         return
     if args.dma:
         dma_entry(8, 32, 8, 131072, 128, 2048)

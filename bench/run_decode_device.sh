@@ -20,11 +20,11 @@ echo "gtest rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.log" | tr '\n' 
 grep -E "Failure|FAILED|error" "$OUT/gtest.log" | head -20
 if [ "${SANITIZE:-1}" = 1 ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/fdma_gpu_tests \
-    --gtest_filter='KvCacheGpu.OutOfRange*:KvCacheGpu.Speculative*:KvCacheGpu.Dense*:KvCacheGpu.SelectState*:KvCacheGpu.Float16*' \
+    --gtest_filter='KvCacheGpu.OutOfRange*:KvCacheGpu.Speculative*:KvCacheGpu.Dense*:KvCacheGpu.SelectState*:KvCacheGpu.Float16*:KvCacheGpu.ChunkedPrefill*' \
     >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc $?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
   compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/fdma_gpu_tests \
-    --gtest_filter='KvCacheGpu.Speculative*:KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.SelectStateAfter*:KvCacheGpu.SelectStateSplitRows' \
+    --gtest_filter='KvCacheGpu.Speculative*:KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.SelectStateAfter*:KvCacheGpu.SelectStateSplitRows:KvCacheGpu.ChunkedPrefillLoop*' \
     >"$OUT/racecheck.log" 2>&1
   echo "racecheck rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
 fi

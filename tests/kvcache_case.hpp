@@ -123,6 +123,17 @@ struct KvRun {
     v_new.fill_uniform(rng, -1, 1);
     for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, c.ties ? std::round(u(rng) * 2) / 2 : u(rng));
   }
+  // The next calls take n queries and append n tokens (a prompt's chunks, then decode
+  // steps); next_tokens fills them.
+  void resize_step(int64_t n) {
+    c.Sq = c.Snew = n;
+    q = HostTensor(c.dtype, {c.B, n, c.H, c.D});
+    k_new = HostTensor(c.dtype, {c.B, n, c.Hk, c.D});
+    v_new = HostTensor(c.dtype, {c.B, n, c.Hk, c.D});
+    s_new = HostTensor(c.score_dtype, {c.B, c.Hk, n});
+    out = HostTensor(c.dtype, {c.B, n, c.H, c.D});
+    lse = HostTensor(c.dtype == DType::f64 ? DType::f64 : DType::f32, {c.B, c.H, n});
+  }
   // cache_seqlens past this call's appends (the caller's part of a decode step).
   void advance() {
     for (int64_t b = 0; b < c.B; ++b) {

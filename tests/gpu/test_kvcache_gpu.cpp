@@ -174,8 +174,10 @@ TEST(KvCacheGpu, DenseAttention) {
 // read or written out of bounds (compute-sanitizer runs this test on the device).
 TEST(KvCacheGpu, OutOfRangeLengthsAndPagesStayInBounds) {
   REQUIRE_GPU();
+  for (int64_t Sq : {2, 40}) {  // decode and chunked prefill
+  SCOPED_TRACE("Sq " + std::to_string(Sq));
   KvCase c;
-  c.B = 3, c.Sq = 2, c.H = 4, c.Hk = 2, c.D = 64, c.w = 20, c.max_len = 128, c.page_size = 16, c.Snew = 1;
+  c.B = 3, c.Sq = Sq, c.H = 4, c.Hk = 2, c.D = 64, c.w = 20, c.max_len = 128, c.page_size = 16, c.Snew = 1;
   c.dtype = DType::bf16, c.seed = 150;
   c.lens = {10, 20, 30};
   KvRun r(c);
@@ -188,6 +190,7 @@ TEST(KvCacheGpu, OutOfRangeLengthsAndPagesStayInBounds) {
   // Sequence 1 sees no key: zeros and -inf.
   for (int64_t i = 0; i < c.Sq * c.H * c.D; ++i) EXPECT_EQ(r.out.get(c.Sq * c.H * c.D + i), 0.0);
   for (int64_t i = 0; i < c.H * c.Sq; ++i) EXPECT_EQ(r.lse.get(c.H * c.Sq + i), -INFINITY);
+  }
 }
 
 // Bad shapes on device tensors: the same errors as on the CPU, raised before any launch.
@@ -321,8 +324,56 @@ TEST(KvCacheGpu, SelectStateRebuildsWhatItCannotGrow) {
   }
 }
 
-// Calls with more than 16 queries (chunked prefill) select without the state, then bring it
-// up to date for the decode steps that follow.
+// Chunked prefill (more than 16 causal queries) runs the training forward over each row's
+// compact range: the top-w of the keys before the chunk, then the chunk. Lengths below the
+// chunk (queries before position 0), 0, at and around the window, the whole cache; paged and
+// contiguous; GQA 1..8; head dims 64..256; ties, NaN, 16-bit scores, softcap.
+TEST(KvCacheGpu, ChunkedPrefillOverCompactRows) {
+  REQUIRE_GPU();
+  uint64_t seed = 400;
+  struct Shape { int64_t Sq, H, Hk, D, page; DType sdt; bool ties, nan; double softcap; };
+  for (const Shape& s : {Shape{17, 8, 8, 64, 0, DType::f32, false, false, 0.0},
+                         Shape{64, 8, 2, 128, 16, DType::bf16, true, false, 0.0},
+                         Shape{200, 8, 1, 128, 64, DType::f32, false, true, 0.0},
+                         Shape{130, 4, 4, 256, 32, DType::f16, false, false, 20.0},
+                         Shape{333, 16, 2, 64, 0, DType::f16, true, false, 0.0}})
+    for (bool state : {false, true}) {
+      KvCase c;
+      c.B = 4, c.Sq = s.Sq, c.H = s.H, c.Hk = s.Hk, c.D = s.D, c.w = 60, c.max_len = 900, c.page_size = s.page;
+      c.dtype = s.sdt == DType::f16 ? DType::f16 : DType::bf16, c.score_dtype = s.sdt, c.ties = s.ties, c.nan_scores = s.nan, c.softcap = s.softcap;
+      c.state = state, c.seed = seed++;
+      c.lens = {0, 10, c.w + c.Sq, 900};
+      check_case(c);
+    }
+}
+
+// A prompt in chunks, each appended by its own call with the state kept, then decode steps:
+// the chunks grow the state from the one before (no rebuild), and the decode steps from them.
+TEST(KvCacheGpu, ChunkedPrefillLoopThenDecode) {
+  REQUIRE_GPU();
+  for (int64_t page : {0, 32}) {
+    KvCase c;
+    c.B = 2, c.Sq = 96, c.Snew = 96, c.H = 8, c.Hk = 2, c.D = 128, c.w = 80, c.max_len = 1200, c.page_size = page;
+    c.dtype = DType::bf16, c.state = true, c.seed = 420 + uint64_t(page);
+    c.lens = {0, 37};
+    KvRun cpu(c), gpu(c);
+    for (int step = 0; step < 8; ++step) {
+      SCOPED_TRACE("chunk " + std::to_string(step));
+      compare_step(cpu, gpu);
+      if (::testing::Test::HasFailure()) return;
+      for (KvRun* r : {&cpu, &gpu}) r->advance(), r->next_tokens(c.seed * 100 + uint64_t(step));
+    }
+    for (KvRun* r : {&cpu, &gpu}) r->resize_step(1), r->next_tokens(c.seed * 1000);
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE("decode " + std::to_string(step));
+      compare_step(cpu, gpu);
+      if (::testing::Test::HasFailure()) return;
+      for (KvRun* r : {&cpu, &gpu}) r->advance(), r->next_tokens(c.seed * 1000 + 1 + uint64_t(step));
+    }
+  }
+}
+
+// A chunked prefill's state, then decode steps that grow it.
 TEST(KvCacheGpu, SelectStateAfterChunkedPrefill) {
   REQUIRE_GPU();
   KvCase c;

@@ -20,6 +20,7 @@
 #include "cuda/decode/decode_combine.hpp"
 #include "cuda/decode/decode_params.hpp"
 #include "cuda/decode/decode_select.hpp"
+#include "cuda/decode/prefill.hpp"
 #include "cuda/decode/select_state.hpp"
 #include "cuda/primitives/device_guard.hpp"
 #include "cuda/primitives/path_switches.hpp"
@@ -250,6 +251,7 @@ void dma_decode_forward(const fdma_dma_params& p, const detail::DmaProblem& prob
 
 size_t kvcache_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob) {
   check_inputs(p, prob);
+  if (kvcache_takes_prefill_path(prob)) return prefill_workspace(p, prob);
   return plan_of(prob).total;
 }
 
@@ -258,7 +260,6 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const detail::Dims& d = prob.dims;
-  const Plan pl = plan_of(prob);
   const CacheView cache = cache_view(p, prob);
   char* ws = static_cast<char*>(p.workspace);
 
@@ -272,6 +273,8 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
         p.scores.stride[2], int(d.D) * elem, elem, score_bytes);
     check(cudaGetLastError(), "append");
   }
+  if (kvcache_takes_prefill_path(prob)) return prefill_forward(p, prob, cache, stream);
+  const Plan pl = plan_of(prob);
 
   DecodeAttentionArgs a{};
   if (prob.dynamic) {
@@ -290,12 +293,12 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
     if (prob.state_slots) {
       g.cache = cache;
       g.Sq = s.Sq, g.w = s.w, g.slots = int(prob.state_slots), g.causal = s.causal;
-      g.emit = d.Sq <= kStateMaxQueries;
+      g.mode = d.Sq <= kStateMaxQueries ? StateMode::emit : StateMode::refresh;
       g.state = static_cast<int32_t*>(p.select_state.data);
       g.state_stride[0] = p.select_state.stride[0], g.state_stride[1] = p.select_state.stride[1];
       g.list_cap = pl.list_cap, g.sel = s.state, g.list = s.list;
     }
-    if (g.emit) {
+    if (prob.state_slots && g.mode == StateMode::emit) {
       check(run_select_state(g, pl.rows, stream), "selection");
     } else {
       check(run_decode_select(s, pl.rows, ws, pl.select.zeroed_bytes, stream), "selection");

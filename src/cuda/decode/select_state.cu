@@ -8,6 +8,10 @@
 // position order (each query's set is the one after its own key arrived), writes the kept
 // list with each key's interval of queries, and writes the set back for the next step.
 //
+// Chunked prefill (prefill.cu) asks for the set of the keys before its queries instead
+// (StateMode::prefix): grown from the state where it can be, rebuilt otherwise, written out in
+// position order and the state left as it was.
+//
 // A state that does not describe such a prefix (zeros for a non-empty cache, a prefix longer
 // than the keys that predate this call's appends, positions out of order or range, a key now
 // absent) is rebuilt here by a radix select over the prefix (11/11/10-bit digits as in
@@ -185,12 +189,15 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   const int row = blockIdx.x, b = row / c.Hk, hk = row - b * c.Hk, tid = threadIdx.x;
   const int L = cache_length(c, b);
   const int old = max(0, L - c.Snew);  // keys that predate this call's appends
-  // The prefix the set must describe before keys arrive one by one: what the first query sees
-  // (emitting), or all of the cache (refreshing).
-  const int first = !a.emit ? L : a.causal ? max(0, L - a.Sq + 1) : L;
-  int32_t* st = a.state + b * a.state_stride[0] + hk * a.state_stride[1];
-  const int n = st[0];
-  const bool usable = n >= 0 && n <= old && n <= first && L - n <= kMaxGrowth;
+  const bool emit = a.mode == StateMode::emit, prefix = a.mode == StateMode::prefix;
+  // The set describes [0, first) before keys arrive one by one up to `last`: emitting, what
+  // the first query sees, then the rest; refreshing, all of the cache; for a prefix, the keys
+  // before the call's queries and no arrivals.
+  const int last = prefix ? max(0, L - a.Sq) : L;
+  const int first = prefix || !emit ? last : a.causal ? max(0, L - a.Sq + 1) : L;
+  int32_t* st = a.state ? a.state + b * a.state_stride[0] + hk * a.state_stride[1] : nullptr;
+  const int n = st ? st[0] : -1;
+  const bool usable = n >= 0 && n <= old && n <= first && last - n <= kMaxGrowth;
   if (tid == 0) sh.ok = usable;
   __syncthreads();
   int size = 0, grown_from = first;
@@ -236,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   KeptKey* list = a.list + size_t(row) * a.list_cap;
   const int off = L - a.Sq;
   int evicted = 0;  // list entries of keys that left the set (the same count in every thread)
-  for (int p = grown_from; p < L; ++p) {
+  for (int p = grown_from; p < last; ++p) {
     const KeyRead k = read_key(c, b, hk, p);
     if (k.bits == 0) continue;  // absent: never kept
     const int q0 = a.causal ? max(0, p - off) : 0;
@@ -249,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
     find_worst(c, sh, pos, score, size);
     if (rank_of(k.bits, p) < sh.worst_rank) continue;  // never kept by any query
     const int x = sh.worst;
-    if (a.emit && q0 > since[x]) {  // the evicted key served queries [since, q0)
+    if (emit && q0 > since[x]) {  // the evicted key served queries [since, q0)
       if (tid == 0) write_kept(c, list, evicted, a.list_cap, b, pos[x], score[x], since[x], q0);
       ++evicted;
     }
@@ -267,7 +274,12 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
     __syncthreads();
   }
 
-  if (a.emit) {
+  if (prefix) {
+    for (int i = tid; i < size; i += kThreads) a.prefix_pos[size_t(row) * a.slots + i] = pos[i];
+    if (tid == 0) a.prefix_len[row] = size;
+    return;
+  }
+  if (emit) {
     for (int i = tid; i < size; i += kThreads)
       write_kept(c, list, evicted + i, a.list_cap, b, pos[i], score[i], since[i], a.Sq);
     if (tid == 0) a.sel[row].listed = min(evicted + size, a.list_cap);

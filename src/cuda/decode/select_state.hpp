@@ -9,19 +9,27 @@
 namespace fdma::cuda {
 
 // Calls with at most this many queries grow the state key by key; longer ones (chunked
-// prefill) take the radix passes and then refresh the state (emit = false).
+// prefill, prefill.cu) ask for the kept set of the keys before their queries (prefix).
 constexpr int kStateMaxQueries = 16;
+
+enum class StateMode {
+  emit,     // grow the set key by key through the call's queries, write the kept list
+  refresh,  // only bring the state up to date with [0, L)
+  prefix,   // the top-w of [0, L - Sq) into prefix_pos / prefix_len; the state is only read
+};
 
 struct StateSelectArgs {
   CacheView cache;
   int Sq, w, slots;  // slots = min(w, capacity)
   bool causal;
-  bool emit;                  // write the kept list; false: only bring the state up to date
-  int32_t* state;             // [B, Hk, 1 + slots], unit stride in the last dim
+  StateMode mode;
+  int32_t* state;             // [B, Hk, 1 + slots], unit stride in the last dim; null: none (prefix)
   int64_t state_stride[2];    // b, hk
   int list_cap;
   SelectState* sel;  // [rows]: .listed
   KeptKey* list;     // [rows][list_cap]
+  int32_t* prefix_pos;  // prefix: [rows][slots], ascending
+  int32_t* prefix_len;  // prefix: [rows]
 };
 
 // Positions the kernel can hold in shared memory on the current device (the limit on slots).
