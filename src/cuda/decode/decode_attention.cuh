@@ -17,6 +17,7 @@
 
 #include "cuda/decode/cache_view.cuh"
 #include "cuda/decode/decode_params.hpp"
+#include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/primitives/tile_io_sm80.cuh"
@@ -66,8 +67,6 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
   const CacheView& c = a.cache;
   const int b = row / c.Hk, hk = row - b * c.Hk;
   const int L = cache_length(c, b);
-  const int n = a.list ? min(a.state[row].listed, a.list_cap) : L;
-  const int k_begin = split * a.split_keys, k_end = min(n, k_begin + a.split_keys);
   const int rows_total = a.G * a.Sq;
 
   const uint32_t kv_smem = ptx::smem_addr(smem) + Tile::kQBytes;
@@ -86,6 +85,11 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
     }
     ptx::cp_async_commit();
   }
+  // Launched overlapping the selection (or the append), the kernel has read only what
+  // predates the call so far: q and the lengths. The kept list and appended rows come after.
+  ptx::griddep_wait();
+  const int n = a.list ? min(a.state[row].listed, a.list_cap) : L;
+  const int k_begin = split * a.split_keys, k_end = min(n, k_begin + a.split_keys);
   // The queries of this thread's two accumulator rows (g, g + 8); -1 for padding rows.
   int qi[2];
 #pragma unroll
@@ -248,6 +252,7 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
     __syncthreads();  // the stage is refilled two blocks on
   }
   ptx::cp_async_wait<0>();
+  ptx::griddep_launch_dependents();  // the split merge may get its CTAs placed
   __syncthreads();
 
   // Merge the warps: m, l, NaN flags per row, O through shared memory (over the K/V buffers).
@@ -305,13 +310,12 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
 }
 
 template <class T, int kHeadDim>
-cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream) {
+cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream, bool overlap) {
   using Tile = DecodeTile<T, kHeadDim>;
   auto kernel = decode_attention_kernel<T, kHeadDim>;
   static std::atomic<int> granted[kMaxDevices] = {};
   if (const cudaError_t err = grant_smem_once(kernel, Tile::kSmemBytes, granted); err != cudaSuccess) return err;
-  kernel<<<grid, 128, Tile::kSmemBytes, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(overlap, kernel, grid, dim3(128), Tile::kSmemBytes, stream, a);
 }
 
 // CTAs of the kernel one SM holds at once on the current device (0 if the query fails),
@@ -336,5 +340,5 @@ int decode_attention_ctas_per_sm() {
 
 #define FDMA_INSTANTIATE_DECODE_ATTENTION(T, HD)                                                                     \
   template cudaError_t fdma::cuda::launch_decode_attention<T, HD>(const fdma::cuda::DecodeAttentionArgs&, dim3,    \
-                                                                  cudaStream_t);                                   \
+                                                                  cudaStream_t, bool);                             \
   template int fdma::cuda::decode_attention_ctas_per_sm<T, HD>();

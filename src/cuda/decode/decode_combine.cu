@@ -6,12 +6,15 @@
 #include <cmath>
 
 #include "cuda/decode/decode_combine.hpp"
+#include "cuda/primitives/launch.cuh"
+#include "cuda/primitives/ptx.cuh"
 
 namespace fdma::cuda {
 namespace {
 
 template <class T>
 __global__ void __launch_bounds__(128) decode_combine_kernel(DecodeAttentionArgs a) {
+  ptx::griddep_wait();  // the attention's partials
   const int qrow = blockIdx.x;  // ((b * H + h) * Sq + i)
   const int i = qrow % a.Sq, bh = qrow / a.Sq, h = bh % a.H, b = bh / a.H;
   const float* lse = a.part_lse + size_t(qrow) * a.splits;
@@ -47,12 +50,9 @@ __global__ void __launch_bounds__(128) decode_combine_kernel(DecodeAttentionArgs
 
 }  // namespace
 
-cudaError_t run_decode_combine(const DecodeAttentionArgs& a, int rows, bool bf16, cudaStream_t stream) {
-  if (bf16)
-    decode_combine_kernel<__nv_bfloat16><<<rows, 128, 0, stream>>>(a);
-  else
-    decode_combine_kernel<__half><<<rows, 128, 0, stream>>>(a);
-  return cudaGetLastError();
+cudaError_t run_decode_combine(const DecodeAttentionArgs& a, int rows, bool bf16, cudaStream_t stream, bool overlap) {
+  const auto kernel = bf16 ? decode_combine_kernel<__nv_bfloat16> : decode_combine_kernel<__half>;
+  return launch_kernel(overlap, kernel, dim3(unsigned(rows)), dim3(128), 0, stream, a);
 }
 
 }  // namespace fdma::cuda

@@ -7,6 +7,7 @@
 
 namespace fdma::cuda {
 
-cudaError_t run_decode_combine(const DecodeAttentionArgs& args, int rows, bool bf16, cudaStream_t stream);
+// overlap: launched overlapping the attention kernel (launch.cuh), which lets it in after its loop.
+cudaError_t run_decode_combine(const DecodeAttentionArgs& args, int rows, bool bf16, cudaStream_t stream, bool overlap);
 
 }  // namespace fdma::cuda

@@ -23,14 +23,16 @@
 #include "cuda/decode/prefill.hpp"
 #include "cuda/decode/select_state.hpp"
 #include "cuda/primitives/device_guard.hpp"
+#include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/path_switches.hpp"
+#include "cuda/primitives/ptx.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/attention/kernel_table.hpp"
 
 namespace fdma::cuda {
 
 template <class T, int kHeadDim>
-cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream);
+cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream, bool overlap);
 template <class T, int kHeadDim>
 int decode_attention_ctas_per_sm();
 
@@ -182,6 +184,7 @@ __global__ void __launch_bounds__(128) append_kernel(CacheView c, const char* k,
                                                      int64_t ks2, int64_t vs0, int64_t vs1, int64_t vs2,
                                                      const char* s, int64_t ss0, int64_t ss1, int64_t ss2,
                                                      int row_bytes, int elem, int score_bytes) {
+  ptx::griddep_launch_dependents();  // the selection reads nothing this kernel writes until it waits
   const int t = blockIdx.x, b = blockIdx.y;
   const int64_t pos = int64_t(c.seqlens[b * c.seqlens_stride]) + t;
   if (pos < 0 || pos >= c.capacity) return;
@@ -275,6 +278,10 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
   }
   if (kvcache_takes_prefill_path(prob)) return prefill_forward(p, prob, cache, stream);
   const Plan pl = plan_of(prob);
+  // Each kernel after the call's first is launched overlapping its predecessor (launch.cuh):
+  // it gets its CTAs placed and reads what predates the call while that one finishes. About
+  // 1 us a launch of a decode step's four.
+  const bool overlap = overlap_launches();
 
   DecodeAttentionArgs a{};
   if (prob.dynamic) {
@@ -299,7 +306,7 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
       g.list_cap = pl.list_cap, g.sel = s.state, g.list = s.list;
     }
     if (prob.state_slots && g.mode == StateMode::emit) {
-      check(run_select_state(g, pl.rows, stream), "selection");
+      check(run_select_state(g, pl.rows, stream, overlap && prob.append), "selection");
     } else {
       check(run_decode_select(s, pl.rows, ws, pl.select.zeroed_bytes, stream), "selection");
       if (prob.state_slots) check(run_select_state(g, pl.rows, stream), "select_state update");
@@ -332,14 +339,14 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
   bool launched = false;
 #define FDMA_KERNEL(T, IS_BF16, HD)                       \
   if (!launched && bf16 == IS_BF16 && bucket == HD) {     \
-    err = launch_decode_attention<T, HD>(a, grid, stream); \
+    err = launch_decode_attention<T, HD>(a, grid, stream, overlap && (prob.append || prob.dynamic)); \
     launched = true;                                      \
   }
 #include "kernel_list.inc"
 #undef FDMA_KERNEL
   if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(d.D));
   check(err, "attention");
-  if (pl.splits > 1) check(run_decode_combine(a, int(d.B * d.H * d.Sq), bf16, stream), "split merge");
+  if (pl.splits > 1) check(run_decode_combine(a, int(d.B * d.H * d.Sq), bf16, stream, overlap), "split merge");
 }
 
 }  // namespace fdma::cuda

@@ -21,7 +21,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda/decode/score_bits.cuh"
+#include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/per_device.cuh"
+#include "cuda/primitives/ptx.cuh"
 
 namespace fdma::cuda {
 namespace {
@@ -187,6 +189,10 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   int* since = reinterpret_cast<int*>(score + a.slots);
   const CacheView& c = a.cache;
   const int row = blockIdx.x, b = row / c.Hk, hk = row - b * c.Hk, tid = threadIdx.x;
+  // The attention may get its CTAs placed: it waits for this kernel before reading the list.
+  ptx::griddep_launch_dependents();
+  // Until griddep_wait below, only what the call's append (the kernel this one may overlap)
+  // never writes is read: lengths, the state, and keys below the state's prefix n <= old.
   const int L = cache_length(c, b);
   const int old = max(0, L - c.Snew);  // keys that predate this call's appends
   const bool emit = a.mode == StateMode::emit, prefix = a.mode == StateMode::prefix;
@@ -232,6 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
     __syncthreads();
     grown_from = n;
   }
+  ptx::griddep_wait();  // the appended keys are in place from here
   if (!sh.ok) {
     size = rebuild(c, sh, a.w, b, hk, first, pos, score);
     for (int i = tid; i < size; i += kThreads) since[i] = 0;
@@ -305,12 +312,11 @@ int select_state_max_slots() {
   });
 }
 
-cudaError_t run_select_state(const StateSelectArgs& a, int rows, cudaStream_t stream) {
+cudaError_t run_select_state(const StateSelectArgs& a, int rows, cudaStream_t stream, bool overlap) {
   const size_t smem = shared_bytes(a.slots);
   static std::atomic<int> granted[kMaxDevices] = {};
   if (const cudaError_t err = grant_smem_once(select_state_kernel, int(smem), granted); err != cudaSuccess) return err;
-  select_state_kernel<<<rows, kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(overlap, select_state_kernel, dim3(unsigned(rows)), dim3(kThreads), smem, stream, a);
 }
 
 }  // namespace fdma::cuda

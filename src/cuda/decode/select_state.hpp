@@ -35,7 +35,9 @@ struct StateSelectArgs {
 // Positions the kernel can hold in shared memory on the current device (the limit on slots).
 int select_state_max_slots();
 
-// One CTA per (batch, KV head) row on `stream`.
-cudaError_t run_select_state(const StateSelectArgs& args, int rows, cudaStream_t stream);
+// One CTA per (batch, KV head) row on `stream`. overlap: launched overlapping the call's append
+// kernel (launch.cuh); the kernel reads the state and the keys below its prefix, which the
+// append never writes, before it waits for it.
+cudaError_t run_select_state(const StateSelectArgs& args, int rows, cudaStream_t stream, bool overlap = false);
 
 }  // namespace fdma::cuda
