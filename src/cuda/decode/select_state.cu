@@ -238,6 +238,13 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
     __syncthreads();
     grown_from = n;
   }
+  // The worst kept key of a full set read from the state does not depend on the append: found
+  // here, it is off the path that waits for the new keys.
+  bool worst_known = false;
+  if (sh.ok && size == a.w && grown_from < last) {
+    find_worst(c, sh, pos, score, size);
+    worst_known = true;
+  }
   ptx::griddep_wait();  // the appended keys are in place from here
   if (!sh.ok) {
     size = rebuild(c, sh, a.w, b, hk, first, pos, score);
@@ -260,8 +267,10 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
       __syncthreads();
       continue;
     }
-    find_worst(c, sh, pos, score, size);
-    if (rank_of(k.bits, p) < sh.worst_rank) continue;  // never kept by any query
+    if (!worst_known) find_worst(c, sh, pos, score, size);
+    worst_known = true;
+    if (rank_of(k.bits, p) < sh.worst_rank) continue;  // never kept by any query: the set stays
+    worst_known = false;
     const int x = sh.worst;
     if (emit && q0 > since[x]) {  // the evicted key served queries [since, q0)
       if (tid == 0) write_kept(c, list, evicted, a.list_cap, b, pos[x], score[x], since[x], q0);
