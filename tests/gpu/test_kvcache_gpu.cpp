@@ -401,3 +401,31 @@ TEST(KvCacheGpu, SelectStateIsGrownFromWhatItHolds) {
   for (int64_t i = 0; i < c.w; ++i) from_claim += r.state.get(1 + i) < c.w;
   EXPECT_GE(from_claim, c.w - 1) << "the state was recomputed instead of grown";
 }
+
+// Overlapped launches (FDMA_OVERLAP_LAUNCHES, on by default from sm_90): each kernel of a step
+// after the first starts while its predecessor runs. Decode loops with a state, without one and
+// dense, both ways: against the reference, and (where the list order is fixed: with a state,
+// dense) the same bits either way.
+TEST(KvCacheGpu, OverlappedLaunchesBothWays) {
+  REQUIRE_GPU();
+  ScopedEnv env("FDMA_OVERLAP_LAUNCHES");
+  for (int variant = 0; variant < 3; ++variant) {
+    KvCase c;
+    c.B = 3, c.Sq = 1, c.Snew = 1, c.H = 8, c.Hk = 2, c.D = 128, c.w = 100, c.max_len = 3000, c.page_size = 32;
+    c.dtype = DType::bf16, c.state = variant == 0, c.dynamic = variant != 2, c.seed = 450 + uint64_t(variant);
+    c.lens = {0, 200, 2900};
+    std::vector<std::vector<unsigned char>> outs[2];
+    for (int overlap : {0, 1}) {
+      SCOPED_TRACE("variant " + std::to_string(variant) + " overlap " + std::to_string(overlap));
+      env.set(overlap ? "1" : "0");
+      KvRun cpu(c), gpu(c);
+      for (int s = 0; s < 4; ++s) {
+        compare_step(cpu, gpu);
+        if (::testing::Test::HasFailure()) return;
+        outs[overlap].push_back(gpu.out.bytes());
+        for (KvRun* r : {&cpu, &gpu}) r->advance(), r->next_tokens(c.seed * 100 + uint64_t(s));
+      }
+    }
+    if (variant != 1) EXPECT_TRUE(outs[0] == outs[1]) << "variant " << variant;
+  }
+}
