@@ -1,7 +1,8 @@
 """One decode call per configuration, for Nsight Compute:
   ncu --kernel-name regex:select --set full python3 tools/profiling/profile_decode.py
 Warm-up calls first (module load, workspace sizes), then one call under NVTX range "step".
-With --state: twelve steady-state B8 H32 Hk8 128K decode steps that keep a select_state
+With --state (--state64): twelve steady-state B8 H32 Hk8 128K (B64 32K) decode steps that keep a
+select_state
   ncu --kernel-name select_state_kernel --launch-skip 8 --launch-count 1 --set full \
       python3 tools/profiling/profile_decode.py --state"""
 import os
@@ -21,13 +22,14 @@ def call(B, H, Hk, K, D, w):
     return lambda: flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, lens, w)
 
 
-if "--state" in sys.argv:
+if "--state" in sys.argv or "--state64" in sys.argv:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     import bench_decode
 
-    sets = bench_decode.make_sets(8, 131072 + 64, 8, 128, 0, 1, seed=5)
-    q = torch.randn(8, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    step = bench_decode.state_step(q, 2048, dict(sets[0], K=131072), 1)
+    B, K = (64, 32768) if "--state64" in sys.argv else (8, 131072)  # the serving batch, or B8 128K
+    sets = bench_decode.make_sets(B, K + 64, 8, 128, 0, 1, seed=5)
+    q = torch.randn(B, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    step = bench_decode.state_step(q, 2048, dict(sets[0], K=K), 1)
     for _ in range(12):
         step()
     torch.cuda.synchronize()
