@@ -69,8 +69,9 @@ std::vector<Bad<P>> common_qkv_cases() {
   const Status inv = Status::invalid_argument;
   return {
       {"null q", [](P& p) { p.q.data = nullptr; }, inv, "q is required but its data pointer is null"},
-      {"zero Sq", [](P& p) { p.q.shape[1] = 0; }, inv, "q.shape[1] must be >= 1, got 0"},
-      {"negative B", [](P& p) { p.k.shape[0] = -2; }, inv, "k.shape[0] must be >= 1, got -2"},
+      {"zero heads", [](P& p) { p.q.shape[2] = 0; }, inv, "q.shape[2] must be >= 1, got 0"},
+      {"zero kv heads", [](P& p) { p.k.shape[2] = p.v.shape[2] = 0; }, inv, "k.shape[2] must be >= 1, got 0"},
+      {"negative B", [](P& p) { p.k.shape[0] = -2; }, inv, "k.shape[0] must be >= 0, got -2"},
       {"wrong rank", [](P& p) { p.q.ndim = 3; }, inv, "q must have 4 dims"},
       {"rank 5", [](P& p) { p.v.ndim = 5; }, inv, "v must have 4 dims"},
       {"H % Hk", [](P& p) { p.q.shape[2] = 3; }, inv, "H = 3 (q.shape[2]) must be a multiple of Hk = 2"},
@@ -144,7 +145,7 @@ TEST(Validation, AttentionBackward) {
   valid.workspace = ws.data(), valid.workspace_bytes = ws.size();
   auto cases = common_backward_cases<AttentionParams>();
   const Status inv = Status::invalid_argument;
-  cases.push_back({"dbias without bias", [](AttentionParams& p) { p.bias.data = nullptr; }, inv, "dbias is given but bias is not"});
+  cases.push_back({"dbias without bias", [](AttentionParams& p) { p.bias = AttentionParams{}.bias; }, inv, "dbias is given but bias is not"});
   cases.push_back({"dbias shape", [](AttentionParams& p) { p.dbias.shape[2] = 1; }, inv, "expected bias's shape"});
   cases.push_back({"dbias dtype", [](AttentionParams& p) { p.dbias.dtype = FDMA_BFLOAT16; }, inv, "dbias has dtype bfloat16"});
   for (auto& bad : cases)
@@ -216,7 +217,7 @@ TEST(Validation, Select) {
   valid.workspace = ws.data(), valid.workspace_bytes = ws.size();
   const Status inv = Status::invalid_argument;
   std::vector<Bad<SelectParams>> cases = {
-      {"zero queries", [](SelectParams& p) { p.num_queries = 0; }, inv, "num_queries must be in 1.."},
+      {"negative queries", [](SelectParams& p) { p.num_queries = -1; }, inv, "num_queries must be in 0.."},
       {"negative window", [](SelectParams& p) { p.window = -3; }, inv, "window must be >= 1, got -3"},
       {"begin dtype", [](SelectParams& p) { p.keep_begin.dtype = FDMA_FLOAT32; }, inv, "keep_begin has dtype float32, expected int32"},
       {"end shape", [](SelectParams& p) { p.keep_end.shape[2] = 9; }, inv, "keep_end.shape[2] = 9, expected Sk = 10"},

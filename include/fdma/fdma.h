@@ -56,8 +56,15 @@ typedef enum fdma_backend {
 
 typedef enum fdma_pass { FDMA_PASS_FORWARD = 0, FDMA_PASS_BACKWARD = 1 } fdma_pass;
 
-/* A strided view. data == NULL marks an optional tensor as absent. Strides are in
- * elements and must be >= 0; a dim of size 1 may have any stride (it is ignored). */
+/* A strided view. An optional tensor is absent when it is all zeros (data NULL, ndim 0); a
+ * tensor with no elements may have a NULL data pointer. Strides are in elements and must be
+ * >= 0; a dim of size 1 may have any stride (it is ignored).
+ *
+ * Empty problems: B, Sq and Sk (and num_queries of select) may be 0; heads and the head dim
+ * may not. Such a call runs no kernel and needs no workspace; what has elements comes back as
+ * the problem computes it, as SDPA and FlashAttention return it: out 0 and lse -inf (no key
+ * to attend), every gradient 0, every selection interval empty. A KV-cache call with no query
+ * may not append. */
 typedef struct fdma_tensor {
   void* data;
   int32_t dtype; /* fdma_dtype */

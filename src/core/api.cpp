@@ -1,5 +1,6 @@
 // The C++ API: validate, check the workspace, dispatch to a backend.
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "core/device.hpp"
@@ -88,8 +89,62 @@ namespace {
 }  // namespace
 #endif
 
+namespace {
+
+// Problems with no batch, query or key (validation lets B, Sq and Sk be 0) run no kernel. What
+// they compute, as SDPA and FlashAttention return it: outputs with no elements, or zeros for
+// out and every gradient (no key is attended, no query attends) and -inf for lse (the log of
+// an empty sum).
+bool empty(const detail::Dims& d) { return d.B == 0 || d.Sq == 0 || d.Sk == 0; }
+
+// The bits of 0 or -inf in a dtype.
+uint64_t pattern_of(DType dtype, bool minus_inf) {
+  if (!minus_inf) return 0;
+  switch (dtype) {
+    case DType::f32: return 0xff800000u;
+    case DType::f64: return 0xfff0000000000000ull;
+    case DType::f16: return 0xfc00u;
+    case DType::bf16: return 0xff80u;
+    default: return 0;
+  }
+}
+
+void fill(const fdma_tensor& t, bool minus_inf, Backend backend, void* stream) {
+  int64_t n = t.ndim > 0 ? 1 : 0;
+  for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
+  if (n == 0 || !t.data) return;
+  const uint64_t pattern = pattern_of(static_cast<DType>(t.dtype), minus_inf);
+  if (backend == Backend::cuda) {
+#ifdef FDMA_HAVE_CUDA
+    cuda::fill(t, pattern, stream);
+#endif
+    return;
+  }
+  (void)stream;  // the CPU fills in place
+  const size_t bytes = dtype_size(static_cast<DType>(t.dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rest = i, off = 0;
+    for (int d = t.ndim - 1; d >= 0; --d) off += (rest % t.shape[d]) * t.stride[d], rest /= t.shape[d];
+    std::memcpy(static_cast<char*>(t.data) + off * int64_t(bytes), &pattern, bytes);  // little-endian low bytes
+  }
+}
+
+template <class P>
+void empty_forward(const P& p, Backend b) {
+  fill(p.out, false, b, p.stream);
+  fill(p.lse, true, b, p.stream);
+}
+
+template <class P>
+void empty_backward(const P& p, Backend b) {
+  for (const fdma_tensor* t : {&p.dq, &p.dk, &p.dv}) fill(*t, false, b, p.stream);
+}
+
+}  // namespace
+
 size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
   auto prob = detail::validate_attention(p, pass);
+  if (empty(prob.dims)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     return cuda::attention_workspace(prob, pass);
@@ -102,6 +157,7 @@ size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
 
 void attention_forward(const fdma_attention_params& p) {
   auto prob = detail::validate_attention(p, Pass::forward);
+  if (empty(prob.dims)) return empty_forward(p, prob.backend);
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cuda::attention_workspace(prob, Pass::forward));
@@ -116,6 +172,10 @@ void attention_forward(const fdma_attention_params& p) {
 
 void attention_backward(const fdma_attention_params& p) {
   auto prob = detail::validate_attention(p, Pass::backward);
+  if (empty(prob.dims)) {
+    empty_backward(p, prob.backend);
+    return fill(p.dbias, false, prob.backend, p.stream);
+  }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
@@ -132,6 +192,7 @@ void attention_backward(const fdma_attention_params& p) {
 
 size_t select_workspace_size(const fdma_select_params& p) {
   auto prob = detail::validate_select(p);
+  if (prob.B == 0 || prob.Sq == 0 || prob.Sk == 0) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     return cuda::select_workspace(p, prob);
@@ -144,6 +205,10 @@ size_t select_workspace_size(const fdma_select_params& p) {
 
 void select_keys(const fdma_select_params& p) {
   auto prob = detail::validate_select(p);
+  if (prob.B == 0 || prob.Sq == 0 || prob.Sk == 0) {  // every key kept by no query: [0, 0)
+    fill(p.keep_begin, false, prob.backend, p.stream);
+    return fill(p.keep_end, false, prob.backend, p.stream);
+  }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     detail::check_workspace("select", p.workspace, p.workspace_bytes, cuda::select_workspace(p, prob));
@@ -159,6 +224,7 @@ void select_keys(const fdma_select_params& p) {
 
 size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
   auto prob = detail::validate_dma(p, pass);
+  if (empty(prob.dims)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     return cuda::dma_workspace(p, prob, pass);
@@ -171,6 +237,11 @@ size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
 
 void dma_forward(const fdma_dma_params& p) {
   auto prob = detail::validate_dma(p, Pass::forward);
+  if (empty(prob.dims)) {
+    empty_forward(p, prob.backend);
+    fill(p.keep_begin, false, prob.backend, p.stream);
+    return fill(p.keep_end, false, prob.backend, p.stream);
+  }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
@@ -187,6 +258,10 @@ void dma_forward(const fdma_dma_params& p) {
 
 void dma_backward(const fdma_dma_params& p) {
   auto prob = detail::validate_dma(p, Pass::backward);
+  if (empty(prob.dims)) {
+    empty_backward(p, prob.backend);
+    return fill(p.dkey_scores, false, prob.backend, p.stream);
+  }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
@@ -203,6 +278,7 @@ void dma_backward(const fdma_dma_params& p) {
 
 size_t kvcache_workspace_size(const fdma_kvcache_params& p) {
   auto prob = detail::validate_kvcache(p);
+  if (prob.dims.B == 0 || prob.dims.Sq == 0) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     return cuda::kvcache_workspace(p, prob);
@@ -215,6 +291,7 @@ size_t kvcache_workspace_size(const fdma_kvcache_params& p) {
 
 void kvcache_forward(const fdma_kvcache_params& p) {
   auto prob = detail::validate_kvcache(p);
+  if (prob.dims.B == 0 || prob.dims.Sq == 0) return;  // no query, and (validation) nothing appended
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     detail::check_workspace("kvcache attention", p.workspace, p.workspace_bytes, cuda::kvcache_workspace(p, prob));

@@ -33,13 +33,25 @@ struct Span {
   uintptr_t lo, hi;
 };
 
-// Bytes a strided view can touch: [data, data + (1 + sum (shape-1)*stride) * element size).
+bool has_elements(const fdma_tensor& t) {
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] == 0) return false;
+  return true;
+}
+
+// Bytes a strided view can touch: [data, data + (1 + sum (shape-1)*stride) * element size);
+// none for a view with no elements.
 Span span_of(const fdma_tensor& t, const std::string& name) {
+  auto lo = reinterpret_cast<uintptr_t>(t.data);
+  if (!has_elements(t)) return {name, lo, lo};
   int64_t last = 0;
   for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
-  auto lo = reinterpret_cast<uintptr_t>(t.data);
   return {name, lo, lo + static_cast<uintptr_t>(last + 1) * dtype_size(static_cast<DType>(t.dtype))};
 }
+
+// Whether an optional tensor was given: a data pointer, or a shape (a given tensor with no
+// elements may have a null pointer; an absent one is all zeros).
+bool present(const fdma_tensor& t) { return t.data != nullptr || t.ndim != 0; }
 
 class Checker {
  public:
@@ -47,16 +59,19 @@ class Checker {
 
   [[noreturn]] void bad(const std::string& msg) const { fail(Status::invalid_argument, std::string(op_) + ": " + msg); }
 
-  // Presence, rank, positive sizes, non-negative strides, a dtype this library knows.
+  // Presence, rank, sizes >= 0, non-negative strides, a dtype this library knows. A tensor
+  // with no elements may have a null data pointer (what frameworks hand out for them); the
+  // sizes that must be positive (heads, head dim) are checked by `positive`.
   void layout(const fdma_tensor& t, const char* name, int ndim, const char* dims_doc) const {
-    if (t.data == nullptr) bad(std::string(name) + " is required but its data pointer is null");
     if (t.ndim != ndim)
       bad(std::string(name) + " must have " + std::to_string(ndim) + " dims " + dims_doc + ", got ndim = " +
           std::to_string(t.ndim));
+    bool empty = false;
     for (int d = 0; d < ndim; ++d) {
-      if (t.shape[d] < 1)
-        bad(std::string(name) + ".shape[" + std::to_string(d) + "] must be >= 1, got " + std::to_string(t.shape[d]) +
+      if (t.shape[d] < 0)
+        bad(std::string(name) + ".shape[" + std::to_string(d) + "] must be >= 0, got " + std::to_string(t.shape[d]) +
             " (shape " + shape_str(t) + ")");
+      empty |= t.shape[d] == 0;
       if (t.shape[d] > kMaxDim)
         bad(std::string(name) + ".shape[" + std::to_string(d) + "] = " + std::to_string(t.shape[d]) +
             " exceeds the supported maximum " + std::to_string(kMaxDim));
@@ -64,8 +79,15 @@ class Checker {
         bad(std::string(name) + ".stride[" + std::to_string(d) + "] = " + std::to_string(t.stride[d]) +
             ": negative strides are not supported");
     }
+    if (t.data == nullptr && !empty) bad(std::string(name) + " is required but its data pointer is null");
     if (dtype_size(static_cast<DType>(t.dtype)) == 0)
       bad(std::string(name) + " has unknown dtype code " + std::to_string(t.dtype));
+  }
+
+  void positive(const fdma_tensor& t, const char* name, int d) const {
+    if (t.shape[d] < 1)
+      bad(std::string(name) + ".shape[" + std::to_string(d) + "] must be >= 1, got " + std::to_string(t.shape[d]) +
+          " (shape " + shape_str(t) + ")");
   }
 
   void dtype_in(const fdma_tensor& t, const char* name, std::initializer_list<DType> allowed,
@@ -83,7 +105,7 @@ class Checker {
 
   void unit_last_stride(const fdma_tensor& t, const char* name) const {
     int d = t.ndim - 1;
-    if (t.shape[d] > 1 && t.stride[d] != 1)
+    if (has_elements(t) && t.shape[d] > 1 && t.stride[d] != 1)
       bad(std::string(name) + ".stride[" + std::to_string(d) + "] = " + std::to_string(t.stride[d]) +
           ", expected 1 (the head dim must be contiguous)");
   }
@@ -91,6 +113,7 @@ class Checker {
   // An output must not write one element twice: sorted by stride, each dim must step past
   // everything the smaller dims reach.
   void no_self_overlap(const fdma_tensor& t, const char* name) const {
+    if (!has_elements(t)) return;
     std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims with size > 1
     for (int d = 0; d < t.ndim; ++d)
       if (t.shape[d] > 1) dims.emplace_back(t.stride[d], t.shape[d]);
@@ -139,14 +162,18 @@ class Checker {
     }
   }
 
-  // AUTO picks CUDA iff the first tensor is device memory; then every tensor must agree.
-  Backend backend(int32_t requested, const std::vector<std::pair<std::string, const void*>>& ptrs) const {
+  // AUTO picks CUDA iff the first tensor with data is device memory; then every tensor with
+  // data must agree (empty tensors may have none). With no data at all, the CPU runs the call.
+  Backend backend(int32_t requested, const std::vector<std::pair<std::string, const void*>>& given) const {
     if (requested < FDMA_BACKEND_AUTO || requested > FDMA_BACKEND_CUDA)
       bad("backend = " + std::to_string(requested) + " is not one of AUTO (0), CPU (1), CUDA (2)");
+    std::vector<std::pair<std::string, const void*>> ptrs;
+    for (auto& named : given)
+      if (named.second) ptrs.push_back(named);
     std::vector<PointerLocation> locs;
     for (auto& [name, ptr] : ptrs) locs.push_back(locate_pointer(ptr));
     Backend b = static_cast<Backend>(requested);
-    if (b == Backend::automatic) b = locs.front().device ? Backend::cuda : Backend::cpu;
+    if (b == Backend::automatic) b = !locs.empty() && locs.front().device ? Backend::cuda : Backend::cpu;
     if (b == Backend::cuda && !cuda_runtime_usable())
       fail(Status::unsupported, std::string(op_) + ": the CUDA backend needs a CUDA build of Flash-DMA and a usable GPU");
     for (size_t i = 0; i < ptrs.size(); ++i) {
@@ -170,6 +197,8 @@ class Checker {
 // A q/k/v triple, shared by attention and dynamic_mask_attention.
 Dims check_qkv(const Checker& c, const fdma_tensor& q, const fdma_tensor& k, const fdma_tensor& v) {
   c.layout(q, "q", 4, "[B, Sq, H, D]");
+  c.positive(q, "q", 2);
+  c.positive(q, "q", 3);
   c.dtype_in(q, "q", {DType::f32, DType::f16, DType::bf16, DType::f64}, "float16, bfloat16, float32 or float64");
   Dims d;
   d.B = q.shape[0];
@@ -187,6 +216,7 @@ Dims check_qkv(const Checker& c, const fdma_tensor& q, const fdma_tensor& k, con
     c.dim(*t, name, 0, d.B, "B");
     c.dim(*t, name, 3, d.D, "head dim D");
   }
+  c.positive(k, "k", 2);
   d.Sk = k.shape[1];
   d.Hk = k.shape[2];
   c.dim(v, "v", 1, d.Sk, "Sk");
@@ -285,7 +315,7 @@ void check_attention_io(const Checker& c, const P& p, Pass pass, const Dims& d, 
   if (pass == Pass::forward) {
     check_like(c, p.out, "out", p.q, "q", true);
     io.output(p.out, "out");
-    if (p.lse.data) {
+    if (present(p.lse)) {
       check_lse(c, p.lse, d, dtype, true);
       io.output(p.lse, "lse");
     }
@@ -325,12 +355,12 @@ AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
   io.input(p.q, "q");
   io.input(p.k, "k");
   io.input(p.v, "v");
-  if (p.mask.data) {
+  if (present(p.mask)) {
     prob.mask = c.broadcast4(p.mask, "mask", d);
     c.dtype_in(p.mask, "mask", {DType::boolean}, "bool");
     io.input(p.mask, "mask");
   }
-  if (p.bias.data) {
+  if (present(p.bias)) {
     prob.bias = c.broadcast4(p.bias, "bias", d);
     check_q_or_f32(c, p.bias, "bias", prob.dtype);
     io.input(p.bias, "bias");
@@ -340,8 +370,8 @@ AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
   prob.softcap = p.softcap;
   prob.causal = p.causal != 0;
   check_attention_io(c, p, pass, d, prob.dtype, io);
-  if (pass == Pass::backward && p.dbias.data) {
-    if (!p.bias.data) c.bad("dbias is given but bias is not");
+  if (pass == Pass::backward && present(p.dbias)) {
+    if (!present(p.bias)) c.bad("dbias is given but bias is not");
     c.broadcast4(p.dbias, "dbias", d);
     for (int k = 0; k < 4; ++k)
       if (p.dbias.shape[k] != p.bias.shape[k])
@@ -365,15 +395,16 @@ SelectProblem validate_select(const fdma_select_params& p) {
   prob.B = p.key_scores.shape[0];
   prob.Hk = p.key_scores.shape[1];
   prob.Sk = p.key_scores.shape[2];
-  if (p.num_queries < 1 || p.num_queries > kMaxDim)
-    c.bad("num_queries must be in 1.." + std::to_string(kMaxDim) + ", got " + std::to_string(p.num_queries));
+  c.positive(p.key_scores, "key_scores", 1);
+  if (p.num_queries < 0 || p.num_queries > kMaxDim)
+    c.bad("num_queries must be in 0.." + std::to_string(kMaxDim) + ", got " + std::to_string(p.num_queries));
   prob.Sq = p.num_queries;
   check_window(c, p.window);
   prob.window = p.window;
   prob.causal = p.causal != 0;
   Collected io;
   io.input(p.key_scores, "key_scores");
-  if (p.key_padding.data) {
+  if (present(p.key_padding)) {
     check_padding(c, p.key_padding, prob.B, prob.Sk);
     prob.has_padding = true;
     io.input(p.key_padding, "key_padding");
@@ -402,7 +433,7 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
   check_key_scores(c, p.key_scores, "key_scores", d.B, d.Hk, d.Sk);
   check_q_or_f32(c, p.key_scores, "key_scores", prob.dtype);
   io.input(p.key_scores, "key_scores");
-  if (p.key_padding.data) {
+  if (present(p.key_padding)) {
     check_padding(c, p.key_padding, d.B, d.Sk);
     prob.has_padding = true;
     io.input(p.key_padding, "key_padding");
@@ -415,15 +446,15 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
   prob.scale = resolve_scale(p.scale, d.D);
   prob.softcap = p.softcap;
   check_attention_io(c, p, pass, d, prob.dtype, io);
-  if (pass == Pass::backward && p.dkey_scores.data) {
+  if (pass == Pass::backward && present(p.dkey_scores)) {
     check_key_scores(c, p.dkey_scores, "dkey_scores", d.B, d.Hk, d.Sk);
     check_grad_dtype(c, p.dkey_scores, "dkey_scores", p.key_scores, "key_scores");
     c.no_self_overlap(p.dkey_scores, "dkey_scores");
     io.output(p.dkey_scores, "dkey_scores");
     prob.has_dscores = true;
   }
-  if (p.keep_begin.data || p.keep_end.data) {
-    if (!p.keep_begin.data || !p.keep_end.data) c.bad("keep_begin and keep_end go together: give both or neither");
+  if (present(p.keep_begin) || present(p.keep_end)) {
+    if (!present(p.keep_begin) || !present(p.keep_end)) c.bad("keep_begin and keep_end go together: give both or neither");
     for (auto [t, name] : {std::pair{&p.keep_begin, "keep_begin"}, std::pair{&p.keep_end, "keep_end"}}) {
       check_key_scores(c, *t, name, d.B, d.Hk, d.Sk);
       c.dtype_in(*t, name, {DType::i32}, "int32");
@@ -470,7 +501,9 @@ void check_cache_contents(const Checker& c, const fdma_kvcache_params& p, const 
 KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
   Checker c("kvcache attention");
   KvCacheProblem prob;
-  c.layout(p.q, "q", 4, "[B, Sq, H, D]");
+  c.layout(p.q, "q", 4, "[B, Sq, H, D]");  // B and Sq may be 0: nothing to compute
+  c.positive(p.q, "q", 2);
+  c.positive(p.q, "q", 3);
   c.dtype_in(p.q, "q", {DType::f32, DType::f16, DType::bf16, DType::f64}, "float16, bfloat16, float32 or float64");
   prob.dtype = static_cast<DType>(p.q.dtype);
   Dims& d = prob.dims;
@@ -483,10 +516,11 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
   Collected io;
   io.input(p.q, "q");
 
-  prob.paged = p.block_table.data != nullptr;
+  prob.paged = present(p.block_table);
   const char* cache_dims = prob.paged ? "[num_pages, page_size, Hk, D]" : "[B, max_len, Hk, D]";
   for (auto [t, name] : {std::pair{&p.k_cache, "k_cache"}, std::pair{&p.v_cache, "v_cache"}}) {
     c.layout(*t, name, 4, cache_dims);
+    for (int k = prob.paged ? 0 : 1; k < 3; ++k) c.positive(*t, name, k);
     if (t->dtype != p.q.dtype)
       c.bad(std::string(name) + " has dtype " + dtype_name(static_cast<DType>(t->dtype)) + ", expected q's dtype " + qdt);
     c.dim(*t, name, 3, d.D, "head dim D");
@@ -503,6 +537,7 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
     if (prob.page_size % 16 != 0)
       c.bad("page_size = k_cache.shape[1] = " + std::to_string(prob.page_size) + " must be a multiple of 16");
     c.layout(p.block_table, "block_table", 2, "[B, max_pages]");
+    c.positive(p.block_table, "block_table", 1);
     c.dtype_in(p.block_table, "block_table", {DType::i32}, "int32");
     c.dim(p.block_table, "block_table", 0, d.B, "B");
     prob.max_pages = p.block_table.shape[1];
@@ -513,14 +548,14 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
     c.dim(p.k_cache, "k_cache", 0, d.B, "B");
     d.Sk = p.k_cache.shape[1];
   }
-  if (p.cache_seqlens.data) {
+  if (present(p.cache_seqlens)) {
     c.layout(p.cache_seqlens, "cache_seqlens", 1, "[B]");
     c.dtype_in(p.cache_seqlens, "cache_seqlens", {DType::i32}, "int32");
     c.dim(p.cache_seqlens, "cache_seqlens", 0, d.B, "B");
     io.input(p.cache_seqlens, "cache_seqlens");
   }
 
-  prob.dynamic = p.score_cache.data != nullptr;
+  prob.dynamic = present(p.score_cache);
   if (prob.dynamic) {
     if (prob.paged) {
       c.layout(p.score_cache, "score_cache", 3, "[num_pages, page_size, Hk]");
@@ -542,15 +577,16 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
   }
 
   // New tokens to append.
-  prob.append = p.k.data || p.v.data || p.scores.data;
-  if (prob.append && !p.cache_seqlens.data)
+  prob.append = present(p.k) || present(p.v) || present(p.scores);
+  if (prob.append && !present(p.cache_seqlens))
     c.bad("k, v and scores are appended at cache_seqlens, which is not given (without it every cache is full)");
   if (prob.append) {
-    if (!p.k.data || !p.v.data) c.bad("k and v go together: give both or neither");
-    if (prob.dynamic && !p.scores.data) c.bad("scores is required with k and v when score_cache is given");
-    if (!prob.dynamic && p.scores.data) c.bad("scores is given but score_cache is not");
+    if (!present(p.k) || !present(p.v)) c.bad("k and v go together: give both or neither");
+    if (prob.dynamic && !present(p.scores)) c.bad("scores is required with k and v when score_cache is given");
+    if (!prob.dynamic && present(p.scores)) c.bad("scores is given but score_cache is not");
     for (auto [t, name] : {std::pair{&p.k, "k"}, std::pair{&p.v, "v"}}) {
       c.layout(*t, name, 4, "[B, Snew, Hk, D]");
+      c.positive(*t, name, 1);
       if (t->dtype != p.q.dtype)
         c.bad(std::string(name) + " has dtype " + dtype_name(static_cast<DType>(t->dtype)) + ", expected q's dtype " + qdt);
       c.dim(*t, name, 0, d.B, "B");
@@ -572,11 +608,14 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
       io.input(p.scores, "scores");
     }
   }
+  if (prob.append && d.Sq == 0 && d.B > 0)
+    c.bad("q has no queries (Sq = 0) but k and v are given: the append runs with the attention, pass at least one "
+          "query");
   // The caches are written when appending: they must not overlap each other or the inputs.
   std::vector<std::pair<const fdma_tensor*, const char*>> caches = {{&p.k_cache, "k_cache"}, {&p.v_cache, "v_cache"}};
   if (prob.dynamic) caches.emplace_back(&p.score_cache, "score_cache");
   Collected written;
-  if (p.select_state.data) {
+  if (present(p.select_state)) {
     if (!prob.dynamic) c.bad("select_state is given but score_cache is not (dense attention selects nothing)");
     prob.state_slots = std::min<int64_t>(prob.window, d.Sk);
     c.layout(p.select_state, "select_state", 3, "[B, Hk, 1 + min(window, capacity)]");
@@ -604,7 +643,7 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
 
   check_like(c, p.out, "out", p.q, "q", true);
   io.output(p.out, "out");
-  if (p.lse.data) {
+  if (present(p.lse)) {
     check_lse(c, p.lse, d, prob.dtype, true);
     io.output(p.lse, "lse");
   }

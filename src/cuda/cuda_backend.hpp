@@ -25,6 +25,10 @@ size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, P
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob);
 
+// Every element of a device tensor set to one bit pattern of its dtype's size (fill.cu): the
+// outputs of problems with no batch, query or key.
+void fill(const fdma_tensor& t, uint64_t pattern, void* stream);
+
 // Attention against a KV cache (kvcache_cuda.cu): the decode path.
 size_t kvcache_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
 void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);

@@ -5,8 +5,11 @@
 // Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "attention_case.hpp"
 #include "device_tensor.hpp"
+#include "empty_case.hpp"
 
 using namespace fdma;
 using namespace fdma::test;
@@ -451,4 +454,30 @@ TEST(AttentionGpu, OverlappedLaunchesMatchSerialOnes) {
   GpuAttention gpu(r);
   ASSERT_TRUE(gpu.ok());
   expect_switch_bitwise(gpu, overlap);
+}
+
+// Empty problems on the GPU (empty_case.hpp): no kernel of the operations runs; the outputs
+// that have elements are filled on the device.
+namespace {
+struct DevicePlace {
+  std::vector<std::unique_ptr<DeviceTensor>> copies;
+  Tensor put(HostTensor& t) {
+    copies.push_back(std::make_unique<DeviceTensor>(t));
+    return copies.back()->view();
+  }
+  void back() {
+    FDMA_CUDA_OK(cudaDeviceSynchronize());
+    for (auto& c : copies) c->download();
+    copies.clear();
+  }
+};
+}  // namespace
+
+TEST(AttentionGpu, EmptyProblems) {
+  REQUIRE_GPU();
+  DevicePlace place;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    check_empty_problems(place, dt);
+  }
 }

@@ -282,3 +282,26 @@ def test_available_backends():
     backends = flash_dma.get_available_backends()
     assert backends[0] == "cpu"
     assert ("cuda" in backends) == (torch.cuda.is_available() and "cuda" in backends)
+
+
+@pytest.mark.parametrize("B, Sq, Sk", [(0, 5, 7), (2, 0, 7), (2, 5, 0)])
+def test_empty_problems(device, B, Sq, Sk):
+    """No batch, query or key: empty outputs, or out 0 and lse -inf where no key is attended,
+    and zero gradients, as SDPA and FlashAttention return them."""
+    dtype = dtypes(device)[0]
+    q, k, v = qkv(B, Sq, Sk, 4, 2, 16, dtype, device, 31)
+    scores = torch.randn(B, 2, Sk, device=device, requires_grad=True)
+    bias = torch.randn(1, 1, 1, Sk, device=device, requires_grad=True)
+    for name, call in [
+        ("attention", lambda: flash_dma.attention(q, k, v, attn_bias=bias, is_causal=True, return_lse=True)),
+        ("dynamic_mask_attention", lambda: flash_dma.dynamic_mask_attention(q, k, v, scores, 3, return_lse=True)),
+    ]:
+        for t in (q, k, v, scores, bias):
+            t.grad = None
+        out, lse = call()
+        assert out.shape == (B, Sq, 4, 16) and lse.shape == (B, 4, Sq), name
+        assert torch.all(out == 0) and torch.all(lse == float("-inf")), name
+        out.sum().backward()
+        for t, what in [(q, "dq"), (k, "dk"), (v, "dv")] + ([(bias, "dbias")] if name == "attention" else
+                                                             [(scores, "dkey_scores")]):
+            assert t.grad is not None and t.grad.shape == t.shape and torch.all(t.grad == 0), f"{name} {what}"
