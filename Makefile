@@ -7,7 +7,9 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 VENV ?= .venv
 LIB := $(abspath $(BUILD))/libfdma.so
 
-.PHONY: all build run test pytest bench clean
+SANITIZE_BUILD ?= build-sanitize
+
+.PHONY: all build run test pytest sanitize bench clean
 
 all: build
 
@@ -24,6 +26,19 @@ run: build
 test: build $(VENV)/.ready
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	FDMA_LIBRARY=$(LIB) $(VENV)/bin/python -m pytest tests/python -q
+	$(MAKE) sanitize
+
+# The C++ suites again on a CPU-only build under AddressSanitizer and UndefinedBehaviorSanitizer:
+# any out-of-bounds access, use after free, leak, overflow or misaligned access fails the run.
+$(SANITIZE_BUILD)/.configured: CMakeLists.txt tests/CMakeLists.txt
+	cmake -S . -B $(SANITIZE_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release -DFDMA_WITH_CUDA=OFF \
+	  -DFDMA_SANITIZE=address,undefined
+	@touch $@
+
+sanitize: $(SANITIZE_BUILD)/.configured
+	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir $(SANITIZE_BUILD) --output-on-failure -j $(JOBS)
 
 # The Python tests only (CPU backend; add PYTEST_ARGS="--device cuda" on a GPU machine).
 pytest: build $(VENV)/.ready
@@ -40,4 +55,4 @@ bench: build
 	$(BUILD)/fdma bench
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(SANITIZE_BUILD)
