@@ -3,6 +3,10 @@
 // nothing kept, softcap, scores added or not, every dtype.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <memory>
+#include <thread>
+
 #include "dma_case.hpp"
 
 using namespace fdma;
@@ -29,6 +33,17 @@ TEST(DynamicMaskAttention, ShapesAndWindows) {
           c.B = 2, c.Sq = Sq, c.Sk = Sk, c.H = H, c.Hk = Hk, c.D = 16, c.w = w, c.causal = causal, c.seed = seed++;
           run(c);
         }
+}
+
+// Any window up to INT64_MAX keeps every key. Found by the fuzzer: the CPU sized its per-worker
+// lists as window + 64, which overflowed.
+TEST(DynamicMaskAttention, LargestWindowKeepsEveryKey) {
+  for (bool causal : {true, false}) {
+    DmaCase c;
+    c.B = 1, c.Sq = 9, c.Sk = 70, c.H = 2, c.Hk = 1, c.D = 16, c.w = std::numeric_limits<int64_t>::max();
+    c.causal = causal, c.seed = 77;
+    run(c);
+  }
 }
 
 TEST(DynamicMaskAttention, TiesPaddingAndNoScoreBias) {
@@ -94,6 +109,35 @@ TEST(DynamicMaskAttention, DeterministicAcrossThreadCounts) {
   set_num_threads(0);
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(results[0], results[2]);
+}
+
+// The same call from several threads at once (each with its own outputs and workspace, the
+// inputs shared) gives the bits of one call at a time: the CPU backend's worker pool serves
+// concurrent callers.
+TEST(DynamicMaskAttention, ConcurrentCallsGiveTheSameBits) {
+  DmaCase c;
+  c.B = 2, c.Sq = 120, c.Sk = 130, c.H = 4, c.Hk = 2, c.D = 16, c.w = 25, c.padding = true, c.seed = 11;
+  auto bits = [](DmaRun& r) {
+    r.forward();
+    r.backward();
+    std::vector<unsigned char> all;
+    for (HostTensor* t : {&r.out, &r.lse, &r.dq, &r.dk, &r.dv, &r.dscores})
+      all.insert(all.end(), t->bytes().begin(), t->bytes().end());
+    return all;
+  };
+  DmaRun alone(c);
+  const std::vector<unsigned char> expected = bits(alone);
+  constexpr int kThreads = 4, kRepeats = 3;
+  std::vector<std::unique_ptr<DmaRun>> runs;
+  for (int t = 0; t < kThreads; ++t) runs.push_back(std::make_unique<DmaRun>(c));
+  std::vector<std::vector<unsigned char>> got(kThreads * kRepeats);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kRepeats; ++k) got[t * kRepeats + k] = bits(*runs[t]);
+    });
+  for (std::thread& th : threads) th.join();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == expected) << "thread " << i / kRepeats << " call " << i % kRepeats;
 }
 
 // keep_begin/keep_end: the forward writes its selection there (exactly select_keys'), and a

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "attention_case.hpp"
@@ -72,6 +73,10 @@ std::vector<Bad<P>> common_qkv_cases() {
       {"zero heads", [](P& p) { p.q.shape[2] = 0; }, inv, "q.shape[2] must be >= 1, got 0"},
       {"zero kv heads", [](P& p) { p.k.shape[2] = p.v.shape[2] = 0; }, inv, "k.shape[2] must be >= 1, got 0"},
       {"negative B", [](P& p) { p.k.shape[0] = -2; }, inv, "k.shape[0] must be >= 0, got -2"},
+      // Found by the fuzzer: an extent of exactly INT64_MAX elements overflowed the check itself.
+      {"stride INT64_MAX", [](P& p) { p.k.stride[0] = std::numeric_limits<int64_t>::max(); }, inv,
+       "k spans more than 2^50 bytes"},
+      {"stride 2^62", [](P& p) { p.v.stride[1] = int64_t(1) << 62; }, inv, "v spans more than 2^50 bytes"},
       {"wrong rank", [](P& p) { p.q.ndim = 3; }, inv, "q must have 4 dims"},
       {"rank 5", [](P& p) { p.v.ndim = 5; }, inv, "v must have 4 dims"},
       {"H % Hk", [](P& p) { p.q.shape[2] = 3; }, inv, "H = 3 (q.shape[2]) must be a multiple of Hk = 2"},

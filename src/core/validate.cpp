@@ -82,6 +82,20 @@ class Checker {
     if (t.data == nullptr && !empty) bad(std::string(name) + " is required but its data pointer is null");
     if (dtype_size(static_cast<DType>(t.dtype)) == 0)
       bad(std::string(name) + " has unknown dtype code " + std::to_string(t.dtype));
+    // The bytes the view spans, checked for overflow: past 2^50 no memory holds it, and the
+    // offsets into it could wrap.
+    if (!empty) {
+      int64_t last = 0, term = 0;
+      bool overflow = false;
+      for (int d = 0; d < ndim && !overflow; ++d)
+        overflow = __builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &term) || __builtin_add_overflow(last, term, &last);
+      overflow = overflow || __builtin_add_overflow(last, 1, &last) ||
+                 __builtin_mul_overflow(last, int64_t(dtype_size(static_cast<DType>(t.dtype))), &term) ||
+                 term > (int64_t(1) << 50);
+      if (overflow)
+        bad(std::string(name) + " spans more than 2^50 bytes (shape " + shape_str(t) + " and its strides): no " +
+            "memory holds such a view");
+    }
   }
 
   void positive(const fdma_tensor& t, const char* name, int d) const {

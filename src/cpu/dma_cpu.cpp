@@ -38,7 +38,7 @@ struct DmaCommon {
     begin = a.take<int32_t>(d.B * d.Hk * d.Sk);
     end = a.take<int32_t>(d.B * d.Hk * d.Sk);
     heap_len = std::min(prob.window, d.Sk);
-    list_len = std::min(d.Sk, prob.window + kTile);
+    list_len = prob.window >= d.Sk ? d.Sk : std::min(d.Sk, prob.window + kTile);  // any window up to INT64_MAX
     heap = a.take<int32_t>(workers * heap_len);
     list = a.take<int32_t>(workers * list_len);
   }
