@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
+#include <thread>
 
 #include "device_tensor.hpp"
 #include "dma_case.hpp"
@@ -394,6 +396,58 @@ TEST(DmaGpu, BackwardIsBitwiseDeterministic) {
       ++n;
     }
   }
+}
+
+// The same forward and deterministic backward from four host threads at once, each on its own
+// non-blocking stream with its own outputs and workspace: the bits of one call at a time.
+TEST(DmaGpu, ConcurrentCallsOnSeveralStreams) {
+  REQUIRE_GPU();
+  DmaCase c;
+  c.B = 2, c.Sq = 300, c.Sk = 400, c.H = 4, c.Hk = 2, c.D = 64, c.w = 50, c.causal = true, c.padding = true;
+  c.dtype = DType::bf16, c.seed = 1210;
+  struct Caller {
+    DmaRun r;
+    GpuDma g;
+    cudaStream_t stream = nullptr;
+    std::unique_ptr<DeviceWorkspace> ws;
+    size_t bytes = 0;
+    explicit Caller(const DmaCase& c) : r(c), g(r) {
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      DmaParams p = g.params();
+      bytes = std::max(dma_workspace_size(p, Pass::forward), dma_workspace_size(p, Pass::backward));
+      ws = std::make_unique<DeviceWorkspace>(bytes);
+    }
+    ~Caller() { cudaStreamDestroy(stream); }
+    std::vector<unsigned char> call() {
+      DmaParams p = g.params();
+      p.deterministic = 1, p.stream = stream, p.workspace = ws->ptr, p.workspace_bytes = bytes;
+      dma_forward(p);
+      dma_backward(p);
+      if (cudaStreamSynchronize(stream) != cudaSuccess) return {};
+      std::vector<unsigned char> all;
+      for (auto [dev, host] : {std::pair{&g.out, &r.out}, {&g.lse, &r.lse}, {&g.dq, &r.dq}, {&g.dk, &r.dk},
+                               {&g.dv, &r.dv}, {&g.dscores, &r.dscores}}) {
+        dev->download();
+        all.insert(all.end(), host->bytes().begin(), host->bytes().end());
+      }
+      return all;
+    }
+  };
+  Caller alone(c);
+  const std::vector<unsigned char> expected = alone.call();
+  ASSERT_FALSE(expected.empty());
+  constexpr int kThreads = 4, kRepeats = 3;
+  std::vector<std::unique_ptr<Caller>> callers;
+  for (int t = 0; t < kThreads; ++t) callers.push_back(std::make_unique<Caller>(c));
+  std::vector<std::vector<unsigned char>> got(kThreads * kRepeats);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kRepeats; ++k) got[t * kRepeats + k] = callers[t]->call();
+    });
+  for (std::thread& th : threads) th.join();
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(got[i] == expected) << "thread " << i / kRepeats << " call " << i % kRepeats;
 }
 
 // keep_begin/keep_end on the GPU: the forward writes exactly the CPU's selection, and a

@@ -17,6 +17,19 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     _INDUCTOR_DIR = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="fdma_inductor_")
 
 
+# Property tests (test_properties.py): a fixed set of 30 examples a test by default, so CI
+# reruns the same inputs; `pytest --hypothesis-profile=thorough` draws 1000 fresh ones.
+try:
+    from hypothesis import HealthCheck, settings
+
+    _quiet = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True, suppress_health_check=_quiet)
+    settings.register_profile("thorough", max_examples=1000, deadline=None, suppress_health_check=_quiet)
+    settings.load_profile("ci")
+except ImportError:  # pragma: no cover - the property tests skip without hypothesis
+    pass
+
+
 def pytest_unconfigure(config):
     if _INDUCTOR_DIR:
         import shutil

@@ -1,0 +1,130 @@
+"""Property tests (hypothesis): random shapes, heads, broadcast patterns of mask and bias,
+dtypes, windows, causal flags, key padding and tied scores, each checked against the float64
+references this test suite writes (reference.py: dense masked attention and brute-force top-w,
+not the library's CPU backend), values and every gradient by autograd on the reference.
+
+The CPU backend by default (float32 and float64); `--device cuda` runs them on the GPU
+(bfloat16, float16). The hypothesis profile in conftest.py: 30 fixed examples a test, or
+`--hypothesis-profile=thorough` for 1000 fresh ones.
+"""
+import pytest
+import torch
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import flash_dma
+from reference import attention_ref, select_ref
+
+TOL = {torch.float64: 1e-9, torch.float32: 3e-4, torch.bfloat16: 4e-2, torch.float16: 6e-3}
+
+
+def dtypes(device):
+    return [torch.float64, torch.float32] if device.type == "cpu" else [torch.bfloat16, torch.float16]
+
+
+def close(actual, expected, dtype, what):
+    """Within the tolerance of the computation's dtype or of the result's, the looser."""
+    if expected.numel() == 0:
+        return
+    tol = max(TOL[dtype], TOL[actual.dtype]) * max(1.0, expected.abs().max().item())
+    err = (actual.double() - expected.double()).abs().max().item()
+    assert err <= tol, f"{what}: max |err| {err:.3g} > {tol:.3g}"
+
+
+@st.composite
+def shapes(draw):
+    Hk = draw(st.integers(1, 3))
+    return dict(B=draw(st.integers(1, 2)), Sq=draw(st.integers(1, 40)), Sk=draw(st.integers(1, 40)), Hk=Hk,
+                H=Hk * draw(st.integers(1, 3)), D=draw(st.sampled_from([8, 16, 24, 32, 64])))
+
+
+def broadcast_shape(draw, s, heads_allowed):
+    """A [B|1, heads, Sq|1, Sk|1] shape."""
+    return (draw(st.sampled_from([1, s["B"]])), draw(st.sampled_from(heads_allowed)), draw(st.sampled_from([1, s["Sq"]])),
+            draw(st.sampled_from([1, s["Sk"]])))
+
+
+def tensors(s, dtype, device, gen):
+    def make(*shape, lo=-1.0, hi=1.0):
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(device, dtype)
+    return (make(s["B"], s["Sq"], s["H"], s["D"]), make(s["B"], s["Sk"], s["Hk"], s["D"]),
+            make(s["B"], s["Sk"], s["Hk"], s["D"]), make)
+
+
+@given(data=st.data())
+def test_attention_against_the_reference(device, data):
+    s = data.draw(shapes())
+    dtype = data.draw(st.sampled_from(dtypes(device)))
+    causal = data.draw(st.booleans())
+    softcap = data.draw(st.sampled_from([0.0, 0.0, 5.0]))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31)))
+    q, k, v, make = tensors(s, dtype, device, gen)
+    heads = sorted({1, s["Hk"], s["H"]})
+    mask = bias = None
+    if data.draw(st.booleans()):
+        mask = make(*broadcast_shape(data.draw, s, heads), lo=0.0, hi=1.0) > 0.3
+    if data.draw(st.booleans()):
+        bias_dtype = data.draw(st.sampled_from([dtype, torch.float32]))
+        bias = make(*broadcast_shape(data.draw, s, heads)).to(bias_dtype)
+    leaves = [t.requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
+    out = flash_dma.attention(q, k, v, attn_mask=mask, attn_bias=bias, is_causal=causal, softcap=softcap)
+    refs = [t.detach().double().requires_grad_() for t in leaves]  # float64 leaves of the reference
+    ref = attention_ref(*refs[:3], mask=mask, bias=refs[3] if bias is not None else None, causal=causal,
+                        softcap=softcap)
+    close(out, ref, dtype, "out")
+    dout = make(*out.shape)
+    got = torch.autograd.grad(out, leaves, dout)
+    want = torch.autograd.grad(ref, refs, dout.double())
+    for name, g, w in zip(["dq", "dk", "dv", "dbias"], got, want):
+        close(g, w, dtype, name)
+
+
+@given(data=st.data())
+def test_dynamic_mask_attention_against_the_reference(device, data):
+    s = data.draw(shapes())
+    dtype = data.draw(st.sampled_from(dtypes(device)))
+    causal = data.draw(st.booleans())
+    add_scores = data.draw(st.booleans())
+    window = data.draw(st.integers(1, s["Sk"] + 3))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31)))
+    q, k, v, make = tensors(s, dtype, device, gen)
+    scores = make(s["B"], s["Hk"], s["Sk"], lo=-2.0, hi=2.0).float()
+    if data.draw(st.booleans()):  # ties: a few distinct values
+        scores = (scores * 2).round() / 2
+    padding = None
+    if data.draw(st.booleans()):
+        padding = make(s["B"], s["Sk"], lo=0.0, hi=1.0) > 0.25
+    leaves = [t.requires_grad_() for t in (q, k, v, scores)]
+    out = flash_dma.dynamic_mask_attention(q, k, v, scores, window, is_causal=causal, key_padding_mask=padding,
+                                           add_scores=add_scores)
+    keep = select_ref(scores.detach(), window, s["Sq"], causal, padding)  # [B, Hk, Sq, Sk]
+    refs = [t.detach().double().requires_grad_() for t in leaves]
+    bias = refs[3].unsqueeze(2) if add_scores else None  # [B, Hk, 1, Sk]
+    ref = attention_ref(*refs[:3], mask=keep, bias=bias)
+    close(out, ref, dtype, "out")
+    dout = make(*out.shape)
+    got = torch.autograd.grad(out, leaves, dout, allow_unused=True)
+    want = torch.autograd.grad(ref, refs, dout.double(), allow_unused=True)
+    for name, g, w in zip(["dq", "dk", "dv", "dkey_scores"], got, want):
+        w = torch.zeros_like(refs[3]) if w is None else w  # scores not added: zero gradient
+        g = torch.zeros_like(w) if g is None else g
+        close(g, w, dtype, name)
+
+
+@given(data=st.data())
+def test_select_keys_against_brute_force(device, data):
+    B, Hk, Sk = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 60))
+    Sq = data.draw(st.integers(1, 60))
+    window, causal = data.draw(st.integers(1, Sk + 2)), data.draw(st.booleans())
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31)))
+    scores = (torch.rand(B, Hk, Sk, generator=gen) * 4 - 2)
+    if data.draw(st.booleans()):
+        scores = scores.round()
+    scores = scores.to(device, data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])))
+    padding = (torch.rand(B, Sk, generator=gen) > 0.3).to(device) if data.draw(st.booleans()) else None
+    sel = flash_dma.select_keys(scores, window, num_queries=Sq, is_causal=causal, key_padding_mask=padding)
+    i = torch.arange(Sq, device=device).view(1, 1, -1, 1)
+    got = (i >= sel.begin.unsqueeze(2)) & (i < sel.end.unsqueeze(2))
+    assert torch.equal(got, select_ref(scores.float(), window, Sq, causal, padding))
