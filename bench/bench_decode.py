@@ -197,7 +197,7 @@ def dma_entry(B, H, Hk, K, D, w):
     return row
 
 
-def prefill_chunk(B, H, Hk, K, D, w, chunk):
+def prefill_chunk(B, H, Hk, K, D, w, chunk, causal=True):
     """ms of a chunk of `chunk` queries at the end of a K-key cache through the KV-cache call,
     without a select_state and with one that describes the keys before the chunk (restored
     before each call, as the previous chunk of a prompt leaves it; the copy is timed too),
@@ -213,21 +213,22 @@ def prefill_chunk(B, H, Hk, K, D, w, chunk):
     lens = torch.full((B,), K, dtype=torch.int32, device="cuda")
 
     def cache_call():
-        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, lens, w)
+        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, lens, w, is_causal=causal)
 
     def state_call():
         state.copy_(start)
-        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, lens, w, select_state=state)
+        return flash_dma.dynamic_mask_attention_with_kvcache(q, k, v, s, lens, w, select_state=state, is_causal=causal)
 
     def training():
-        return torch.ops.flash_dma.dma_fwd(q, k, v, s, None, w, True, True, 0.0, 0.0, False)
+        return torch.ops.flash_dma.dma_fwd(q, k, v, s, None, w, causal, True, 0.0, 0.0, False)
 
-    row = dict(B=B, H=H, Hk=Hk, K=K, D=D, w=w, chunk=chunk, kvcache_ms=graph_time([cache_call], reps=5),
+    row = dict(B=B, H=H, Hk=Hk, K=K, D=D, w=w, chunk=chunk, causal=causal, kvcache_ms=graph_time([cache_call], reps=5),
                state_ms=graph_time([state_call], reps=5), training_ms=graph_time([training], reps=5))
     ref = training()[0].float()
     row["max_diff"] = max((cache_call().float() - ref).abs().max().item(),
                           (state_call().float() - ref).abs().max().item())
-    print(f"chunked prefill, {chunk} queries after {K - chunk} cached keys, B{B} H{H} Hk{Hk} D{D} w{w}: "
+    print(f"chunked prefill{'' if causal else ', non-causal'}, {chunk} queries after {K - chunk} cached keys, "
+          f"B{B} H{H} Hk{Hk} D{D} w{w}: "
           f"KV-cache call {row['kvcache_ms']:.3f} ms, with select_state {row['state_ms']:.3f} ms, "
           f"training forward {row['training_ms']:.3f} ms, max diff {row['max_diff']:.4f}", flush=True)
     return row
@@ -303,6 +304,7 @@ def main():
         return
     if args.prefill:
         rows = [prefill_chunk(1, 16, 4, 32768, 128, 2048, chunk) for chunk in (32, 256, 1024, 4096)]
+        rows += [prefill_chunk(1, 16, 4, 32768, 128, 2048, chunk, causal=False) for chunk in (32, 1024, 4096)]
         q = torch.randn(1, 4096, 16, 128, device="cuda", dtype=torch.bfloat16)
         c = make_sets(1, 32768, 4, 128, 0, 1, seed=13)[0]
         lens = torch.full((1,), 32768, dtype=torch.int32, device="cuda")

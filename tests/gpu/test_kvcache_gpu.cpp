@@ -174,7 +174,7 @@ TEST(KvCacheGpu, DenseAttention) {
 // read or written out of bounds (compute-sanitizer runs this test on the device).
 TEST(KvCacheGpu, OutOfRangeLengthsAndPagesStayInBounds) {
   REQUIRE_GPU();
-  for (int64_t Sq : {2, 40}) {  // decode and chunked prefill
+  for (int64_t Sq : {2, 70}) {  // decode and chunked prefill
   SCOPED_TRACE("Sq " + std::to_string(Sq));
   KvCase c;
   c.B = 3, c.Sq = Sq, c.H = 4, c.Hk = 2, c.D = 64, c.w = 20, c.max_len = 128, c.page_size = 16, c.Snew = 1;
@@ -324,10 +324,11 @@ TEST(KvCacheGpu, SelectStateRebuildsWhatItCannotGrow) {
   }
 }
 
-// Chunked prefill (more than 16 causal queries) runs the training forward over each row's
-// compact range: the top-w of the keys before the chunk, then the chunk. Lengths below the
-// chunk (queries before position 0), 0, at and around the window, the whole cache; paged and
-// contiguous; GQA 1..8; head dims 64..256; ties, NaN, 16-bit scores, softcap.
+// Chunked prefill (more than 16 queries) runs the training forward over each row's compact
+// range: the top-w of the keys before the chunk, then the chunk (causal), or the top-w of the
+// cache (not). Lengths below the chunk (queries before position 0), 0, at and around the
+// window, the whole cache; paged and contiguous; GQA 1..8; head dims 64..256; ties, NaN,
+// 16-bit scores, softcap; with and without a state.
 TEST(KvCacheGpu, ChunkedPrefillOverCompactRows) {
   REQUIRE_GPU();
   uint64_t seed = 400;
@@ -336,15 +337,18 @@ TEST(KvCacheGpu, ChunkedPrefillOverCompactRows) {
                          Shape{64, 8, 2, 128, 16, DType::bf16, true, false, 0.0},
                          Shape{200, 8, 1, 128, 64, DType::f32, false, true, 0.0},
                          Shape{130, 4, 4, 256, 32, DType::f16, false, false, 20.0},
-                         Shape{333, 16, 2, 64, 0, DType::f16, true, false, 0.0}})
-    for (bool state : {false, true}) {
-      KvCase c;
-      c.B = 4, c.Sq = s.Sq, c.H = s.H, c.Hk = s.Hk, c.D = s.D, c.w = 60, c.max_len = 900, c.page_size = s.page;
-      c.dtype = s.sdt == DType::f16 ? DType::f16 : DType::bf16, c.score_dtype = s.sdt, c.ties = s.ties, c.nan_scores = s.nan, c.softcap = s.softcap;
-      c.state = state, c.seed = seed++;
-      c.lens = {0, 10, c.w + c.Sq, 900};
-      check_case(c);
-    }
+                         Shape{333, 16, 2, 64, 0, DType::f16, true, false, 0.0},
+                         Shape{520, 8, 2, 64, 16, DType::bf16, true, false, 0.0}})  // non-causal's path too
+    for (bool state : {false, true})
+      for (bool causal : {true, false}) {
+        KvCase c;
+        c.B = 4, c.Sq = s.Sq, c.H = s.H, c.Hk = s.Hk, c.D = s.D, c.w = 60, c.max_len = 900, c.page_size = s.page;
+        c.causal = causal, c.dtype = s.sdt == DType::f16 ? DType::f16 : DType::bf16, c.score_dtype = s.sdt;
+        c.ties = s.ties, c.nan_scores = s.nan, c.softcap = s.softcap;
+        c.state = state, c.seed = seed++;
+        c.lens = {0, 10, c.w + c.Sq, 900};
+        check_case(c);
+      }
 }
 
 // A prompt in chunks, each appended by its own call with the state kept, then decode steps:

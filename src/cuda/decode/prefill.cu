@@ -12,6 +12,9 @@
 // plus one selection over [0, n) per row (grown from a select_state when one is kept) and a
 // copy of V rows per row.
 //
+// Non-causal, every query keeps P, the top-w of the whole cache: the compact problem is P
+// alone (V = min(w, capacity)) and the training forward's non-causal path runs on it.
+//
 // The state afterwards is the last query's kept set, read from the training selection's
 // per-key query intervals: no second selection over the cache.
 #include "cuda/decode/prefill.hpp"
@@ -59,7 +62,7 @@ Compact compact_of(const fdma_kvcache_params& p, const detail::KvCacheProblem& p
   const detail::Dims& d = prob.dims;
   Compact c;
   c.slots = int(std::min<int64_t>(prob.window, d.Sk));
-  c.V = int(c.slots + d.Sq);
+  c.V = int(c.slots + (prob.causal ? d.Sq : 0));  // non-causal: every query sees P, the top-w of the cache
   c.rows = int(d.B * d.Hk);
   const size_t elem = dtype_size(prob.dtype), score_bytes = dtype_size(prob.score_dtype);
   const size_t kv_bytes = size_t(d.B) * c.V * d.Hk * d.D * elem;
@@ -89,12 +92,12 @@ Compact compact_of(const fdma_kvcache_params& p, const detail::KvCacheProblem& p
   q.key_padding = tensor(at(c.padding), FDMA_BOOL, {d.B, c.V});
   q.keep_begin = tensor(at(c.begin), FDMA_INT32, {d.B, d.Hk, c.V});
   q.keep_end = tensor(at(c.end), FDMA_INT32, {d.B, d.Hk, c.V});
-  q.window = p.window, q.causal = 1, q.add_scores = p.add_scores, q.scale = prob.scale, q.softcap = prob.softcap;
+  q.window = p.window, q.causal = prob.causal, q.add_scores = p.add_scores, q.scale = prob.scale, q.softcap = prob.softcap;
   q.backend = FDMA_BACKEND_CUDA, q.stream = p.stream;
   detail::DmaProblem& r = c.prob;
   r.dims = d;
   r.dims.Sk = c.V;
-  r.window = prob.window, r.causal = true, r.add_scores = prob.add_scores, r.has_padding = true;
+  r.window = prob.window, r.causal = prob.causal, r.add_scores = prob.add_scores, r.has_padding = true;
   r.has_intervals = true;  // the forward writes them into c.begin / c.end
   r.scale = prob.scale, r.softcap = prob.softcap, r.dtype = prob.dtype, r.backend = Backend::cuda;
   const size_t dma_bytes = dma_workspace(q, r, Pass::forward);
@@ -207,7 +210,8 @@ __global__ void __launch_bounds__(256) state_from_intervals_kernel(StateArgs a) 
 
 bool kvcache_takes_prefill_path(const detail::KvCacheProblem& prob) {
   const detail::Dims& d = prob.dims;
-  if (!prob.dynamic || !prob.causal || d.Sq <= kDecodeMaxQueries || d.D > 256) return false;
+  if (!prob.dynamic || d.D > 256) return false;
+  if (d.Sq < (prob.causal ? kPrefillMinQueriesCausal : kPrefillMinQueriesNonCausal)) return false;
   const int64_t slots = std::min<int64_t>(prob.window, d.Sk);
   return slots <= select_state_max_slots() && d.B * d.Hk * (slots + d.Sq) < (int64_t(1) << 31) && d.B <= 65535 &&
          d.H <= 65535;
@@ -230,7 +234,7 @@ void prefill_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
   // else a radix select over [0, n) in the row's CTA.
   StateSelectArgs g{};
   g.cache = cache;
-  g.Sq = int(d.Sq), g.w = w, g.slots = c.slots, g.causal = true;
+  g.Sq = prob.causal ? int(d.Sq) : 0, g.w = w, g.slots = c.slots, g.causal = prob.causal;  // P of [0, L - g.Sq)
   g.mode = StateMode::prefix;
   if (prob.state_slots) {
     g.state = static_cast<int32_t*>(p.select_state.data);

@@ -1,5 +1,5 @@
-// Chunked prefill against a KV cache (prefill.cu): a causal dynamic-mask call with more
-// queries than a decode step, run through the training forward over a compact copy of the
+// Chunked prefill against a KV cache (prefill.cu): a dynamic-mask call with more queries
+// than a decode step, run through the training forward over a compact copy of the
 // only keys its queries can keep.
 #pragma once
 
@@ -10,8 +10,15 @@
 
 namespace fdma::cuda {
 
-// Whether the call takes this path: dynamic mask, causal, more than kDecodeMaxQueries
-// queries, and min(window, capacity) positions fit the prefix selection's shared memory.
+// Below these query counts the decode kernels are faster. H100, B1 H16 Hk4 D128 w2048, a chunk
+// at the end of 32K keys, ms, decode kernels against this path without a state: causal 32
+// queries 0.126 / 0.228, 64: 0.190 / about 0.21, 128: 0.328 / about 0.20; non-causal 256:
+// 0.137 / about 0.16, 1024: 0.346 / 0.166 (docs/benchmarks.md).
+constexpr int64_t kPrefillMinQueriesCausal = 64;
+constexpr int64_t kPrefillMinQueriesNonCausal = 512;
+
+// Whether the call takes this path: dynamic mask, at least the query count above, and
+// min(window, capacity) positions fit the prefix selection's shared memory.
 bool kvcache_takes_prefill_path(const detail::KvCacheProblem& prob);
 
 size_t prefill_workspace(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob);
