@@ -8,8 +8,9 @@
 
 namespace fdma::cuda {
 
-// Calls with at most this many queries grow the state key by key; longer ones (chunked
-// prefill, prefill.cu) ask for the kept set of the keys before their queries (prefix).
+// Calls with at most this many queries grow the state key by key. Longer ones either take the
+// radix passes and then bring the state up to date (refresh), or, chunked prefill through
+// prefill.cu, ask for the kept set of the keys before their queries (prefix).
 constexpr int kStateMaxQueries = 16;
 
 enum class StateMode {
