@@ -180,13 +180,33 @@ void run(FuzzedDataProvider& in, Arena& arena, P& p, Size size, Call call) {
   if (status != FDMA_OK && arena.snapshot() != before) __builtin_trap();  // an output written on error
 }
 
-void attention(FuzzedDataProvider& in, Arena& a, int64_t B, int64_t Sq, int64_t Sk, int64_t H, int64_t Hk, int64_t D,
-               bool backward) {
+struct Dims {
+  int64_t B, Sq, Sk, H, Hk, D;
+};
+
+// q, k, v of attention or dynamic_mask_attention (their params name them alike); returns the dtype.
+template <class P>
+int32_t qkv(FuzzedDataProvider& in, Arena& a, P& p, const Dims& d) {
   const int32_t dt = float_dtype(in);
+  p.q = a.tensor({d.B, d.Sq, d.H, d.D}, dt, false);
+  p.k = a.tensor({d.B, d.Sk, d.Hk, d.D}, dt, false);
+  p.v = a.tensor({d.B, d.Sk, d.Hk, d.D}, dt, false);
+  return dt;
+}
+
+// dout and the gradients of q, k, v.
+template <class P>
+void grads(Arena& a, P& p, const Dims& d, int32_t dt) {
+  p.dout = a.tensor({d.B, d.Sq, d.H, d.D}, dt, false);
+  p.dq = a.tensor({d.B, d.Sq, d.H, d.D}, dt, true);
+  p.dk = a.tensor({d.B, d.Sk, d.Hk, d.D}, dt, true);
+  p.dv = a.tensor({d.B, d.Sk, d.Hk, d.D}, dt, true);
+}
+
+void attention(FuzzedDataProvider& in, Arena& a, const Dims& d, bool backward) {
+  const auto [B, Sq, Sk, H, Hk, D] = d;
   fdma_attention_params p{};
-  p.q = a.tensor({B, Sq, H, D}, dt, false);
-  p.k = a.tensor({B, Sk, Hk, D}, dt, false);
-  p.v = a.tensor({B, Sk, Hk, D}, dt, false);
+  const int32_t dt = qkv(in, a, p, d);
   const int64_t mh = in.ConsumeBool() ? H : in.ConsumeBool() ? Hk : 1;
   p.mask = a.tensor({in.ConsumeBool() ? B : 1, mh, in.ConsumeBool() ? Sq : 1, Sk}, FDMA_BOOL, false, true);
   const int32_t bias_dt = in.ConsumeBool() ? dt : FDMA_FLOAT32;
@@ -199,10 +219,7 @@ void attention(FuzzedDataProvider& in, Arena& a, int64_t B, int64_t Sq, int64_t 
   p.lse = a.tensor({B, H, Sq}, dt == FDMA_FLOAT64 && in.ConsumeBool() ? FDMA_FLOAT64 : FDMA_FLOAT32, !backward, !backward);
   if (!backward) return run(in, a, p, [](auto* q, size_t* b) { return fdma_attention_workspace_size(q, FDMA_PASS_FORWARD, b); },
                             fdma_attention_fwd);
-  p.dout = a.tensor({B, Sq, H, D}, dt, false);
-  p.dq = a.tensor({B, Sq, H, D}, dt, true);
-  p.dk = a.tensor({B, Sk, Hk, D}, dt, true);
-  p.dv = a.tensor({B, Sk, Hk, D}, dt, true);
+  grads(a, p, d, dt);
   p.dbias = a.tensor(bias_shape, in.ConsumeBool() ? bias_dt : FDMA_FLOAT32, true, true);
   run(in, a, p, [](auto* q, size_t* b) { return fdma_attention_workspace_size(q, FDMA_PASS_BACKWARD, b); },
       fdma_attention_bwd);
@@ -221,13 +238,10 @@ void select(FuzzedDataProvider& in, Arena& a, int64_t B, int64_t Sq, int64_t Sk,
   run(in, a, p, fdma_select_workspace_size, fdma_select);
 }
 
-void dma(FuzzedDataProvider& in, Arena& a, int64_t B, int64_t Sq, int64_t Sk, int64_t H, int64_t Hk, int64_t D,
-         bool backward) {
-  const int32_t dt = float_dtype(in);
+void dma(FuzzedDataProvider& in, Arena& a, const Dims& d, bool backward) {
+  const auto [B, Sq, Sk, H, Hk, D] = d;
   fdma_dma_params p{};
-  p.q = a.tensor({B, Sq, H, D}, dt, false);
-  p.k = a.tensor({B, Sk, Hk, D}, dt, false);
-  p.v = a.tensor({B, Sk, Hk, D}, dt, false);
+  const int32_t dt = qkv(in, a, p, d);
   const int32_t sdt = in.ConsumeBool() ? dt : FDMA_FLOAT32;
   p.key_scores = a.tensor({B, Hk, Sk}, sdt, false);
   p.key_padding = a.tensor({B, Sk}, FDMA_BOOL, false, true);
@@ -242,10 +256,7 @@ void dma(FuzzedDataProvider& in, Arena& a, int64_t B, int64_t Sq, int64_t Sk, in
   p.keep_end = a.tensor({B, Hk, Sk}, FDMA_INT32, !backward, true);
   if (!backward)
     return run(in, a, p, [](auto* q, size_t* b) { return fdma_dma_workspace_size(q, FDMA_PASS_FORWARD, b); }, fdma_dma_fwd);
-  p.dout = a.tensor({B, Sq, H, D}, dt, false);
-  p.dq = a.tensor({B, Sq, H, D}, dt, true);
-  p.dk = a.tensor({B, Sk, Hk, D}, dt, true);
-  p.dv = a.tensor({B, Sk, Hk, D}, dt, true);
+  grads(a, p, d, dt);
   p.dkey_scores = a.tensor({B, Hk, Sk}, in.ConsumeBool() ? sdt : FDMA_FLOAT32, true, true);
   run(in, a, p, [](auto* q, size_t* b) { return fdma_dma_workspace_size(q, FDMA_PASS_BACKWARD, b); }, fdma_dma_bwd);
 }
@@ -295,12 +306,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t Sk = in.ConsumeIntegralInRange<int64_t>(0, 9), Hk = in.ConsumeIntegralInRange<int64_t>(1, 2);
   const int64_t H = Hk * in.ConsumeIntegralInRange<int64_t>(1, 2), D = in.ConsumeIntegralInRange<int64_t>(1, 8);
   Arena arena(in);
+  const Dims d{B, Sq, Sk, H, Hk, D};
   switch (op) {
-    case 0: attention(in, arena, B, Sq, Sk, H, Hk, D, false); break;
-    case 1: attention(in, arena, B, Sq, Sk, H, Hk, D, true); break;
+    case 0: attention(in, arena, d, false); break;
+    case 1: attention(in, arena, d, true); break;
     case 2: select(in, arena, B, Sq, Sk, Hk); break;
-    case 3: dma(in, arena, B, Sq, Sk, H, Hk, D, false); break;
-    case 4: dma(in, arena, B, Sq, Sk, H, Hk, D, true); break;
+    case 3: dma(in, arena, d, false); break;
+    case 4: dma(in, arena, d, true); break;
     default: kvcache(in, arena, B, Sq, H, Hk, D); break;
   }
   return 0;
