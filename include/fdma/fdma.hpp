@@ -57,7 +57,9 @@ struct FDMA_API Tensor : fdma_tensor {
   Tensor(const void* data, DType dtype, std::initializer_list<int64_t> shape);
   Tensor(const void* data, DType dtype, std::initializer_list<int64_t> shape,
          std::initializer_list<int64_t> strides);
-  bool present() const { return data != nullptr; }
+  // Given, as an optional argument: a data pointer, or a shape (a tensor with no elements may
+  // have a null pointer; an absent one is all zeros).
+  bool present() const { return data != nullptr || ndim != 0; }
   int64_t numel() const;
 };
 

@@ -96,6 +96,9 @@ namespace {
 // out and every gradient (no key is attended, no query attends) and -inf for lse (the log of
 // an empty sum).
 bool empty(const detail::Dims& d) { return d.B == 0 || d.Sq == 0 || d.Sk == 0; }
+bool empty(const detail::SelectProblem& s) { return s.B == 0 || s.Sq == 0 || s.Sk == 0; }
+// A KV-cache call with no query appends nothing either (validation refuses that).
+bool empty(const detail::KvCacheProblem& k) { return k.dims.B == 0 || k.dims.Sq == 0; }
 
 // The bits of 0 or -inf in a dtype.
 uint64_t pattern_of(DType dtype, bool minus_inf) {
@@ -192,7 +195,7 @@ void attention_backward(const fdma_attention_params& p) {
 
 size_t select_workspace_size(const fdma_select_params& p) {
   auto prob = detail::validate_select(p);
-  if (prob.B == 0 || prob.Sq == 0 || prob.Sk == 0) return 0;
+  if (empty(prob)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     return cuda::select_workspace(p, prob);
@@ -205,7 +208,7 @@ size_t select_workspace_size(const fdma_select_params& p) {
 
 void select_keys(const fdma_select_params& p) {
   auto prob = detail::validate_select(p);
-  if (prob.B == 0 || prob.Sq == 0 || prob.Sk == 0) {  // every key kept by no query: [0, 0)
+  if (empty(prob)) {  // every key kept by no query: [0, 0)
     fill(p.keep_begin, false, prob.backend, p.stream);
     return fill(p.keep_end, false, prob.backend, p.stream);
   }
@@ -278,7 +281,7 @@ void dma_backward(const fdma_dma_params& p) {
 
 size_t kvcache_workspace_size(const fdma_kvcache_params& p) {
   auto prob = detail::validate_kvcache(p);
-  if (prob.dims.B == 0 || prob.dims.Sq == 0) return 0;
+  if (empty(prob)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     return cuda::kvcache_workspace(p, prob);
@@ -291,7 +294,7 @@ size_t kvcache_workspace_size(const fdma_kvcache_params& p) {
 
 void kvcache_forward(const fdma_kvcache_params& p) {
   auto prob = detail::validate_kvcache(p);
-  if (prob.dims.B == 0 || prob.dims.Sq == 0) return;  // no query, and (validation) nothing appended
+  if (empty(prob)) return;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     detail::check_workspace("kvcache attention", p.workspace, p.workspace_bytes, cuda::kvcache_workspace(p, prob));

@@ -49,9 +49,8 @@ Span span_of(const fdma_tensor& t, const std::string& name) {
   return {name, lo, lo + static_cast<uintptr_t>(last + 1) * dtype_size(static_cast<DType>(t.dtype))};
 }
 
-// Whether an optional tensor was given: a data pointer, or a shape (a given tensor with no
-// elements may have a null pointer; an absent one is all zeros).
-bool present(const fdma_tensor& t) { return t.data != nullptr || t.ndim != 0; }
+// Whether an optional tensor was given (Tensor::present's rule).
+bool present(const fdma_tensor& t) { return Tensor(t).present(); }
 
 class Checker {
  public:
@@ -66,12 +65,10 @@ class Checker {
     if (t.ndim != ndim)
       bad(std::string(name) + " must have " + std::to_string(ndim) + " dims " + dims_doc + ", got ndim = " +
           std::to_string(t.ndim));
-    bool empty = false;
     for (int d = 0; d < ndim; ++d) {
       if (t.shape[d] < 0)
         bad(std::string(name) + ".shape[" + std::to_string(d) + "] must be >= 0, got " + std::to_string(t.shape[d]) +
             " (shape " + shape_str(t) + ")");
-      empty |= t.shape[d] == 0;
       if (t.shape[d] > kMaxDim)
         bad(std::string(name) + ".shape[" + std::to_string(d) + "] = " + std::to_string(t.shape[d]) +
             " exceeds the supported maximum " + std::to_string(kMaxDim));
@@ -79,6 +76,7 @@ class Checker {
         bad(std::string(name) + ".stride[" + std::to_string(d) + "] = " + std::to_string(t.stride[d]) +
             ": negative strides are not supported");
     }
+    const bool empty = !has_elements(t);
     if (t.data == nullptr && !empty) bad(std::string(name) + " is required but its data pointer is null");
     if (dtype_size(static_cast<DType>(t.dtype)) == 0)
       bad(std::string(name) + " has unknown dtype code " + std::to_string(t.dtype));

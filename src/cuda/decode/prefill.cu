@@ -45,18 +45,6 @@ struct Compact {
   detail::DmaProblem prob;
 };
 
-fdma_tensor tensor(void* data, fdma_dtype dtype, std::initializer_list<int64_t> shape) {
-  fdma_tensor t{};
-  t.data = data;
-  t.dtype = dtype;
-  t.ndim = int32_t(shape.size());
-  int d = 0;
-  for (int64_t s : shape) t.shape[d++] = s;
-  int64_t stride = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) t.stride[i] = stride, stride *= t.shape[i];
-  return t;
-}
-
 // ws null: sizes only.
 Compact compact_of(const fdma_kvcache_params& p, const detail::KvCacheProblem& prob, char* ws) {
   const detail::Dims& d = prob.dims;
@@ -83,15 +71,14 @@ Compact compact_of(const fdma_kvcache_params& p, const detail::KvCacheProblem& p
   c.dma = off;
   auto at = [&](size_t o) -> void* { return ws ? ws + o : nullptr; };
 
-  const auto dt = static_cast<fdma_dtype>(p.q.dtype);
-  fdma_dma_params& q = c.p;
+  fdma_dma_params& q = c.p;  // contiguous views of the workspace buffers (fdma::Tensor)
   q.q = p.q, q.out = p.out, q.lse = p.lse;
-  q.k = tensor(at(c.k), dt, {d.B, c.V, d.Hk, d.D});
-  q.v = tensor(at(c.v), dt, {d.B, c.V, d.Hk, d.D});
-  q.key_scores = tensor(at(c.scores), static_cast<fdma_dtype>(p.score_cache.dtype), {d.B, d.Hk, c.V});
-  q.key_padding = tensor(at(c.padding), FDMA_BOOL, {d.B, c.V});
-  q.keep_begin = tensor(at(c.begin), FDMA_INT32, {d.B, d.Hk, c.V});
-  q.keep_end = tensor(at(c.end), FDMA_INT32, {d.B, d.Hk, c.V});
+  q.k = Tensor(at(c.k), prob.dtype, {d.B, c.V, d.Hk, d.D});
+  q.v = Tensor(at(c.v), prob.dtype, {d.B, c.V, d.Hk, d.D});
+  q.key_scores = Tensor(at(c.scores), prob.score_dtype, {d.B, d.Hk, c.V});
+  q.key_padding = Tensor(at(c.padding), DType::boolean, {d.B, c.V});
+  q.keep_begin = Tensor(at(c.begin), DType::i32, {d.B, d.Hk, c.V});
+  q.keep_end = Tensor(at(c.end), DType::i32, {d.B, d.Hk, c.V});
   q.window = p.window, q.causal = prob.causal, q.add_scores = p.add_scores, q.scale = prob.scale, q.softcap = prob.softcap;
   q.backend = FDMA_BACKEND_CUDA, q.stream = p.stream;
   detail::DmaProblem& r = c.prob;
