@@ -274,6 +274,35 @@ def kernel_breakdown(B, H, Hk, K, D, w, with_state=False):
     return sel, sum(per.values())
 
 
+def ab(spec, rounds):
+    """Libraries or switch settings against each other: each variant's --tune-one run in its own
+    process, the order rotated each round so that drift hits all alike; medians per config."""
+    import re
+    import statistics
+    import subprocess
+    import sys
+    variants = []
+    for item in spec.split(","):
+        label, rest = item.split("=", 1)
+        lib, *envs = rest.split(":")
+        variants.append((label, dict(os.environ, FDMA_LIBRARY=os.path.abspath(lib), **dict(e.split("=", 1) for e in envs))))
+    times = {}
+    for r in range(rounds):
+        for label, env in variants[r % len(variants):] + variants[:r % len(variants)]:
+            out = subprocess.run([sys.executable, __file__, "--tune-one"], env=env, capture_output=True, text=True)
+            for line in out.stdout.splitlines():
+                m = re.match(r"ctas/SM \S+: (.*): ([0-9.]+) ms", line)
+                if m:
+                    times.setdefault(m.group(1), {}).setdefault(label, []).append(float(m.group(2)))
+            if out.returncode:
+                print(label, "failed:", out.stderr[-2000:])
+    labels = [v[0] for v in variants]
+    print("| config | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for cfg, per in times.items():
+        print(f"| {cfg} | " + " | ".join(f"{statistics.median(per[lb]):.4f}" if lb in per else "-" for lb in labels) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
@@ -281,6 +310,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="ours alone on the two latency configurations")
     ap.add_argument("--tune", action="store_true", help="select_state steps against FDMA_DECODE_CTAS_PER_SM")
     ap.add_argument("--tune-one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ab", help="variants label=LIBRARY[:VAR=VALUE...], comma-separated: their select_state "
+                    "steps (the --tune configurations) in rotated rounds, one process a run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel times of the B8 and B64 select_state steps")
     ap.add_argument("--prefill", action="store_true", help="chunked prefill against the training forward")
     ap.add_argument("--dma", action="store_true", help="dynamic_mask_attention's decode path against its training one")
     args = ap.parse_args()
@@ -291,6 +324,13 @@ def main():
         for per_sm in (2, 3, 4, 6, 8):
             env = dict(os.environ, FDMA_DECODE_CTAS_PER_SM=str(per_sm))
             subprocess.run([sys.executable, __file__, "--tune-one"], env=env, check=False)
+        return
+    if args.breakdown:
+        kernel_breakdown(8, 32, 8, 131072, 128, 2048, with_state=True)
+        kernel_breakdown(64, 32, 8, 32768, 128, 2048, with_state=True)
+        return
+    if args.ab:
+        ab(args.ab, args.rounds)
         return
     if args.tune_one:
         per_sm = os.environ.get("FDMA_DECODE_CTAS_PER_SM")

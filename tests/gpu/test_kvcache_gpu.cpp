@@ -410,6 +410,33 @@ TEST(KvCacheGpu, SelectStateIsGrownFromWhatItHolds) {
 // after the first starts while its predecessor runs. Decode loops with a state, without one and
 // dense, both ways: against the reference, and (where the list order is fixed: with a state,
 // dense) the same bits either way.
+// The attention's pipeline two and three blocks deep (FDMA_DECODE_STAGES; dense calls take
+// three, dynamic ones two): both against the reference, and bit for bit alike (the same
+// summation order). Head dims 64, 128 and 256 (Q in shared memory), GQA 4, paged and not.
+TEST(KvCacheGpu, PipelineDepthsAgree) {
+  REQUIRE_GPU();
+  ScopedEnv env("FDMA_DECODE_STAGES");
+  int variant = 0;
+  for (int D : {64, 128, 256})
+    for (bool dynamic : {false, true}) {
+      KvCase c;
+      c.B = 2, c.Sq = 2, c.Snew = 2, c.H = 8, c.Hk = 2, c.D = D, c.w = 300, c.max_len = 2100;
+      c.page_size = dynamic ? 0 : 64, c.dtype = DType::f16, c.state = false, c.dynamic = dynamic;
+      c.seed = 470 + uint64_t(variant++);
+      c.lens = {700, 2090};
+      std::vector<unsigned char> outs[2];
+      for (int stages : {2, 3}) {
+        SCOPED_TRACE("D " + std::to_string(D) + (dynamic ? " dynamic" : " dense") + " stages " + std::to_string(stages));
+        env.set(stages == 2 ? "2" : "3");
+        KvRun cpu(c), gpu(c);
+        compare_step(cpu, gpu);
+        if (::testing::Test::HasFailure()) return;
+        outs[stages - 2] = gpu.out.bytes();
+      }
+      EXPECT_TRUE(outs[0] == outs[1]) << "D " << D << (dynamic ? " dynamic" : " dense");
+    }
+}
+
 TEST(KvCacheGpu, OverlappedLaunchesBothWays) {
   REQUIRE_GPU();
   ScopedEnv env("FDMA_OVERLAP_LAUNCHES");

@@ -6,7 +6,8 @@
 // results merge in shared memory at the end, and the splits' in decode_combine.cu.
 //
 // Memory-bound by design: each kept K/V row is read once per m-tile (once in all when
-// G * Sq <= 16), gathered with cp.async into a two-stage buffer.
+// G * Sq <= 16), gathered with cp.async into a buffer of kStages blocks (two at three CTAs an
+// SM, or three at two: kvcache_cuda.cu picks per grid).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,13 +25,13 @@
 
 namespace fdma::cuda {
 
-// Up to head dim 128 the Q fragments live in registers: Q passes through the second stage's
+// Up to head dim 128 the Q fragments live in registers: Q passes through the last stage's
 // buffer before the loop, and the 4 KB it would hold for good is what lets three CTAs share an
 // H100 SM instead of two (76 KB a CTA before). Wider heads keep Q in shared memory (their
 // accumulators fill the registers, and one CTA an SM is all their buffers allow either way).
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, int kStages_>
 struct DecodeTile {
-  static constexpr int kWarps = 4, kThreads = 128, kBlockN = 64, kRows = 16, kStages = 2;
+  static constexpr int kWarps = 4, kThreads = 128, kBlockN = 64, kRows = 16, kStages = kStages_;
   static constexpr int kRowBytes = padded_row_bytes(kHeadDim);
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr bool kQInRegisters = kHeadDim <= 128;
@@ -41,7 +42,8 @@ struct DecodeTile {
   static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4;  // the warps' O, after the loop
   static_assert(kMergeBytes <= kStages * kStageBytes, "the merge reuses the K/V buffers");
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
-  static constexpr int kMinCtasPerSm = kQInRegisters ? 3 : 1;  // caps registers at 170 a thread
+  // Caps registers so that the CTAs the shared memory allows fit (170 a thread at three).
+  static constexpr int kMinCtasPerSm = !kQInRegisters ? 1 : kStages == 2 ? 3 : 2;
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -54,9 +56,10 @@ struct BlockKeys {
   float score[64];
 };
 
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm)) decode_attention_kernel(DecodeAttentionArgs a) {
-  using Tile = DecodeTile<T, kHeadDim>;
+template <class T, int kHeadDim, int kStages>
+__global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCtasPerSm))
+    decode_attention_kernel(DecodeAttentionArgs a) {
+  using Tile = DecodeTile<T, kHeadDim, kStages>;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ BlockKeys keys[Tile::kStages];
   __shared__ float warp_m[Tile::kWarps][16], warp_l[Tile::kWarps][16];
@@ -70,8 +73,10 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
   const int rows_total = a.G * a.Sq;
 
   const uint32_t kv_smem = ptx::smem_addr(smem) + Tile::kQBytes;
-  // Q's rows: for good before the K/V stages, or for now in the second stage's K buffer.
-  const uint32_t q_smem = Tile::kQInRegisters ? kv_smem + Tile::kStageBytes : ptx::smem_addr(smem);
+  // Q's rows: for good before the K/V stages, or for now in the last stage's K buffer (which
+  // the pipeline's first fills leave alone).
+  const uint32_t q_smem =
+      Tile::kQInRegisters ? kv_smem + (kStages - 1) * Tile::kStageBytes : ptx::smem_addr(smem);
 
   // Q: rows (group head gh, query i) = (r / Sq, r % Sq) of this m-tile.
   {
@@ -152,7 +157,13 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
   bool nan_row[2] = {false, false};
 
   const int nblk = k_end > k_begin ? (k_end - k_begin + 63) / 64 : 0;
-  if (nblk > 0) prefetch(0, 0);
+  // The pipeline's first kStages - 1 blocks (empty groups past the last, so that the group
+  // count is the same for every split).
+#pragma unroll
+  for (int blk = 0; blk < kStages - 1; ++blk) {
+    if (blk < nblk) prefetch(blk, blk);
+    else ptx::cp_async_commit();
+  }
   // Q's A fragments, one per 16 columns (registers, or read from shared memory per block).
   constexpr int kQFrags = Tile::kQInRegisters ? kHeadDim / 16 : 1;
   uint32_t q_frag[kQFrags][4];
@@ -161,21 +172,19 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
     ptx::ldmatrix_x4(qa, q_smem + ((q_mat % 2) * 8 + q_r8) * Tile::kRowBytes + (kk * 16 + (q_mat / 2) * 8) * 2);
   };
   if constexpr (Tile::kQInRegisters) {
-    if (nblk > 0) ptx::cp_async_wait<1>();  // Q's group, committed before block 0's
-    else ptx::cp_async_wait<0>();
+    ptx::cp_async_wait<kStages - 1>();  // Q's group, committed before the blocks'
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kQFrags; ++kk) q_fragment(kk, q_frag[kk]);
-    __syncthreads();  // every warp has its fragments before block 1 lands on them
+    __syncthreads();  // every warp has its fragments before the last stage is filled
   }
   for (int blk = 0; blk < nblk; ++blk) {
-    const int stage = blk & 1;
-    if (blk + 1 < nblk) {
-      prefetch(blk + 1, stage ^ 1);
-      ptx::cp_async_wait<1>();
-    } else {
-      ptx::cp_async_wait<0>();
-    }
+    const int stage = blk % kStages;
+    // The block kStages - 1 ahead goes into the stage computed last iteration.
+    const int ahead = blk + kStages - 1;
+    if (ahead < nblk) prefetch(ahead, ahead % kStages);
+    else ptx::cp_async_commit();
+    ptx::cp_async_wait<kStages - 1>();
     __syncthreads();
     const uint32_t k_tile = kv_smem + stage * Tile::kStageBytes + warp * 16 * Tile::kRowBytes;
     const uint32_t v_tile = k_tile + Tile::kKvBytes;
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
       ptx::mma_16816<T>(o[d], pa, vb[0], vb[1]);
       ptx::mma_16816<T>(o[d + 1], pa, vb[2], vb[3]);
     }
-    __syncthreads();  // the stage is refilled two blocks on
+    __syncthreads();  // the stage is refilled next iteration
   }
   ptx::cp_async_wait<0>();
   ptx::griddep_launch_dependents();  // the split merge may get its CTAs placed
@@ -309,23 +318,30 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim>::kMinCtasPerSm))
   }
 }
 
-template <class T, int kHeadDim>
-cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream, bool overlap) {
-  using Tile = DecodeTile<T, kHeadDim>;
-  auto kernel = decode_attention_kernel<T, kHeadDim>;
+template <class T, int kHeadDim, int kStages>
+cudaError_t launch_decode_attention_stages(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream, bool overlap) {
+  using Tile = DecodeTile<T, kHeadDim, kStages>;
+  auto kernel = decode_attention_kernel<T, kHeadDim, kStages>;
   static std::atomic<int> granted[kMaxDevices] = {};
   if (const cudaError_t err = grant_smem_once(kernel, Tile::kSmemBytes, granted); err != cudaSuccess) return err;
-  return launch_kernel(overlap, kernel, grid, dim3(128), Tile::kSmemBytes, stream, a);
+  return launch_kernel(overlap, kernel, grid, dim3(Tile::kThreads), Tile::kSmemBytes, stream, a);
+}
+
+template <class T, int kHeadDim>
+cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, int stages, dim3 grid, cudaStream_t stream,
+                                    bool overlap) {
+  return stages == 3 ? launch_decode_attention_stages<T, kHeadDim, 3>(a, grid, stream, overlap)
+                     : launch_decode_attention_stages<T, kHeadDim, 2>(a, grid, stream, overlap);
 }
 
 // CTAs of the kernel one SM holds at once on the current device (0 if the query fails),
-// queried once per device.
-template <class T, int kHeadDim>
-int decode_attention_ctas_per_sm() {
-  using Tile = DecodeTile<T, kHeadDim>;
+// queried once per device and depth.
+template <class T, int kHeadDim, int kStages>
+int decode_attention_ctas_per_sm_stages() {
+  using Tile = DecodeTile<T, kHeadDim, kStages>;
   static std::atomic<int> cached[kMaxDevices] = {};
   return cached_per_device(cached, [] {
-    auto kernel = decode_attention_kernel<T, kHeadDim>;
+    auto kernel = decode_attention_kernel<T, kHeadDim, kStages>;
     int n = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tile::kThreads, Tile::kSmemBytes) != cudaSuccess) {
@@ -336,9 +352,15 @@ int decode_attention_ctas_per_sm() {
   });
 }
 
+template <class T, int kHeadDim>
+int decode_attention_ctas_per_sm(int stages) {
+  return stages == 3 ? decode_attention_ctas_per_sm_stages<T, kHeadDim, 3>()
+                     : decode_attention_ctas_per_sm_stages<T, kHeadDim, 2>();
+}
+
 }  // namespace fdma::cuda
 
 #define FDMA_INSTANTIATE_DECODE_ATTENTION(T, HD)                                                                     \
-  template cudaError_t fdma::cuda::launch_decode_attention<T, HD>(const fdma::cuda::DecodeAttentionArgs&, dim3,    \
+  template cudaError_t fdma::cuda::launch_decode_attention<T, HD>(const fdma::cuda::DecodeAttentionArgs&, int, dim3, \
                                                                   cudaStream_t, bool);                             \
-  template int fdma::cuda::decode_attention_ctas_per_sm<T, HD>();
+  template int fdma::cuda::decode_attention_ctas_per_sm<T, HD>(int);

@@ -32,9 +32,10 @@
 namespace fdma::cuda {
 
 template <class T, int kHeadDim>
-cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, dim3 grid, cudaStream_t stream, bool overlap);
+cudaError_t launch_decode_attention(const DecodeAttentionArgs& a, int stages, dim3 grid, cudaStream_t stream,
+                                    bool overlap);
 template <class T, int kHeadDim>
-int decode_attention_ctas_per_sm();
+int decode_attention_ctas_per_sm(int stages);
 
 namespace {
 
@@ -80,13 +81,22 @@ int sm_count() {
   });
 }
 
+// Blocks in flight per CTA of the decode attention (decode_attention.cuh): three (two CTAs an
+// SM) for dense calls, whose rows lie in position order, two (three CTAs an SM) over kept
+// lists. Measured both ways on either kind (docs/performance.md, "Attention"): three took 4-5%
+// off dense steps and changed kept-list steps by -1% to +2%.
+int attention_stages(const detail::KvCacheProblem& prob) {
+  if (const int forced = forced_decode_stages()) return forced;
+  return prob.dynamic ? 2 : 3;
+}
+
 // The attention kernel's CTAs one SM holds (3 at head dim 128 on the H100, 1 at 256).
-int attention_ctas_per_sm(const detail::KvCacheProblem& prob) {
+int attention_ctas_per_sm(const detail::KvCacheProblem& prob, int stages) {
   const bool bf16 = prob.dtype == DType::bf16;
   const int bucket = head_dim_bucket(int(prob.dims.D));
   int n = 0;
 #define FDMA_KERNEL(T, IS_BF16, HD) \
-  if (!n && bf16 == IS_BF16 && bucket == HD) n = decode_attention_ctas_per_sm<T, HD>();
+  if (!n && bf16 == IS_BF16 && bucket == HD) n = decode_attention_ctas_per_sm<T, HD>(stages);
 #include "kernel_list.inc"
 #undef FDMA_KERNEL
   return std::max(n, 1);
@@ -112,7 +122,7 @@ int choose_splits(int64_t ctas_per_split, int64_t blocks, int64_t slots) {
 
 // Grid and workspace of one call, from shapes alone.
 struct Plan {
-  int rows, m_tiles, chunks = 0, list_cap = 0, splits, split_keys;
+  int stages, rows, m_tiles, chunks = 0, list_cap = 0, splits, split_keys;
   SelectScratch select{};
   size_t select_bytes = 0, part_out = 0, part_lse = 0, total = 0;
 };
@@ -131,7 +141,8 @@ Plan plan_of(const detail::KvCacheProblem& prob) {
   }
   // FDMA_DECODE_CTAS_PER_SM overrides the CTAs an SM is taken to hold (tuning runs,
   // bench/bench_decode.py --tune).
-  int64_t per_sm = attention_ctas_per_sm(prob);
+  pl.stages = attention_stages(prob);
+  int64_t per_sm = attention_ctas_per_sm(prob, pl.stages);
   if (const int forced = forced_decode_ctas_per_sm()) per_sm = forced;
   const int64_t blocks = std::max<int64_t>(1, (n_max + 63) / 64);
   const int splits = choose_splits(int64_t(pl.rows) * pl.m_tiles, blocks, per_sm * sm_count());
@@ -339,7 +350,7 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
   bool launched = false;
 #define FDMA_KERNEL(T, IS_BF16, HD)                       \
   if (!launched && bf16 == IS_BF16 && bucket == HD) {     \
-    err = launch_decode_attention<T, HD>(a, grid, stream, overlap && (prob.append || prob.dynamic)); \
+    err = launch_decode_attention<T, HD>(a, pl.stages, grid, stream, overlap && (prob.append || prob.dynamic)); \
     launched = true;                                      \
   }
 #include "kernel_list.inc"

@@ -55,6 +55,12 @@ inline int forced_decode_ctas_per_sm() {
   return env ? std::max(1, std::atoi(env)) : 0;
 }
 
+// FDMA_DECODE_STAGES=2|3: 64-key blocks in flight per decode attention CTA (0: chosen per
+// call, kvcache_cuda.cu).
+inline int forced_decode_stages() {
+  return env_is("FDMA_DECODE_STAGES", "2") ? 2 : env_is("FDMA_DECODE_STAGES", "3") ? 3 : 0;
+}
+
 // FDMA_DMA_DECODE=0: dynamic_mask_attention's small inference calls stay on the training kernels.
 inline bool dma_decode_allowed() { return !env_is("FDMA_DMA_DECODE", "0"); }
 
