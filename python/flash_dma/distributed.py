@@ -74,11 +74,15 @@ def _check_ranks(what, group, device, shard_dim_of, shapes, scalars, local_error
 def _gather_seq(x, dim, lengths, group):
     """The ranks' shards of x concatenated along dim (padded to the longest for the collective)."""
     size, longest = len(lengths), max(lengths)
+    if longest == 0:  # every shard empty: nothing to exchange
+        return x
     x = x.movedim(dim, 0)
     if x.shape[0] < longest:
         x = torch.cat([x, x.new_zeros((longest - x.shape[0],) + tuple(x.shape[1:]))])
     out = x.new_empty((size * longest,) + tuple(x.shape[1:]))
     dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    if all(n == longest for n in lengths):  # equal shards: no padding to cut out
+        return out.movedim(0, dim)
     parts = [out[r * longest: r * longest + n] for r, n in enumerate(lengths)]
     return torch.cat(parts).movedim(0, dim)
 
@@ -86,13 +90,18 @@ def _gather_seq(x, dim, lengths, group):
 def _scatter_seq_sum(g, dim, lengths, rank, group):
     """The sum over ranks of g (the whole sequence along dim), this rank's shard of it."""
     size, longest = len(lengths), max(lengths)
-    g = g.movedim(dim, 0).float()
-    padded = g.new_zeros((size * longest,) + tuple(g.shape[1:]))
-    start = 0
-    for r, n in enumerate(lengths):
-        padded[r * longest: r * longest + n] = g[start: start + n]
-        start += n
-    mine = g.new_empty((longest,) + tuple(g.shape[1:]))
+    if longest == 0:
+        return g.float()
+    g = g.movedim(dim, 0)
+    if all(n == longest for n in lengths):  # equal shards: the float32 copy is the layout
+        padded = g.float().contiguous()
+    else:
+        padded = g.new_zeros((size * longest,) + tuple(g.shape[1:]), dtype=torch.float32)
+        start = 0
+        for r, n in enumerate(lengths):
+            padded[r * longest: r * longest + n] = g[start: start + n]
+            start += n
+    mine = padded.new_empty((longest,) + tuple(g.shape[1:]))
     dist.reduce_scatter_tensor(mine, padded, group=group)
     return mine[: lengths[rank]].movedim(0, dim)
 

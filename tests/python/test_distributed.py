@@ -225,9 +225,11 @@ def test_two_ranks():
 
 
 def test_three_ranks():
-    """An empty shard and key padding; attention with per-key bias (KV-head, broadcast and no
+    """An empty shard and key padding, every shard empty, equal shards; attention with per-key bias (KV-head, broadcast and no
     bias); a subgroup of world ranks 0 and 2, and a call from a rank outside it."""
     _run(3, _cases, ([(_dma_case, ([30, 0, 25], True, True, "float32", "cpu")),
+                      (_dma_case, ([0, 0, 0], True, False, "float32", "cpu")),
+                      (_dma_case, ([16, 16, 16], False, False, "float32", "cpu")),
                       (_attention_case, ([21, 17, 26], True, 2)), (_attention_case, ([21, 17, 26], False, 1)),
                       (_attention_case, ([21, 17, 26], True, None)), (_subgroup_case, ())],))
 
