@@ -6,6 +6,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -109,7 +112,7 @@ struct KvRun {
     out = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D});
     lse = HostTensor(c.dtype == DType::f64 ? DType::f64 : DType::f32, {c.B, c.H, c.Sq});
     if (c.state) {
-      state = HostTensor(DType::i32, {c.B, c.Hk, 1 + std::min(c.w, capacity())});
+      state = HostTensor(DType::i32, {c.B, c.Hk, 1 + 2 * std::min(c.w, capacity())});
       for (int64_t i = 0; i < state.numel(); ++i) state.set(i, 0);
     }
   }
@@ -142,7 +145,7 @@ struct KvRun {
     }
   }
 
-  // Row (b, hk) of a select_state: its prefix and its positions.
+  // Row (b, hk) of a select_state: its prefix, its positions and their scores.
   std::vector<int32_t> state_row(int64_t b, int64_t hk) const {
     const int64_t n = state.shape()[2];
     std::vector<int32_t> r;
@@ -204,9 +207,15 @@ struct KvRun {
     std::vector<double> sc;
     for (int64_t j = 0; j < L; ++j) sc.push_back(ls.get((b * c.Hk + hk) * c.max_len + j));
     const auto keep = ref::select_brute(sc, {}, 1, 1, 1, L, c.w, false);
-    int64_t n = 1;
+    const int64_t slots = (int64_t(r.size()) - 1) / 2;
+    int64_t n = 0;
     for (int64_t j = 0; j < L; ++j)
-      if (keep[j]) r[n++] = int32_t(j);
+      if (keep[j]) {
+        // The score's float bits (NaN canonical), after the positions.
+        const float s = std::isnan(sc[j]) ? std::numeric_limits<float>::quiet_NaN() : float(sc[j]);
+        std::memcpy(&r[1 + slots + n], &s, 4);
+        r[1 + n++] = int32_t(j);
+      }
     return r;
   }
 

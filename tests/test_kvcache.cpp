@@ -218,14 +218,14 @@ TEST(KvCache, BadInputNamesTheArgument) {
     expect(b, "cache_seqlens has dtype float32");
   }
   {
-    HostTensor state(DType::i32, {2, 2, 1 + 3});  // window 4: 1 + 4 entries a row
+    HostTensor state(DType::i32, {2, 2, 1 + 4});  // window 4: 1 + 2 * 4 entries a row
     KvCacheParams b = p;
     b.select_state = state.view();
     expect(b, "select_state.shape[2]");
-    HostTensor fstate(DType::f32, {2, 2, 1 + 4});
+    HostTensor fstate(DType::f32, {2, 2, 1 + 2 * 4});
     b.select_state = fstate.view();
     expect(b, "select_state has dtype float32");
-    HostTensor ok(DType::i32, {2, 2, 1 + 4});
+    HostTensor ok(DType::i32, {2, 2, 1 + 2 * 4});
     b = p;
     b.select_state = ok.view();
     b.score_cache = Tensor(), b.scores = Tensor(), b.window = 0;

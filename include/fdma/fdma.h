@@ -160,11 +160,14 @@ typedef struct fdma_dma_params {
  * [0, num_pages); the CUDA backend, which cannot read them without a synchronization, clamps
  * L_b to the cache's capacity and treats keys on such pages as absent (never read or written).
  *
- * select_state (optional, with score_cache): [B, Hk, 1 + min(window, capacity)] int32, owned
- *   by the caller, read and rewritten by every call that gets it (capacity: max_len, or
- *   max_pages * page_size). Entry 0 of row (b, hk) is a prefix length n, the others the
- *   positions of the top-min(window, n) keys of [0, n), ascending. After a call the row
- *   describes [0, L_b). With scores fixed per key, the top-w of a cache grown by a few keys is
+ * select_state (optional, with score_cache): [B, Hk, 1 + 2 * min(window, capacity)] int32,
+ *   owned by the caller, read and rewritten by every call that gets it (capacity: max_len, or
+ *   max_pages * page_size). With S = min(window, capacity): entry 0 of row (b, hk) is a prefix
+ *   length n, entries 1..S the positions of the top-min(window, n) keys of [0, n), ascending,
+ *   and entries S+1..2S those keys' scores as float32 bits (NaN as 0x7fc00000), the library's
+ *   copy: a decode step reads them there instead of gathering them across the cache, so they
+ *   are trusted as written and must not be edited. After a call the row describes [0, L_b).
+ *   With scores fixed per key, the top-w of a cache grown by a few keys is
  *   the old top-w with each new key taking the worst one's place when it ranks above it, so a
  *   decode step that finds a state describing its cache up to its new keys updates it instead
  *   of selecting over the whole cache. Any other content (zeros, a longer prefix after a

@@ -134,7 +134,7 @@ def dynamic_mask_attention_with_kvcache(q, k_cache, v_cache, score_cache, cache_
         raise ValueError(f"{what}: score_cache is required (attention_with_kvcache is the dense variant)")
     check_same_device(what, q, select_state=select_state)
     if select_state is not None and (not isinstance(select_state, torch.Tensor) or select_state.dtype != torch.int32):
-        raise TypeError(f"{what}: select_state must be an int32 tensor [B, Hk, 1 + min(window_size, capacity)] "
+        raise TypeError(f"{what}: select_state must be an int32 tensor [B, Hk, 1 + 2 * min(window_size, capacity)] "
                         f"(flash_dma.new_select_state makes one), got {getattr(select_state, 'dtype', select_state)!r}")
     out, lse = torch.ops.flash_dma.kvcache_fwd(q, k_cache, v_cache, score_cache, cache_seqlens, block_table, k, v,
                                                scores, select_state, window_size, bool(is_causal), bool(add_scores),
@@ -156,8 +156,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None,
 
 def new_select_state(k_cache, window_size, block_table=None):
     """A zeroed select_state for dynamic_mask_attention_with_kvcache on this cache: int32
-    [B, Hk, 1 + min(window_size, capacity)], on the cache's device. Per (sequence, KV head) row
-    it holds a prefix length n and the positions of the top-window_size keys of [0, n); zeros
+    [B, Hk, 1 + 2 * min(window_size, capacity)], on the cache's device. Per (sequence, KV head)
+    row it holds a prefix length n, the positions of the top-window_size keys of [0, n) and
+    their scores (float32 bits: the library's copy, which a decode step reads instead of
+    gathering them from the cache; never edit it); zeros
     mean "select from scratch". Keep passing it while the cached scores below n stay as they
     are (appending through the call and rolling cache_seqlens back both keep that); zero a
     sequence's rows before reusing its slot or writing its scores by other means."""
@@ -166,7 +168,7 @@ def new_select_state(k_cache, window_size, block_table=None):
     else:
         batch, capacity = block_table.shape[0], block_table.shape[1] * k_cache.shape[1]
     slots = min(int(window_size), int(capacity))
-    return torch.zeros((batch, k_cache.shape[2], 1 + slots), dtype=torch.int32, device=k_cache.device)
+    return torch.zeros((batch, k_cache.shape[2], 1 + 2 * slots), dtype=torch.int32, device=k_cache.device)
 
 
 def get_available_backends():

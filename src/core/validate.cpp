@@ -634,7 +634,7 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
     c.dtype_in(p.select_state, "select_state", {DType::i32}, "int32");
     c.dim(p.select_state, "select_state", 0, d.B, "B");
     c.dim(p.select_state, "select_state", 1, d.Hk, "Hk");
-    c.dim(p.select_state, "select_state", 2, 1 + prob.state_slots, "1 + min(window, capacity)");
+    c.dim(p.select_state, "select_state", 2, 1 + 2 * prob.state_slots, "1 + 2 * min(window, capacity)");
     c.unit_last_stride(p.select_state, "select_state");
     c.no_self_overlap(p.select_state, "select_state");
     written.output(p.select_state, "select_state");

@@ -6,6 +6,7 @@
 // queries there. So this file appends the new tokens, views (contiguous) or packs (paged)
 // each sequence's cache, and calls those operations' CPU kernels.
 #include <cstring>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -183,8 +184,8 @@ void empty_sequence(const fdma_kvcache_params& p, const KvCacheProblem& prob, in
     }
 }
 
-// select_state rows of sequence b: [0, len) and the positions of its top-min(w, len) keys,
-// ascending (the last query's selection when it sees every key).
+// select_state rows of sequence b: [0, len), the positions of its top-min(w, len) keys,
+// ascending (the last query's selection when it sees every key), and their scores.
 void write_select_state(const fdma_kvcache_params& p, const KvCacheProblem& prob, const KvLayout& L,
                         const SequenceViews& s, int64_t b, int64_t len) {
   const fdma_tensor& st = p.select_state;
@@ -195,9 +196,16 @@ void write_select_state(const fdma_kvcache_params& p, const KvCacheProblem& prob
     load_strided(byte_ptr(s.scores.data, dtype_of(s.scores), hk * s.scores.stride[1]), dtype_of(s.scores), len,
                  s.scores.stride[2], L.row);
     select_row<double>(L.row, nullptr, 0, 1, len, prob.window, false, L.begin, L.end, L.heap);
+    const int64_t slots = prob.state_slots;
     int64_t n = 0;
     for (int64_t j = 0; j < len; ++j)
-      if (L.end[j] == 1) out[1 + n++] = int32_t(j);
+      if (L.end[j] == 1) {
+        // Exact (the cached dtype widened, then narrowed to float); NaN as one canonical
+        // pattern, as the GPU writes it.
+        const float score = std::isnan(L.row[j]) ? std::numeric_limits<float>::quiet_NaN() : float(L.row[j]);
+        std::memcpy(&out[1 + slots + n], &score, 4);
+        out[1 + n++] = int32_t(j);
+      }
   }
 }
 

@@ -286,7 +286,7 @@ void kvcache(FuzzedDataProvider& in, Arena& a, int64_t B, int64_t Sq, int64_t H,
   const int64_t capacity = paged ? max_pages * page : max_len;
   p.window = dynamic ? window(in) : in.ConsumeIntegralInRange<int64_t>(0, 1) * 3;
   if (dynamic && p.window > 0)
-    p.select_state = a.tensor({B, Hk, 1 + std::min(p.window, capacity)}, FDMA_INT32, true, true);
+    p.select_state = a.tensor({B, Hk, 1 + 2 * std::min(p.window, capacity)}, FDMA_INT32, true, true);
   p.causal = in.ConsumeBool(), p.add_scores = in.ConsumeBool();
   p.scale = scalar(in), p.softcap = scalar(in);
   p.backend = in.ConsumeIntegralInRange<int32_t>(0, 3);  // AUTO, CPU, CUDA (absent here), bad

@@ -305,18 +305,18 @@ TEST(KvCacheGpu, SelectStateRebuildsWhatItCannotGrow) {
           r->c.lens[b] -= 2;
           r->seqlens.set(b, double(r->c.lens[b]));
         }
-      const int64_t n = r->state.shape()[2];
+      const int64_t n = r->state.shape()[2], slots = (n - 1) / 2;
       for (int64_t b = 0; b < c.B; ++b)
         for (int64_t hk = 0; hk < c.Hk; ++hk) {
           const int64_t row = (b * c.Hk + hk) * n;
           if (kind == 0)  // the prefix right, the positions junk
-            for (int64_t i = 1; i < n; ++i) r->state.set(row + i, double(int64_t(i * 2654435761u % 5000) - 100));
+            for (int64_t i = 1; i <= slots; ++i) r->state.set(row + i, double(int64_t(i * 2654435761u % 5000) - 100));
           if (kind == 2) {  // two positions out of order
             const double x = r->state.get(row + 3);
             r->state.set(row + 3, r->state.get(row + 4));
             r->state.set(row + 4, x);
           }
-          if (kind == 3) r->state.set(row + n - 1, 1e6);  // past the prefix
+          if (kind == 3) r->state.set(row + slots, 1e6);  // past the prefix
         }
       r->next_tokens(c.seed + kind);
     }

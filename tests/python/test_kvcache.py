@@ -187,13 +187,13 @@ def test_cuda_graph_decode_loop(device, with_state):
 @pytest.mark.parametrize("page_size", [0, 16])
 def test_select_state_decode_loop(device, page_size):
     """A generation loop that passes select_state gives what the same loop without it gives,
-    and leaves each row's top-w positions in the state."""
+    and leaves each row's top-w positions and their scores in the state."""
     B, Hk, H, D, w, max_len, steps = 3, 2, 4, 32, 12, 160, 6
     dtype = dtype_of(device)
     a = Cache(B, max_len, Hk, D, dtype, device, seed=91, page_size=page_size)
     b = Cache(B, max_len, Hk, D, dtype, device, seed=91, page_size=page_size)
     state = flash_dma.new_select_state(a.args()["k_cache"], w, a.args().get("block_table"))
-    assert state.shape == (B, Hk, 1 + w) and state.dtype == torch.int32 and not state.any()
+    assert state.shape == (B, Hk, 1 + 2 * w) and state.dtype == torch.int32 and not state.any()
     lens = torch.tensor([0, 11, 90], dtype=torch.int32, device=device)
     for t in range(steps):
         q = rand((B, 1, H, D), dtype, device, 500 + t)
@@ -216,6 +216,8 @@ def test_select_state_decode_loop(device, page_size):
             top = sorted(sorted(range(L), key=lambda j: (-row[j].item(), j))[: min(w, L)])
             assert state[bi, h, 0].item() == L
             assert state[bi, h, 1 : 1 + len(top)].tolist() == top, (bi, h)
+            kept_scores = state[bi, h, 1 + w: 1 + w + len(top)].view(torch.float32).cpu()
+            assert torch.equal(kept_scores, scores[bi, h, top].float().cpu()), (bi, h)
 
 
 def test_bad_input_names_the_argument(device):
@@ -240,7 +242,7 @@ def test_bad_input_names_the_argument(device):
                                                                                device=device))
     with pytest.raises(ValueError, match=r"select_state.shape\[2\]"):
         flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=lens, window_size=4, **c.args(),
-                                                      select_state=torch.zeros((B, Hk, 4), dtype=torch.int32,
+                                                      select_state=torch.zeros((B, Hk, 5), dtype=torch.int32,
                                                                                device=device))
     if device.type == "cpu":  # the CPU reads the lengths; the GPU clamps them instead
         with pytest.raises(ValueError, match=r"cache_seqlens\[1\]"):

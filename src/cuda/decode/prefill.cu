@@ -156,6 +156,8 @@ struct StateArgs {
   const int32_t* prefix_len;
   const int32_t* begin;  // [rows][V]: queries [begin, end) keep the slot
   const int32_t* end;
+  const char* scores;  // [rows][V], the compact problem's (score_dtype)
+  int score_dtype;
   int32_t* state;
   int64_t state_stride[2];
 };
@@ -182,8 +184,14 @@ __global__ void __launch_bounds__(256) state_from_intervals_kernel(StateArgs a) 
     int before = run;
     for (int k = 0; k < warp; ++k) before += warp_count[k];
     before += __popc(ballot & ((1u << lane) - 1));
-    if (kept && before < a.slots)
+    if (kept && before < a.slots) {
       st[1 + before] = slot_position(a.prefix_pos, a.prefix_len, a.slots, row, s, n);
+      float score;
+      if (a.score_dtype == 2) score = __half2float(reinterpret_cast<const __half*>(a.scores)[at]);
+      else if (a.score_dtype == 3) score = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.scores)[at]);
+      else score = reinterpret_cast<const float*>(a.scores)[at];
+      st[1 + a.slots + before] = isnan(score) ? 0x7fc00000 : __float_as_int(score);  // as select_state.cu
+    }
     __syncthreads();
     if (tid == 0)
       for (int k = 0; k < 8; ++k) run += warp_count[k];
@@ -251,6 +259,8 @@ void prefill_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
     sa.prefix_pos = prefix_pos, sa.prefix_len = prefix_len;
     sa.begin = reinterpret_cast<const int32_t*>(ws + c.begin);
     sa.end = reinterpret_cast<const int32_t*>(ws + c.end);
+    sa.scores = ws + c.scores;
+    sa.score_dtype = p.score_cache.dtype;
     sa.state = g.state;
     sa.state_stride[0] = g.state_stride[0], sa.state_stride[1] = g.state_stride[1];
     state_from_intervals_kernel<<<c.rows, 256, 0, stream>>>(sa);

@@ -1,10 +1,12 @@
 // The decode selection with a caller-owned state: per (batch, KV head) row, the positions of
-// the top-w keys of a prefix [0, n) of the cache, ascending (fdma.h, select_state).
+// the top-w keys of a prefix [0, n) of the cache, ascending, and their scores (fdma.h,
+// select_state).
 //
 // Scores are fixed per key, so the top-w of a prefix grown by one key is the old set with the
 // new key in place of the worst one when it ranks above it. A decode step whose state
 // describes the cache up to its new keys therefore reads w scores and the new keys' instead of
-// the whole row: one CTA per row holds the set in shared memory, lets the new keys arrive in
+// the whole row (the state keeps the w scores beside their positions, so reading them back is
+// one contiguous read, not a gather across the cache): one CTA per row holds the set in shared memory, lets the new keys arrive in
 // position order (each query's set is the one after its own key arrived), writes the kept
 // list with each key's interval of queries, and writes the set back for the next step.
 //
@@ -174,6 +176,10 @@ __device__ void find_worst(const CacheView& c, Shared& sh, const int* pos, const
   __syncthreads();
 }
 
+// A kept key's score as the state stores it: its float bits, NaN as one canonical pattern (so
+// that every backend writes the same bytes whatever the payload it read).
+__device__ __forceinline__ int32_t state_score_bits(float s) { return isnan(s) ? 0x7fc00000 : __float_as_int(s); }
+
 __device__ __forceinline__ void write_kept(const CacheView& c, KeptKey* list, int slot, int cap, int b, int pos,
                                            float score, int begin, int end) {
   int outer, inner;
@@ -209,23 +215,28 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   int size = 0, grown_from = first;
   if (usable) {
     size = min(a.w, n);
-    // kLoads entries a thread at a time: their positions all in flight, then their scores
-    // (a loop of dependent load pairs waited out two latencies per entry).
+    // kLoads entries a thread at a time, positions and their scores (the state's copy: the
+    // cache's scores sit at scattered positions, a DRAM burst each) all in flight at once.
+    // A key counts as present where its page is one of the cache's.
     constexpr int kLoads = 4;
     for (int base = 0; base < size; base += kLoads * kThreads) {
       int p[kLoads], prev[kLoads];
+      float sc[kLoads];
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
         const int i = base + k * kThreads + tid;
         p[k] = i < size ? st[1 + i] : 0;
         prev[k] = i < size && i > 0 ? st[i] : -1;
+        sc[k] = i < size ? __int_as_float(st[1 + a.slots + i]) : 0.f;
       }
       KeyRead key[kLoads];
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
         const int i = base + k * kThreads + tid;
         const bool ordered = i < size && p[k] > prev[k] && p[k] < n;
-        key[k] = ordered ? read_key(c, b, hk, p[k]) : KeyRead{0u, 0, 0.f};
+        int inner;
+        key[k] = KeyRead{0u, 0, 0.f};
+        if (ordered && locate(c, b, p[k], key[k].outer, inner)) key[k] = KeyRead{order_bits(c, sc[k]), key[k].outer, sc[k]};
       }
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
@@ -302,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   }
   // A set short of min(w, L) (keys on pages outside the cache) is not the state of [0, L):
   // a prefix of 0 asks the next call to rebuild rather than trust entries left from before.
-  for (int i = tid; i < size; i += kThreads) st[1 + i] = pos[i];
+  for (int i = tid; i < size; i += kThreads) st[1 + i] = pos[i], st[1 + a.slots + i] = state_score_bits(score[i]);
   if (tid == 0) st[0] = size == min(a.w, L) ? L : 0;
 }
 

@@ -24,7 +24,7 @@ struct StateSelectArgs {
   int Sq, w, slots;  // slots = min(w, capacity)
   bool causal;
   StateMode mode;
-  int32_t* state;             // [B, Hk, 1 + slots], unit stride in the last dim; null: none (prefix)
+  int32_t* state;             // [B, Hk, 1 + 2 * slots], unit stride in the last dim; null: none (prefix)
   int64_t state_stride[2];    // b, hk
   int list_cap;
   SelectState* sel;  // [rows]: .listed
