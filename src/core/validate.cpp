@@ -630,7 +630,7 @@ KvCacheProblem validate_kvcache(const fdma_kvcache_params& p) {
   if (present(p.select_state)) {
     if (!prob.dynamic) c.bad("select_state is given but score_cache is not (dense attention selects nothing)");
     prob.state_slots = std::min<int64_t>(prob.window, d.Sk);
-    c.layout(p.select_state, "select_state", 3, "[B, Hk, 1 + min(window, capacity)]");
+    c.layout(p.select_state, "select_state", 3, "[B, Hk, 1 + 2 * min(window, capacity)]");
     c.dtype_in(p.select_state, "select_state", {DType::i32}, "int32");
     c.dim(p.select_state, "select_state", 0, d.B, "B");
     c.dim(p.select_state, "select_state", 1, d.Hk, "Hk");
