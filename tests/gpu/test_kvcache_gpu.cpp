@@ -457,6 +457,8 @@ TEST(KvCacheGpu, OverlappedLaunchesBothWays) {
         for (KvRun* r : {&cpu, &gpu}) r->advance(), r->next_tokens(c.seed * 100 + uint64_t(s));
       }
     }
-    if (variant != 1) EXPECT_TRUE(outs[0] == outs[1]) << "variant " << variant;
+    if (variant != 1) {
+      EXPECT_TRUE(outs[0] == outs[1]) << "variant " << variant;
+    }
   }
 }
