@@ -71,27 +71,32 @@ def _check_ranks(what, group, device, shard_dim_of, shapes, scalars, local_error
     return lengths
 
 
-def _gather_seq(x, dim, lengths, group):
-    """The ranks' shards of x concatenated along dim (padded to the longest for the collective)."""
+def _gather_start(x, dim, lengths, group):
+    """Starts the all-gather of the ranks' shards of x along dim (padded to the longest for the
+    collective); the returned function waits for it and gives their concatenation."""
     size, longest = len(lengths), max(lengths)
     if longest == 0:  # every shard empty: nothing to exchange
-        return x
+        return lambda: x
     x = x.movedim(dim, 0)
     if x.shape[0] < longest:
         x = torch.cat([x, x.new_zeros((longest - x.shape[0],) + tuple(x.shape[1:]))])
     out = x.new_empty((size * longest,) + tuple(x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-    if all(n == longest for n in lengths):  # equal shards: no padding to cut out
-        return out.movedim(0, dim)
-    parts = [out[r * longest: r * longest + n] for r, n in enumerate(lengths)]
-    return torch.cat(parts).movedim(0, dim)
+    work = dist.all_gather_into_tensor(out, x.contiguous(), group=group, async_op=True)
+
+    def finish():
+        work.wait()
+        if all(n == longest for n in lengths):  # equal shards: no padding to cut out
+            return out.movedim(0, dim)
+        return torch.cat([out[r * longest: r * longest + n] for r, n in enumerate(lengths)]).movedim(0, dim)
+    return finish
 
 
-def _scatter_seq_sum(g, dim, lengths, rank, group):
-    """The sum over ranks of g (the whole sequence along dim), this rank's shard of it."""
+def _scatter_start(g, dim, lengths, rank, group):
+    """Starts the reduce-scatter (float32) of g, the whole sequence along dim; the returned
+    function waits for it and gives this rank's shard of the sum over ranks."""
     size, longest = len(lengths), max(lengths)
     if longest == 0:
-        return g.float()
+        return lambda: g.float()
     g = g.movedim(dim, 0)
     if all(n == longest for n in lengths):  # equal shards: the float32 copy is the layout
         padded = g.float().contiguous()
@@ -102,29 +107,48 @@ def _scatter_seq_sum(g, dim, lengths, rank, group):
             padded[r * longest: r * longest + n] = g[start: start + n]
             start += n
     mine = padded.new_empty((longest,) + tuple(g.shape[1:]))
-    dist.reduce_scatter_tensor(mine, padded, group=group)
-    return mine[: lengths[rank]].movedim(0, dim)
+    work = dist.reduce_scatter_tensor(mine, padded, group=group, async_op=True)
+
+    def finish():
+        work.wait()
+        return mine[: lengths[rank]].movedim(0, dim)
+    return finish
 
 
-class _GatherSeq(torch.autograd.Function):
-    """All-gather along the sequence; its backward reduce-scatters the gradient (in float32)."""
+def _gather_seq(x, dim, lengths, group):
+    return _gather_start(x, dim, lengths, group)()
+
+
+def _scatter_seq_sum(g, dim, lengths, rank, group):
+    return _scatter_start(g, dim, lengths, rank, group)()
+
+
+class _GatherKeys(torch.autograd.Function):
+    """The keys' side (K, V, scores or bias, padding) all-gathered along the sequence, every
+    collective in flight at once; backward reduce-scatters the gradients (float32) the same way."""
 
     @staticmethod
-    def forward(ctx, x, dim, lengths, rank, group):
-        ctx.dim, ctx.lengths, ctx.rank, ctx.group, ctx.dtype = dim, lengths, rank, group, x.dtype
-        return _gather_seq(x, dim, lengths, group)
+    def forward(ctx, dims, lengths, rank, group, *xs):
+        ctx.dims, ctx.lengths, ctx.rank, ctx.group = dims, lengths, rank, group
+        ctx.dtypes = [x.dtype for x in xs]
+        finishes = [_gather_start(x, d, lengths, group) for x, d in zip(xs, dims)]
+        outs = tuple(f() for f in finishes)
+        ctx.mark_non_differentiable(*(o for o in outs if not o.is_floating_point()))
+        return outs
 
     @staticmethod
-    def backward(ctx, g):
-        return _scatter_seq_sum(g, ctx.dim, ctx.lengths, ctx.rank, ctx.group).to(ctx.dtype), None, None, None, None
+    def backward(ctx, *grads):
+        finishes = [None if g is None or not ctx.needs_input_grad[4 + i] else
+                    _scatter_start(g, ctx.dims[i], ctx.lengths, ctx.rank, ctx.group) for i, g in enumerate(grads)]
+        return (None, None, None, None) + tuple(None if f is None else f().to(dt)
+                                                for f, dt in zip(finishes, ctx.dtypes))
 
 
-def _gather(x, dim, lengths, rank, group):
-    if x is None:
-        return None
-    if x.requires_grad and torch.is_grad_enabled():
-        return _GatherSeq.apply(x, dim, lengths, rank, group)
-    return _gather_seq(x, dim, lengths, group)
+def _gather_keys(pairs, lengths, rank, group):
+    """[(tensor or None, dim)] -> the gathered tensors (None stays None)."""
+    present = [(x, d) for x, d in pairs if x is not None]
+    outs = iter(_GatherKeys.apply(tuple(d for _, d in present), lengths, rank, group, *(x for x, _ in present)))
+    return [None if x is None else next(outs) for x, _ in pairs]
 
 
 def _group_rank(what, group):
@@ -190,15 +214,13 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, group=None, is_caus
                int(key_padding_mask is not None)]
     device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
     lengths = _check_ranks(what, group, _collective_device(device, group), 1, shapes, scalars, err)
-    start, end = sum(lengths[:rank]), sum(lengths[: rank + 1])
+    end = sum(lengths[: rank + 1])
     upto = end if is_causal else sum(lengths)
-    k_all = _gather(k, 1, lengths, rank, group)[:, :upto]
-    v_all = _gather(v, 1, lengths, rank, group)[:, :upto]
-    s_all = _gather(key_scores, 2, lengths, rank, group)[:, :, :upto]
-    pad_all = None
-    if key_padding_mask is not None:
-        pad_all = _gather(key_padding_mask, 1, lengths, rank, group)[:, :upto]
-    del start
+    k_all, v_all, s_all, pad_all = _gather_keys([(k, 1), (v, 1), (key_scores, 2), (key_padding_mask, 1)], lengths,
+                                                rank, group)
+    k_all, v_all, s_all = k_all[:, :upto], v_all[:, :upto], s_all[:, :, :upto]
+    if pad_all is not None:
+        pad_all = pad_all[:, :upto]
     return _dynamic_mask_attention(q, k_all, v_all, s_all, window_size, is_causal=is_causal,
                                    softmax_scale=softmax_scale, softcap=softcap, key_padding_mask=pad_all,
                                    add_scores=add_scores, deterministic=deterministic, return_lse=return_lse)
@@ -229,11 +251,10 @@ def attention(q, k, v, key_bias=None, group=None, is_causal=False, softmax_scale
     lengths = _check_ranks(what, group, _collective_device(device, group), 1, shapes, scalars, err)
     end = sum(lengths[: rank + 1])
     upto = end if is_causal else sum(lengths)
-    k_all = _gather(k, 1, lengths, rank, group)[:, :upto]
-    v_all = _gather(v, 1, lengths, rank, group)[:, :upto]
-    bias = None
-    if key_bias is not None:
-        bias = _gather(key_bias, 2, lengths, rank, group)[:, :, :upto].unsqueeze(2)
+    k_all, v_all, bias = _gather_keys([(k, 1), (v, 1), (key_bias, 2)], lengths, rank, group)
+    k_all, v_all = k_all[:, :upto], v_all[:, :upto]
+    if bias is not None:
+        bias = bias[:, :, :upto].unsqueeze(2)
     return _attention(q, k_all, v_all, attn_bias=bias, is_causal=is_causal, softmax_scale=softmax_scale,
                       softcap=softcap, deterministic=deterministic, return_lse=return_lse)
 
