@@ -33,21 +33,15 @@ def _float_bits(x):
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
 
-def _describe(what, shapes, scalars, error):
-    """The fixed-size int64 record each rank contributes to the argument check."""
-    rec = [1 if error else 0]
+def _check_ranks(what, group, device, length, shapes, scalars, local_error):
+    """All-gathers every rank's argument record (its shard length, the arguments' shapes with
+    the sequence dim zeroed, the scalars); returns the shard lengths, or raises the same
+    ValueError on every rank."""
+    rec = [1 if local_error else 0, length]
     for shape in shapes:
         shape = list(shape) if shape is not None else []
         rec += [len(shape)] + shape + [0] * (4 - len(shape))
     rec += list(scalars)
-    return rec
-
-
-def _check_ranks(what, group, device, shard_dim_of, shapes, scalars, local_error):
-    """All-gathers every rank's argument record; returns the shard lengths, or raises the same
-    ValueError on every rank. shapes: the arguments' shapes, with each one's shard dim (the
-    sequence) zeroed out except q's, which carries the rank's shard length."""
-    rec = _describe(what, shapes, scalars, local_error)
     mine = torch.tensor(rec, dtype=torch.int64, device=device)
     size = dist.get_world_size(group)
     everyone = torch.empty(size * len(rec), dtype=torch.int64, device=device)
@@ -57,18 +51,12 @@ def _check_ranks(what, group, device, shard_dim_of, shapes, scalars, local_error
     if bad:
         raise ValueError(f"{what}: the arguments of rank(s) {bad} of the group are invalid"
                          + (f": {local_error}" if local_error else " (see the error raised there)"))
-    lengths = [row[1 + 1 + shard_dim_of] for row in rows]  # q's shard dim
-    masked = []
-    for row in rows:
-        row = list(row)
-        row[1 + 1 + shard_dim_of] = 0
-        masked.append(row)
-    for r, row in enumerate(masked):
-        if row != masked[0]:
+    for r, row in enumerate(rows):
+        if row[2:] != rows[0][2:]:
             raise ValueError(f"{what}: rank {r} of the group was called with other shapes, dtypes or arguments "
                              f"than rank 0 (only the shards' sequence lengths may differ): every rank must pass "
                              f"the same batch, heads, head dim, dtypes, window and flags")
-    return lengths
+    return [row[1] for row in rows]
 
 
 def _gather_start(x, dim, lengths, group):
@@ -205,7 +193,7 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, group=None, is_caus
     if err is None and key_padding_mask is not None and tuple(key_padding_mask.shape) != (k.shape[0], k.shape[1]):
         err = f"key_padding_mask {tuple(key_padding_mask.shape)} must be [B, n] = {(k.shape[0], k.shape[1])}"
     ok = err is None
-    shapes = [q.shape if ok else None, _zero(k.shape, 1) if ok else None, _zero(v.shape, 1) if ok else None,
+    shapes = [_zero(q.shape, 1) if ok else None, _zero(k.shape, 1) if ok else None, _zero(v.shape, 1) if ok else None,
               _zero(key_scores.shape, 2) if ok else None,
               _zero(key_padding_mask.shape, 1) if ok and key_padding_mask is not None else None]
     scalars = [int(window_size) if isinstance(window_size, int) else -1, int(bool(is_causal)), int(bool(add_scores)),
@@ -213,7 +201,8 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, group=None, is_caus
                _DTYPES.get(q.dtype, 0) if ok else 0, _DTYPES.get(key_scores.dtype, 0) if ok else 0,
                int(key_padding_mask is not None)]
     device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
-    lengths = _check_ranks(what, group, _collective_device(device, group), 1, shapes, scalars, err)
+    lengths = _check_ranks(what, group, _collective_device(device, group), q.shape[1] if ok else 0, shapes,
+                           scalars, err)
     end = sum(lengths[: rank + 1])
     upto = end if is_causal else sum(lengths)
     k_all, v_all, s_all, pad_all = _gather_keys([(k, 1), (v, 1), (key_scores, 2), (key_padding_mask, 1)], lengths,
@@ -242,13 +231,14 @@ def attention(q, k, v, key_bias=None, group=None, is_causal=False, softmax_scale
                                                  or key_bias.shape[1] not in (1, k.shape[2], q.shape[2])):
         err = f"key_bias {tuple(key_bias.shape)} must be [B or 1, 1 or Hk or H, n] with n = {k.shape[1]}"
     ok = err is None
-    shapes = [q.shape if ok else None, _zero(k.shape, 1) if ok else None, _zero(v.shape, 1) if ok else None,
+    shapes = [_zero(q.shape, 1) if ok else None, _zero(k.shape, 1) if ok else None, _zero(v.shape, 1) if ok else None,
               _zero(key_bias.shape, 2) if ok and key_bias is not None else None]
     scalars = [int(bool(is_causal)), int(bool(deterministic)), _float_bits(softmax_scale or 0.0),
                _float_bits(softcap or 0.0), _DTYPES.get(q.dtype, 0) if ok else 0,
                _DTYPES.get(key_bias.dtype, 0) if ok and key_bias is not None else 0]
     device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
-    lengths = _check_ranks(what, group, _collective_device(device, group), 1, shapes, scalars, err)
+    lengths = _check_ranks(what, group, _collective_device(device, group), q.shape[1] if ok else 0, shapes,
+                           scalars, err)
     end = sum(lengths[: rank + 1])
     upto = end if is_causal else sum(lengths)
     k_all, v_all, bias = _gather_keys([(k, 1), (v, 1), (key_bias, 2)], lengths, rank, group)

@@ -30,14 +30,23 @@ __device__ __forceinline__ bool locate(const CacheView& c, int b, int pos, int& 
   return outer >= 0 && outer < c.num_pages;
 }
 
-__device__ __forceinline__ float load_cached_score(const CacheView& c, int outer, int inner, int hk) {
-  const int64_t off = outer * c.score_stride[0] + inner * c.score_stride[1] + hk * c.score_stride[2];
-  switch (c.score_dtype) {
-    case 2: return __half2float(static_cast<const __half*>(c.scores)[off]);
-    case 3: return __bfloat162float(static_cast<const __nv_bfloat16*>(c.scores)[off]);
-    default: return static_cast<const float*>(c.scores)[off];
+// Element `off` of a score buffer of fdma_dtype `dtype` (f32, f16 or bf16), as a float.
+__device__ __forceinline__ float load_score(const void* scores, int dtype, int64_t off) {
+  switch (dtype) {
+    case 2: return __half2float(static_cast<const __half*>(scores)[off]);
+    case 3: return __bfloat162float(static_cast<const __nv_bfloat16*>(scores)[off]);
+    default: return static_cast<const float*>(scores)[off];
   }
 }
+
+__device__ __forceinline__ float load_cached_score(const CacheView& c, int outer, int inner, int hk) {
+  return load_score(c.scores, c.score_dtype,
+                    outer * c.score_stride[0] + inner * c.score_stride[1] + hk * c.score_stride[2]);
+}
+
+// A kept key's score as a select_state stores it (fdma.h): its float bits, NaN as one
+// canonical pattern, so that every backend writes the same bytes whatever payload it read.
+__device__ __forceinline__ int32_t state_score_bits(float s) { return isnan(s) ? 0x7fc00000 : __float_as_int(s); }
 
 // Order-preserving bits of a score (rank_key.cuh's rule: NaN 1, -0.0 as +0.0, 0 for absent).
 __device__ __forceinline__ uint32_t score_order_bits(float f) {

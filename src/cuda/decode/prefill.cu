@@ -186,11 +186,7 @@ __global__ void __launch_bounds__(256) state_from_intervals_kernel(StateArgs a) 
     before += __popc(ballot & ((1u << lane) - 1));
     if (kept && before < a.slots) {
       st[1 + before] = slot_position(a.prefix_pos, a.prefix_len, a.slots, row, s, n);
-      float score;
-      if (a.score_dtype == 2) score = __half2float(reinterpret_cast<const __half*>(a.scores)[at]);
-      else if (a.score_dtype == 3) score = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.scores)[at]);
-      else score = reinterpret_cast<const float*>(a.scores)[at];
-      st[1 + a.slots + before] = isnan(score) ? 0x7fc00000 : __float_as_int(score);  // as select_state.cu
+      st[1 + a.slots + before] = state_score_bits(load_score(a.scores, a.score_dtype, at));
     }
     __syncthreads();
     if (tid == 0)

@@ -176,10 +176,6 @@ __device__ void find_worst(const CacheView& c, Shared& sh, const int* pos, const
   __syncthreads();
 }
 
-// A kept key's score as the state stores it: its float bits, NaN as one canonical pattern (so
-// that every backend writes the same bytes whatever the payload it read).
-__device__ __forceinline__ int32_t state_score_bits(float s) { return isnan(s) ? 0x7fc00000 : __float_as_int(s); }
-
 __device__ __forceinline__ void write_kept(const CacheView& c, KeptKey* list, int slot, int cap, int b, int pos,
                                            float score, int begin, int end) {
   int outer, inner;
