@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct layout or a function signature changes. */
-#define FDMA_ABI_VERSION 4
+#define FDMA_ABI_VERSION 5
 #define FDMA_MAX_DIMS 4
 #define FDMA_MAX_HEAD_DIM 256
 
@@ -73,6 +73,23 @@ typedef struct fdma_tensor {
   int64_t stride[FDMA_MAX_DIMS];
 } fdma_tensor;
 
+/* Packed variable-length batches ("varlen", FlashAttention's flash_attn_varlen_func layout),
+ * for attention and dynamic_mask_attention, forward and backward. Given cu_seqlens_q and
+ * cu_seqlens_k (both or neither), the batch is N sequences packed without padding:
+ *   cu_seqlens_q, cu_seqlens_k : [N + 1] int32, non-decreasing, starting at 0 and ending at
+ *                                total_q / total_k: sequence s owns rows [cu[s], cu[s + 1])
+ *   max_seqlen_q, max_seqlen_k : host ints >= every sequence's length (they size the grids)
+ *   q, out, dout, dq : [total_q, H, D]      k, v, dk, dv : [total_k, Hk, D]
+ *   lse              : [H, total_q]
+ * Each sequence is its own problem with the unpacked call's semantics (bottom-right causal
+ * and top-w per sequence; a sequence may be empty). Per-key tensors follow the keys:
+ *   attention: mask [1|Hk|H, total_k] bool and bias, dbias [1|Hk|H, total_k] (a per-key mask
+ *     and bias, the same for every query of the key's sequence);
+ *   dynamic_mask_attention: key_scores, dkey_scores [Hk, total_k], key_padding [total_k],
+ *     keep_begin, keep_end [Hk, total_k] (query indices within the key's sequence, 0-based).
+ * The CPU backend checks cu_seqlens and the max lengths; the CUDA backend cannot read them
+ * without a synchronization. */
+
 /* attention (README, "What it computes"). Forward reads q, k, v, mask, bias and writes out, lse.
  * Backward also reads out, lse, dout and writes dq, dk, dv and (if given) dbias.
  *   q, out, dout, dq : [B, Sq, H, D]        k, v, dk, dv : [B, Sk, Hk, D]
@@ -92,6 +109,8 @@ typedef struct fdma_attention_params {
   void* stream;    /* cudaStream_t for the CUDA backend; ignored by the CPU */
   void* workspace;
   size_t workspace_bytes;
+  fdma_tensor cu_seqlens_q, cu_seqlens_k; /* varlen (above); absent: [B, S, H, D] batches */
+  int64_t max_seqlen_q, max_seqlen_k;
 } fdma_attention_params;
 
 /* selection (docs/design.md, "Selection"): which queries keep each key. For every key j of (b, hk) the
@@ -135,6 +154,8 @@ typedef struct fdma_dma_params {
   void* stream;
   void* workspace;
   size_t workspace_bytes;
+  fdma_tensor cu_seqlens_q, cu_seqlens_k; /* varlen (above); absent: [B, S, H, D] batches */
+  int64_t max_seqlen_q, max_seqlen_k;
 } fdma_dma_params;
 
 /* Attention of a few new queries against a KV cache (docs/decode.md), the inference path,

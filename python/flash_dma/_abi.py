@@ -1,4 +1,4 @@
-"""ctypes mirror of include/fdma/fdma.h (C ABI version 3).
+"""ctypes mirror of include/fdma/fdma.h (C ABI version 5).
 
 The structs here must match the C header field for field; `load_library` refuses a library
 whose fdma_abi_version() differs from ABI_VERSION.
@@ -6,7 +6,7 @@ whose fdma_abi_version() differs from ABI_VERSION.
 import ctypes
 import os
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 MAX_DIMS = 4
 
 # fdma_dtype
@@ -35,6 +35,8 @@ class AttentionParams(ctypes.Structure):
         ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor), ("dbias", Tensor),
         ("backend", ctypes.c_int32), ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+        ("cu_seqlens_q", Tensor), ("cu_seqlens_k", Tensor),
+        ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64),
     ]
 
 
@@ -58,6 +60,8 @@ class DmaParams(ctypes.Structure):
         ("keep_begin", Tensor), ("keep_end", Tensor),
         ("backend", ctypes.c_int32), ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+        ("cu_seqlens_q", Tensor), ("cu_seqlens_k", Tensor),
+        ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64),
     ]
 
 

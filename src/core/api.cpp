@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/device.hpp"
+#include "core/fill.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -89,19 +90,10 @@ namespace {
 }  // namespace
 #endif
 
-namespace {
-
-// Problems with no batch, query or key (validation lets B, Sq and Sk be 0) run no kernel. What
-// they compute, as SDPA and FlashAttention return it: outputs with no elements, or zeros for
-// out and every gradient (no key is attended, no query attends) and -inf for lse (the log of
-// an empty sum).
-bool empty(const detail::Dims& d) { return d.B == 0 || d.Sq == 0 || d.Sk == 0; }
-bool empty(const detail::SelectProblem& s) { return s.B == 0 || s.Sq == 0 || s.Sk == 0; }
-// A KV-cache call with no query appends nothing either (validation refuses that).
-bool empty(const detail::KvCacheProblem& k) { return k.dims.B == 0 || k.dims.Sq == 0; }
+namespace detail {
 
 // The bits of 0 or -inf in a dtype.
-uint64_t pattern_of(DType dtype, bool minus_inf) {
+static uint64_t pattern_of(DType dtype, bool minus_inf) {
   if (!minus_inf) return 0;
   switch (dtype) {
     case DType::f32: return 0xff800000u;
@@ -132,6 +124,37 @@ void fill(const fdma_tensor& t, bool minus_inf, Backend backend, void* stream) {
   }
 }
 
+}  // namespace detail
+
+namespace {
+
+using detail::fill;
+
+// Problems with no batch, query or key (validation lets B, Sq and Sk be 0) run no kernel. What
+// they compute, as SDPA and FlashAttention return it: outputs with no elements, or zeros for
+// out and every gradient (no key is attended, no query attends) and -inf for lse (the log of
+// an empty sum).
+bool empty(const detail::Dims& d) { return d.B == 0 || d.Sq == 0 || d.Sk == 0; }
+bool empty(const detail::SelectProblem& s) { return s.B == 0 || s.Sq == 0 || s.Sk == 0; }
+// A KV-cache call with no query appends nothing either (validation refuses that).
+bool empty(const detail::KvCacheProblem& k) { return k.dims.B == 0 || k.dims.Sq == 0; }
+
+#ifdef FDMA_HAVE_CUDA
+// The CUDA kernels do not read packed variable-length batches yet.
+[[noreturn]] void no_cuda_varlen(const char* op) {
+  detail::fail(Status::unsupported, std::string(op) +
+                                        ": the CUDA backend does not run packed variable-length batches (cu_seqlens) "
+                                        "yet; pass host tensors to run them on the CPU backend, or pad to [B, S, H, D]");
+}
+#endif
+
+size_t cpu_workspace(const detail::AttentionProblem& prob, Pass pass) {
+  return prob.varlen.on ? cpu::attention_varlen_workspace(prob, pass) : cpu::attention_workspace(prob, pass);
+}
+size_t cpu_workspace(const detail::DmaProblem& prob, Pass pass) {
+  return prob.varlen.on ? cpu::dma_varlen_workspace(prob, pass) : cpu::dma_workspace(prob, pass);
+}
+
 template <class P>
 void empty_forward(const P& p, Backend b) {
   fill(p.out, false, b, p.stream);
@@ -150,12 +173,13 @@ size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
   if (empty(prob.dims)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
+    if (prob.varlen.on) no_cuda_varlen("attention");
     return cuda::attention_workspace(prob, pass);
 #else
     no_cuda_kernels("attention");
 #endif
   }
-  return cpu::attention_workspace(prob, pass);
+  return cpu_workspace(prob, pass);
 }
 
 void attention_forward(const fdma_attention_params& p) {
@@ -163,14 +187,15 @@ void attention_forward(const fdma_attention_params& p) {
   if (empty(prob.dims)) return empty_forward(p, prob.backend);
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
+    if (prob.varlen.on) no_cuda_varlen("attention forward");
     detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cuda::attention_workspace(prob, Pass::forward));
     return cuda::attention_forward(p, prob);
 #else
     no_cuda_kernels("attention forward");
 #endif
   }
-  detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cpu::attention_workspace(prob, Pass::forward));
-  cpu::attention_forward(p, prob);
+  detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cpu_workspace(prob, Pass::forward));
+  prob.varlen.on ? cpu::attention_varlen_forward(p, prob) : cpu::attention_forward(p, prob);
 }
 
 void attention_backward(const fdma_attention_params& p) {
@@ -181,6 +206,7 @@ void attention_backward(const fdma_attention_params& p) {
   }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
+    if (prob.varlen.on) no_cuda_varlen("attention backward");
     detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
                             cuda::attention_workspace(prob, Pass::backward));
     return cuda::attention_backward(p, prob);
@@ -189,8 +215,8 @@ void attention_backward(const fdma_attention_params& p) {
 #endif
   }
   detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
-                          cpu::attention_workspace(prob, Pass::backward));
-  cpu::attention_backward(p, prob);
+                          cpu_workspace(prob, Pass::backward));
+  prob.varlen.on ? cpu::attention_varlen_backward(p, prob) : cpu::attention_backward(p, prob);
 }
 
 size_t select_workspace_size(const fdma_select_params& p) {
@@ -230,12 +256,13 @@ size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
   if (empty(prob.dims)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
+    if (prob.varlen.on) no_cuda_varlen("dynamic_mask_attention");
     return cuda::dma_workspace(p, prob, pass);
 #else
     no_cuda_kernels("dynamic_mask_attention");
 #endif
   }
-  return cpu::dma_workspace(prob, pass);
+  return cpu_workspace(prob, pass);
 }
 
 void dma_forward(const fdma_dma_params& p) {
@@ -247,6 +274,7 @@ void dma_forward(const fdma_dma_params& p) {
   }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
+    if (prob.varlen.on) no_cuda_varlen("dynamic_mask_attention forward");
     detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
                             cuda::dma_workspace(p, prob, Pass::forward));
     return cuda::dma_forward(p, prob);
@@ -255,8 +283,8 @@ void dma_forward(const fdma_dma_params& p) {
 #endif
   }
   detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
-                          cpu::dma_workspace(prob, Pass::forward));
-  cpu::dma_forward(p, prob);
+                          cpu_workspace(prob, Pass::forward));
+  prob.varlen.on ? cpu::dma_varlen_forward(p, prob) : cpu::dma_forward(p, prob);
 }
 
 void dma_backward(const fdma_dma_params& p) {
@@ -267,6 +295,7 @@ void dma_backward(const fdma_dma_params& p) {
   }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
+    if (prob.varlen.on) no_cuda_varlen("dynamic_mask_attention backward");
     detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
                             cuda::dma_workspace(p, prob, Pass::backward));
     return cuda::dma_backward(p, prob);
@@ -275,8 +304,8 @@ void dma_backward(const fdma_dma_params& p) {
 #endif
   }
   detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
-                          cpu::dma_workspace(prob, Pass::backward));
-  cpu::dma_backward(p, prob);
+                          cpu_workspace(prob, Pass::backward));
+  prob.varlen.on ? cpu::dma_varlen_backward(p, prob) : cpu::dma_backward(p, prob);
 }
 
 size_t kvcache_workspace_size(const fdma_kvcache_params& p) {

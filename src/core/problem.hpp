@@ -33,8 +33,17 @@ struct Broadcast {
   }
 };
 
+// A packed variable-length batch (fdma.h, "varlen"): the problem's dims then describe its
+// packed view (core/varlen.hpp) as one batch, B = 1, Sq = total_q, Sk = total_k, and the
+// sequences come from cu_seqlens.
+struct Varlen {
+  bool on = false;
+  int64_t num_seqs = 0, max_q = 0, max_k = 0;
+};
+
 struct AttentionProblem {
   Dims dims;
+  Varlen varlen;
   Broadcast mask, bias;
   bool has_dbias = false;
   bool causal = false;
@@ -51,6 +60,7 @@ struct SelectProblem {
 
 struct DmaProblem {
   Dims dims;
+  Varlen varlen;
   int64_t window = 0;
   bool causal = false, add_scores = false, has_padding = false, has_dscores = false;
   bool has_intervals = false;  // keep_begin/keep_end given: forward writes them, backward reads them

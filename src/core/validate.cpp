@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/device.hpp"
 #include "core/problem.hpp"
+#include "core/varlen.hpp"
 
 namespace fdma::detail {
 
@@ -347,6 +349,138 @@ void check_attention_io(const Checker& c, const P& p, Pass pass, const Dims& d, 
   io.output(p.dv, "dv");
 }
 
+
+// --- packed variable-length batches (fdma.h, "varlen") -------------------------------------
+// The packed tensors' own shapes are checked here, under their own names and dims; the packed
+// view (core/varlen.hpp) then goes through the batched checks (dtypes, overlaps, device),
+// whose shape checks these make pass.
+
+void check_like_3d(const Checker& c, const fdma_tensor& t, const char* name, const fdma_tensor& like,
+                   const char* like_name) {
+  c.layout(t, name, 3, like_name[0] == 'q' ? "[total_q, H, D]" : "[total_k, Hk, D]");
+  for (int d = 0; d < 3; ++d)
+    if (t.shape[d] != like.shape[d])
+      c.bad(std::string(name) + " has shape " + shape_str(t) + ", expected " + like_name + "'s shape " + shape_str(like));
+}
+
+template <class P>
+void check_varlen_tensors(const Checker& c, const P& p, Pass pass) {
+  c.layout(p.q, "q", 3, "[total_q, H, D]");
+  c.positive(p.q, "q", 1);
+  c.positive(p.q, "q", 2);
+  c.layout(p.k, "k", 3, "[total_k, Hk, D]");
+  c.positive(p.k, "k", 1);
+  c.dim(p.k, "k", 2, p.q.shape[2], "head dim D");
+  check_like_3d(c, p.v, "v", p.k, "k");
+  if (p.q.shape[1] % p.k.shape[1] != 0)
+    c.bad("H = " + std::to_string(p.q.shape[1]) + " (q.shape[1]) must be a multiple of Hk = " +
+          std::to_string(p.k.shape[1]) + " (k.shape[1])");
+  const bool lse_needed = pass == Pass::backward;
+  check_like_3d(c, p.out, "out", p.q, "q");
+  if (lse_needed || present(p.lse)) {
+    c.layout(p.lse, "lse", 2, "[H, total_q]");
+    c.dim(p.lse, "lse", 0, p.q.shape[1], "H");
+    c.dim(p.lse, "lse", 1, p.q.shape[0], "total_q");
+  }
+  if (pass == Pass::backward) {
+    check_like_3d(c, p.dout, "dout", p.q, "q");
+    check_like_3d(c, p.dq, "dq", p.q, "q");
+    check_like_3d(c, p.dk, "dk", p.k, "k");
+    check_like_3d(c, p.dv, "dv", p.k, "k");
+  }
+  if (!present(p.cu_seqlens_q) || !present(p.cu_seqlens_k))
+    c.bad("cu_seqlens_q and cu_seqlens_k go together: give both (a packed batch) or neither");
+  for (auto [t, name] : {std::pair{&p.cu_seqlens_q, "cu_seqlens_q"}, std::pair{&p.cu_seqlens_k, "cu_seqlens_k"}}) {
+    c.layout(*t, name, 1, "[num_seqs + 1]");
+    c.dtype_in(*t, name, {DType::i32}, "int32");
+    c.positive(*t, name, 0);
+  }
+  if (p.cu_seqlens_k.shape[0] != p.cu_seqlens_q.shape[0])
+    c.bad("cu_seqlens_k has " + std::to_string(p.cu_seqlens_k.shape[0]) + " entries but cu_seqlens_q has " +
+          std::to_string(p.cu_seqlens_q.shape[0]) + ": both are [num_seqs + 1]");
+  for (auto [m, name] : {std::pair{p.max_seqlen_q, "max_seqlen_q"}, std::pair{p.max_seqlen_k, "max_seqlen_k"}})
+    if (m < 0 || m > kMaxDim)
+      c.bad(std::string(name) + " must be in 0.." + std::to_string(kMaxDim) + ", got " + std::to_string(m));
+}
+
+// A per-key tensor of a packed batch: [heads, total_k] (heads one of `heads`), or [total_k].
+void check_per_key(const Checker& c, const fdma_tensor& t, const char* name, int64_t total_k,
+                   std::initializer_list<int64_t> heads, const char* doc) {
+  c.layout(t, name, 2, doc);
+  bool ok = false;
+  for (int64_t h : heads) ok = ok || t.shape[0] == h;
+  if (!ok) c.bad(std::string(name) + ".shape[0] = " + std::to_string(t.shape[0]) + " is not a head count of " + doc);
+  c.dim(t, name, 1, total_k, "total_k");
+}
+
+// The sequences themselves: on the CPU the offsets are host memory and are checked whole; the
+// CUDA backend cannot read them without a synchronization (its kernels clamp instead).
+template <class P>
+Varlen check_sequences(const Checker& c, const P& p, Backend backend) {
+  Varlen v;
+  v.on = true;
+  v.num_seqs = p.cu_seqlens_q.shape[0] - 1;
+  v.max_q = p.max_seqlen_q;
+  v.max_k = p.max_seqlen_k;
+  const Backend where = c.backend(int32_t(backend), {{"q", p.q.data},
+                                                      {"k", p.k.data},
+                                                      {"cu_seqlens_q", p.cu_seqlens_q.data},
+                                                      {"cu_seqlens_k", p.cu_seqlens_k.data}});
+  if (where != Backend::cpu) return v;
+  for (auto [t, name, total, max, total_name, max_name] :
+       {std::tuple{&p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], p.max_seqlen_q, "total_q = q.shape[0]", "max_seqlen_q"},
+        std::tuple{&p.cu_seqlens_k, "cu_seqlens_k", p.k.shape[0], p.max_seqlen_k, "total_k = k.shape[0]",
+                   "max_seqlen_k"}}) {
+    const auto* cu = static_cast<const int32_t*>(t->data);
+    const int64_t st = t->stride[0], n = v.num_seqs;
+    auto at = [&](int64_t s) { return std::string(name) + "[" + std::to_string(s) + "] = " + std::to_string(cu[s * st]); };
+    if (cu[0] != 0) c.bad(at(0) + ", expected 0 (sequence 0 starts at row 0)");
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t len = int64_t(cu[(s + 1) * st]) - cu[s * st];
+      if (len < 0) c.bad(at(s + 1) + " is below " + at(s) + ": offsets must be non-decreasing");
+      if (len > max)
+        c.bad("sequence " + std::to_string(s) + " has " + std::to_string(len) + " rows (" + name + "[" +
+              std::to_string(s + 1) + "] - " + name + "[" + std::to_string(s) + "]) but " + max_name + " = " +
+              std::to_string(max));
+    }
+    if (cu[n * st] != total) c.bad(at(n) + ", expected " + total_name + " = " + std::to_string(total));
+  }
+  return v;
+}
+
+AttentionProblem validate_attention_varlen(const fdma_attention_params& p, Pass pass) {
+  Checker c(pass == Pass::forward ? "attention forward (packed)" : "attention backward (packed)");
+  check_varlen_tensors(c, p, pass);
+  const int64_t total_k = p.k.shape[0], H = p.q.shape[1], Hk = p.k.shape[1];
+  const char* doc = "[1|Hk|H, total_k] (per key)";
+  if (present(p.mask)) check_per_key(c, p.mask, "mask", total_k, {1, Hk, H}, doc);
+  if (present(p.bias)) check_per_key(c, p.bias, "bias", total_k, {1, Hk, H}, doc);
+  if (pass == Pass::backward && present(p.dbias)) check_per_key(c, p.dbias, "dbias", total_k, {1, Hk, H}, doc);
+  AttentionProblem prob = validate_attention(packed_view(p), pass);
+  prob.varlen = check_sequences(c, p, prob.backend);
+  return prob;
+}
+
+DmaProblem validate_dma_varlen(const fdma_dma_params& p, Pass pass) {
+  Checker c(pass == Pass::forward ? "dynamic_mask_attention forward (packed)"
+                                  : "dynamic_mask_attention backward (packed)");
+  check_varlen_tensors(c, p, pass);
+  const int64_t total_k = p.k.shape[0], Hk = p.k.shape[1];
+  check_per_key(c, p.key_scores, "key_scores", total_k, {Hk}, "[Hk, total_k]");
+  if (present(p.key_padding)) {
+    c.layout(p.key_padding, "key_padding", 1, "[total_k]");
+    c.dim(p.key_padding, "key_padding", 0, total_k, "total_k");
+  }
+  if (pass == Pass::backward && present(p.dkey_scores))
+    check_per_key(c, p.dkey_scores, "dkey_scores", total_k, {Hk}, "[Hk, total_k]");
+  for (auto [t, name] : {std::pair{&p.keep_begin, "keep_begin"}, std::pair{&p.keep_end, "keep_end"}})
+    if (present(*t)) check_per_key(c, *t, name, total_k, {Hk}, "[Hk, total_k]");
+  DmaProblem prob = validate_dma(packed_view(p), pass);
+  prob.varlen = check_sequences(c, p, prob.backend);
+  return prob;
+}
+
+
 }  // namespace
 
 void check_workspace(const char* op, const void* workspace, size_t bytes, size_t needed) {
@@ -358,6 +492,7 @@ void check_workspace(const char* op, const void* workspace, size_t bytes, size_t
 }
 
 AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
+  if (present(p.cu_seqlens_q) || present(p.cu_seqlens_k)) return validate_attention_varlen(p, pass);
   Checker c(pass == Pass::forward ? "attention forward" : "attention backward");
   AttentionProblem prob;
   prob.dims = check_qkv(c, p.q, p.k, p.v);
@@ -433,6 +568,7 @@ SelectProblem validate_select(const fdma_select_params& p) {
 }
 
 DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
+  if (present(p.cu_seqlens_q) || present(p.cu_seqlens_k)) return validate_dma_varlen(p, pass);
   Checker c(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward");
   DmaProblem prob;
   prob.dims = check_qkv(c, p.q, p.k, p.v);
