@@ -6,7 +6,7 @@ import torch
 
 from . import _ops  # noqa: F401  (registers the torch.ops.flash_dma ops)
 from ._library import library
-from ._tensors import check_qkv, check_same_device
+from ._tensors import check_qkv, check_same_device, check_seqlens
 
 
 def _as_4d(t, name, what):
@@ -68,6 +68,70 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     out, lse, _, _ = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size,
                                                  bool(is_causal), bool(add_scores), float(softmax_scale or 0.0),
                                                  float(softcap or 0.0), bool(deterministic), needs_grad)
+    return (out, lse) if return_lse else out
+
+
+def _per_key(t, name, what, total_k):
+    """A per-key tensor of a packed batch: [total_k] becomes [1, total_k]; [heads, total_k] stays."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() != 2 or t.shape[1] != total_k:
+        raise ValueError(f"{what}: {name} must be [total_k] or [heads, total_k] with total_k = {total_k}, "
+                         f"got shape {tuple(t.shape)}")
+    return t
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, key_bias=None, key_mask=None,
+                     is_causal=False, softmax_scale=None, softcap=0.0, deterministic=False, return_lse=False):
+    """attention over a packed variable-length batch (FlashAttention's flash_attn_varlen_func
+    layout): q [total_q, H, D], k, v [total_k, Hk, D], sequence s owning rows
+    [cu_seqlens[s], cu_seqlens[s + 1]) of each (int32 [num_seqs + 1]); max_seqlen_q/k are ints at
+    least every sequence's length. Each sequence is its own problem (bottom-right causal per
+    sequence). key_bias [total_k] or [1|Hk|H, total_k] is added to every score of its key
+    (differentiable); key_mask (bool, same shapes) False hides a key. Returns out [total_q, H, D],
+    and lse [H, total_q] when return_lse.
+    """
+    what = "flash_dma.attention_varlen"
+    check_qkv(what, q, k, v, packed=True)
+    check_seqlens(what, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    key_bias, key_mask = _per_key(key_bias, "key_bias", what, k.shape[0]), _per_key(key_mask, "key_mask", what, k.shape[0])
+    check_same_device(what, q, key_bias=key_bias, key_mask=key_mask)
+    if key_mask is not None and key_mask.dtype != torch.bool:
+        raise TypeError(f"{what}: key_mask must be torch.bool (True keeps a key), got {key_mask.dtype}")
+    out, lse = torch.ops.flash_dma.attention_fwd(q, k, v, key_mask, key_bias, bool(is_causal),
+                                                 float(softmax_scale or 0.0), float(softcap or 0.0),
+                                                 bool(deterministic), cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                                 int(max_seqlen_k))
+    return (out, lse) if return_lse else out
+
+
+def dynamic_mask_attention_varlen(q, k, v, key_scores, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  window_size, is_causal=True, softmax_scale=None, softcap=0.0, key_padding_mask=None,
+                                  add_scores=True, deterministic=False, return_lse=False):
+    """dynamic_mask_attention over a packed variable-length batch: q [total_q, H, D], k, v
+    [total_k, Hk, D], key_scores [Hk, total_k], key_padding_mask [total_k] (bool) and
+    cu_seqlens / max_seqlen as in attention_varlen. Each query keeps the top-`window_size` keys
+    of its own sequence (per KV head; causal: among those it may see). Differentiable in q, k,
+    v and key_scores. Returns out [total_q, H, D], and lse [H, total_q] when return_lse.
+    """
+    what = "flash_dma.dynamic_mask_attention_varlen"
+    check_qkv(what, q, k, v, packed=True)
+    check_seqlens(what, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    check_same_device(what, q, key_scores=key_scores, key_padding_mask=key_padding_mask)
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"{what}: window_size must be an integer >= 1, got {window_size!r}")
+    if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+        raise TypeError(f"{what}: key_padding_mask must be torch.bool (True = the key exists), "
+                        f"got {key_padding_mask.dtype}")
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, key_scores))
+    out, lse, _, _ = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size,
+                                                 bool(is_causal), bool(add_scores), float(softmax_scale or 0.0),
+                                                 float(softcap or 0.0), bool(deterministic), needs_grad,
+                                                 cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
     return (out, lse) if return_lse else out
 
 

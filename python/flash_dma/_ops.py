@@ -3,6 +3,8 @@ tensors' device and current stream, every buffer allocated by torch), fake imple
 (shapes only, for torch.compile), and autograd.
 
 Ops (namespace flash_dma): attention_fwd, attention_bwd, dma_fwd, dma_bwd, select, kvcache_fwd.
+attention and dma take a packed variable-length batch (fdma.h, "varlen") when cu_seqlens_q and
+cu_seqlens_k are given: q [total_q, H, D], k, v [total_k, Hk, D], lse [H, total_q].
 """
 import ctypes
 from typing import Optional, Tuple
@@ -39,10 +41,18 @@ def _run(fn, size_fn, params, key, pass_, device, what):
     check(fn(ctypes.byref(params)), what)
 
 
+def _lse_shape(q):
+    """[B, H, Sq] for q [B, Sq, H, D]; [H, total_q] for a packed q [total_q, H, D]."""
+    return (q.shape[1], q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _lse_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def _out_and_lse(q):
-    B, Sq, H, _ = q.shape
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty((B, H, Sq), dtype=lse_dtype, device=q.device)
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(_lse_shape(q), dtype=_lse_dtype(q), device=q.device))
 
 
 def _grad_like(t):
@@ -52,13 +62,16 @@ def _grad_like(t):
 
 # --- attention ---------------------------------------------------------------------------
 
-def _attention(pass_, q, k, v, mask, bias, causal, scale, softcap, deterministic, out, lse,
+def _attention(pass_, q, k, v, mask, bias, causal, scale, softcap, deterministic, varlen, out, lse,
                dout=None, dq=None, dk=None, dv=None, dbias=None):
     lib = library()
+    cu_q, cu_k, max_q, max_k = varlen
     params, key = pack(_abi.AttentionParams,
                        (("q", q), ("k", k), ("v", v), ("mask", mask), ("bias", bias), ("out", out), ("lse", lse),
-                        ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv), ("dbias", dbias)),
-                       causal=causal, scale=scale, softcap=softcap, deterministic=deterministic)
+                        ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv), ("dbias", dbias),
+                        ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)),
+                       causal=causal, scale=scale, softcap=softcap, deterministic=deterministic,
+                       max_seqlen_q=max_q, max_seqlen_k=max_k)
     forward = pass_ == _abi.PASS_FORWARD
     _run(lib.fdma_attention_fwd if forward else lib.fdma_attention_bwd, lib.fdma_attention_workspace_size,
          params, key, pass_, q.device, "attention" if forward else "attention backward")
@@ -66,52 +79,57 @@ def _attention(pass_, q, k, v, mask, bias, causal, scale, softcap, deterministic
 
 @torch.library.custom_op("flash_dma::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor], causal: bool,
-                  scale: float, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+                  scale: float, softcap: float, deterministic: bool, cu_seqlens_q: Optional[Tensor] = None,
+                  cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: int = 0,
+                  max_seqlen_k: int = 0) -> Tuple[Tensor, Tensor]:
     out, lse = _out_and_lse(q)
-    _attention(_abi.PASS_FORWARD, q, k, v, mask, bias, causal, scale, softcap, deterministic, out, lse)
+    _attention(_abi.PASS_FORWARD, q, k, v, mask, bias, causal, scale, softcap, deterministic,
+               (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), out, lse)
     return out, lse
 
 
 @attention_fwd.register_fake
-def _(q, k, v, mask, bias, causal, scale, softcap, deterministic):
-    B, Sq, H, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
+def _(q, k, v, mask, bias, causal, scale, softcap, deterministic, cu_seqlens_q=None, cu_seqlens_k=None,
+      max_seqlen_q=0, max_seqlen_k=0):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=_lse_dtype(q))
 
 
 @torch.library.custom_op("flash_dma::attention_bwd", mutates_args=())
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
                   out: Tensor, lse: Tensor, causal: bool, scale: float, softcap: float, deterministic: bool,
-                  want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                  want_dbias: bool, cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+                  max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
     dbias = _grad_like(bias) if (want_dbias and bias is not None) else None
-    _attention(_abi.PASS_BACKWARD, q, k, v, mask, bias, causal, scale, softcap, deterministic, out, lse,
-               dout, dq, dk, dv, dbias)
+    _attention(_abi.PASS_BACKWARD, q, k, v, mask, bias, causal, scale, softcap, deterministic,
+               (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), out, lse, dout, dq, dk, dv, dbias)
     return dq, dk, dv, (dbias if dbias is not None else q.new_empty(0))
 
 
 @attention_bwd.register_fake
-def _(dout, q, k, v, mask, bias, out, lse, causal, scale, softcap, deterministic, want_dbias):
+def _(dout, q, k, v, mask, bias, out, lse, causal, scale, softcap, deterministic, want_dbias, cu_seqlens_q=None,
+      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     dbias = bias.new_empty(bias.shape) if (want_dbias and bias is not None) else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, mask, bias, causal, scale, softcap, deterministic = inputs
+    q, k, v, mask, bias, causal, scale, softcap, deterministic, cu_q, cu_k, max_q, max_k = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, mask, bias, out, lse)
-    ctx.args = (causal, scale, softcap, deterministic)
+    ctx.save_for_backward(q, k, v, mask, bias, out, lse, cu_q, cu_k)
+    ctx.args = (causal, scale, softcap, deterministic, max_q, max_k)
     ctx.mark_non_differentiable(lse)
 
 
 def _attention_backward(ctx, dout, _dlse):
-    q, k, v, mask, bias, out, lse = ctx.saved_tensors
-    causal, scale, softcap, deterministic = ctx.args
+    q, k, v, mask, bias, out, lse, cu_q, cu_k = ctx.saved_tensors
+    causal, scale, softcap, deterministic, max_q, max_k = ctx.args
     want_dbias = bias is not None and ctx.needs_input_grad[4]
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dq, dk, dv, dbias = torch.ops.flash_dma.attention_bwd(dout, q, k, v, mask, bias, out, lse, causal, scale, softcap,
-                                                          deterministic, want_dbias)
-    return dq, dk, dv, None, (dbias if want_dbias else None), None, None, None, None
+                                                          deterministic, want_dbias, cu_q, cu_k, max_q, max_k)
+    return (dq, dk, dv, None, (dbias if want_dbias else None)) + (None,) * (len(ctx.needs_input_grad) - 5)
 
 
 torch.library.register_autograd("flash_dma::attention_fwd", _attention_backward, setup_context=_attention_setup)
@@ -119,15 +137,17 @@ torch.library.register_autograd("flash_dma::attention_fwd", _attention_backward,
 
 # --- dynamic_mask_attention ----------------------------------------------------------------
 
-def _dma(pass_, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic, out, lse,
-         keep_begin, keep_end, dout=None, dq=None, dk=None, dv=None, dkey_scores=None):
+def _dma(pass_, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic, varlen,
+         out, lse, keep_begin, keep_end, dout=None, dq=None, dk=None, dv=None, dkey_scores=None):
     lib = library()
+    cu_q, cu_k, max_q, max_k = varlen
     params, key = pack(_abi.DmaParams,
                        (("q", q), ("k", k), ("v", v), ("key_scores", key_scores), ("key_padding", key_padding),
                         ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv),
-                        ("dkey_scores", dkey_scores), ("keep_begin", keep_begin), ("keep_end", keep_end)),
+                        ("dkey_scores", dkey_scores), ("keep_begin", keep_begin), ("keep_end", keep_end),
+                        ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)),
                        window=window, causal=causal, add_scores=add_scores, scale=scale, softcap=softcap,
-                       deterministic=deterministic)
+                       deterministic=deterministic, max_seqlen_q=max_q, max_seqlen_k=max_k)
     forward = pass_ == _abi.PASS_FORWARD
     _run(lib.fdma_dma_fwd if forward else lib.fdma_dma_bwd, lib.fdma_dma_workspace_size, params, key, pass_,
          q.device, "dynamic_mask_attention" if forward else "dynamic_mask_attention backward")
@@ -145,24 +165,25 @@ def _intervals_like(key_scores):
 @torch.library.custom_op("flash_dma::dma_fwd", mutates_args=())
 def dma_fwd(q: Tensor, k: Tensor, v: Tensor, key_scores: Tensor, key_padding: Optional[Tensor], window: int,
             causal: bool, add_scores: bool, scale: float, softcap: float, deterministic: bool,
-            keep_selection: bool = True) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+            keep_selection: bool = True, cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+            max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     out, lse = _out_and_lse(q)
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if keep_selection:
         keep_begin, keep_end = _intervals_like(key_scores)
         _dma(_abi.PASS_FORWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
-             deterministic, out, lse, keep_begin, keep_end)
+             deterministic, varlen, out, lse, keep_begin, keep_end)
         return out, lse, keep_begin, keep_end
     _dma(_abi.PASS_FORWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
-         deterministic, out, lse, None, None)
+         deterministic, varlen, out, lse, None, None)
     none = key_scores.new_empty((0,), dtype=torch.int32)
     return out, lse, none, none.clone()
 
 
 @dma_fwd.register_fake
 def _(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic,
-      keep_selection=True):
-    B, Sq, H, _ = q.shape
-    lse = q.new_empty((B, H, Sq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
+      keep_selection=True, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    lse = q.new_empty(_lse_shape(q), dtype=_lse_dtype(q))
     shape = key_scores.shape if keep_selection else (0,)
     return (q.new_empty(q.shape), lse, key_scores.new_empty(shape, dtype=torch.int32),
             key_scores.new_empty(shape, dtype=torch.int32))
@@ -172,38 +193,41 @@ def _(q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softc
 @torch.library.custom_op("flash_dma::dma_bwd", mutates_args=())
 def dma_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, key_scores: Tensor, key_padding: Optional[Tensor],
             out: Tensor, lse: Tensor, keep_begin: Optional[Tensor], keep_end: Optional[Tensor], window: int,
-            causal: bool, add_scores: bool, scale: float, softcap: float,
-            deterministic: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+            causal: bool, add_scores: bool, scale: float, softcap: float, deterministic: bool,
+            cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: int = 0,
+            max_seqlen_k: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv, dscores = _grad_like(q), _grad_like(k), _grad_like(v), _grad_like(key_scores)
     _dma(_abi.PASS_BACKWARD, q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap,
-         deterministic, out, lse, keep_begin, keep_end, dout, dq, dk, dv, dscores)
+         deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), out, lse, keep_begin, keep_end,
+         dout, dq, dk, dv, dscores)
     return dq, dk, dv, dscores
 
 
 @dma_bwd.register_fake
 def _(dout, q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end, window, causal, add_scores, scale,
-      softcap, deterministic):
+      softcap, deterministic, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), key_scores.new_empty(key_scores.shape)
 
 
 def _dma_setup(ctx, inputs, output):
     q, k, v, key_scores, key_padding, window, causal, add_scores, scale, softcap, deterministic = inputs[:11]
+    cu_q, cu_k, max_q, max_k = inputs[12:16]
     out, lse, keep_begin, keep_end = output
-    ctx.save_for_backward(q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end)
-    ctx.args = (window, causal, add_scores, scale, softcap, deterministic)
+    ctx.save_for_backward(q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end, cu_q, cu_k)
+    ctx.args = (window, causal, add_scores, scale, softcap, deterministic, max_q, max_k)
     ctx.mark_non_differentiable(lse, keep_begin, keep_end)
 
 
 def _dma_backward(ctx, dout, _dlse, _dbegin, _dend):
-    q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end = ctx.saved_tensors
-    window, causal, add_scores, scale, softcap, deterministic = ctx.args
+    q, k, v, key_scores, key_padding, out, lse, keep_begin, keep_end, cu_q, cu_k = ctx.saved_tensors
+    window, causal, add_scores, scale, softcap, deterministic, max_q, max_k = ctx.args
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     if keep_begin.numel() == 0:  # a forward that kept no selection: the backward selects again
         keep_begin = keep_end = None
     dq, dk, dv, dscores = torch.ops.flash_dma.dma_bwd(dout, q, k, v, key_scores, key_padding, out, lse, keep_begin,
                                                       keep_end, window, causal, add_scores, scale, softcap,
-                                                      deterministic)
+                                                      deterministic, cu_q, cu_k, max_q, max_k)
     return (dq, dk, dv, (dscores if ctx.needs_input_grad[3] else None)) + (None,) * (len(ctx.needs_input_grad) - 4)
 
 

@@ -67,12 +67,14 @@ def workspace(nbytes, device):
     return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
 
 
-def check_qkv(name, q, k, v):
-    """Layout [B, S, H, D], one dtype and device, contiguous head dim."""
+def check_qkv(name, q, k, v, packed=False):
+    """Layout [B, S, H, D] (packed: [total, H, D]), one dtype and device, contiguous head dim."""
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: {n} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
+        if packed and t.dim() != 3:
+            raise ValueError(f"{name}: {n} must be [total_seqlen, heads, head_dim], got shape {tuple(t.shape)}")
+        if not packed and t.dim() != 4:
             raise ValueError(f"{name}: {n} must be [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{name}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -87,6 +89,19 @@ def check_qkv(name, q, k, v):
             raise ValueError(f"{name}: {n} must have a contiguous head dim (stride 1), got strides {t.stride()}")
     if q.shape[-1] > 256:
         raise ValueError(f"{name}: head dims up to 256 are supported, got {q.shape[-1]}")
+
+
+def check_seqlens(name, ref, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """cu_seqlens: int32 [num_seqs + 1] on q's device; max_seqlen: ints (the library checks the
+    offsets against them on the CPU)."""
+    check_same_device(name, ref, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for t, n in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+            raise TypeError(f"{name}: {n} must be an int32 tensor [num_seqs + 1], got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    for m, n in ((max_seqlen_q, "max_seqlen_q"), (max_seqlen_k, "max_seqlen_k")):
+        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or m < 0:
+            raise ValueError(f"{name}: {n} must be an int >= 0, got {m!r}")
 
 
 def check_same_device(name, ref, **tensors):
