@@ -7,6 +7,7 @@
 #include "core/fill.hpp"
 #include "core/parallel.hpp"
 #include "core/problem.hpp"
+#include "core/varlen.hpp"
 #include "cpu/cpu_backend.hpp"
 #ifdef FDMA_HAVE_CUDA
 #include "cuda/cuda_backend.hpp"
@@ -135,6 +136,11 @@ using detail::fill;
 // out and every gradient (no key is attended, no query attends) and -inf for lse (the log of
 // an empty sum).
 bool empty(const detail::Dims& d) { return d.B == 0 || d.Sq == 0 || d.Sk == 0; }
+// A packed batch with no sequence, or max lengths of 0, has nothing to attend either (the CUDA
+// backend clamps each sequence to the max lengths; the CPU checked they hold).
+bool empty(const detail::DmaProblem& p) {
+  return empty(p.dims) || (p.varlen.on && (p.varlen.num_seqs == 0 || p.varlen.max_q == 0 || p.varlen.max_k == 0));
+}
 bool empty(const detail::SelectProblem& s) { return s.B == 0 || s.Sq == 0 || s.Sk == 0; }
 // A KV-cache call with no query appends nothing either (validation refuses that).
 bool empty(const detail::KvCacheProblem& k) { return k.dims.B == 0 || k.dims.Sq == 0; }
@@ -253,11 +259,10 @@ void select_keys(const fdma_select_params& p) {
 
 size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
   auto prob = detail::validate_dma(p, pass);
-  if (empty(prob.dims)) return 0;
+  if (empty(prob)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    if (prob.varlen.on) no_cuda_varlen("dynamic_mask_attention");
-    return cuda::dma_workspace(p, prob, pass);
+    return cuda::dma_workspace(prob.varlen.on ? detail::packed_view(p) : p, prob, pass);
 #else
     no_cuda_kernels("dynamic_mask_attention");
 #endif
@@ -267,17 +272,18 @@ size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
 
 void dma_forward(const fdma_dma_params& p) {
   auto prob = detail::validate_dma(p, Pass::forward);
-  if (empty(prob.dims)) {
+  if (empty(prob)) {
     empty_forward(p, prob.backend);
     fill(p.keep_begin, false, prob.backend, p.stream);
     return fill(p.keep_end, false, prob.backend, p.stream);
   }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    if (prob.varlen.on) no_cuda_varlen("dynamic_mask_attention forward");
+    // A packed batch runs as its packed view (core/varlen.hpp), which keeps cu_seqlens.
+    const fdma_dma_params& v = prob.varlen.on ? detail::packed_view(p) : p;
     detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
-                            cuda::dma_workspace(p, prob, Pass::forward));
-    return cuda::dma_forward(p, prob);
+                            cuda::dma_workspace(v, prob, Pass::forward));
+    return cuda::dma_forward(v, prob);
 #else
     no_cuda_kernels("dynamic_mask_attention forward");
 #endif
@@ -289,16 +295,16 @@ void dma_forward(const fdma_dma_params& p) {
 
 void dma_backward(const fdma_dma_params& p) {
   auto prob = detail::validate_dma(p, Pass::backward);
-  if (empty(prob.dims)) {
+  if (empty(prob)) {
     empty_backward(p, prob.backend);
     return fill(p.dkey_scores, false, prob.backend, p.stream);
   }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    if (prob.varlen.on) no_cuda_varlen("dynamic_mask_attention backward");
+    const fdma_dma_params& v = prob.varlen.on ? detail::packed_view(p) : p;
     detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
-                            cuda::dma_workspace(p, prob, Pass::backward));
-    return cuda::dma_backward(p, prob);
+                            cuda::dma_workspace(v, prob, Pass::backward));
+    return cuda::dma_backward(v, prob);
 #else
     no_cuda_kernels("dynamic_mask_attention backward");
 #endif

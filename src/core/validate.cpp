@@ -448,6 +448,9 @@ Varlen check_sequences(const Checker& c, const P& p, Backend backend) {
   return v;
 }
 
+AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass pass);  // below
+DmaProblem validate_dma_batched(const fdma_dma_params& p, Pass pass);
+
 AttentionProblem validate_attention_varlen(const fdma_attention_params& p, Pass pass) {
   Checker c(pass == Pass::forward ? "attention forward (packed)" : "attention backward (packed)");
   check_varlen_tensors(c, p, pass);
@@ -456,7 +459,7 @@ AttentionProblem validate_attention_varlen(const fdma_attention_params& p, Pass 
   if (present(p.mask)) check_per_key(c, p.mask, "mask", total_k, {1, Hk, H}, doc);
   if (present(p.bias)) check_per_key(c, p.bias, "bias", total_k, {1, Hk, H}, doc);
   if (pass == Pass::backward && present(p.dbias)) check_per_key(c, p.dbias, "dbias", total_k, {1, Hk, H}, doc);
-  AttentionProblem prob = validate_attention(packed_view(p), pass);
+  AttentionProblem prob = validate_attention_batched(packed_view(p), pass);
   prob.varlen = check_sequences(c, p, prob.backend);
   return prob;
 }
@@ -475,7 +478,7 @@ DmaProblem validate_dma_varlen(const fdma_dma_params& p, Pass pass) {
     check_per_key(c, p.dkey_scores, "dkey_scores", total_k, {Hk}, "[Hk, total_k]");
   for (auto [t, name] : {std::pair{&p.keep_begin, "keep_begin"}, std::pair{&p.keep_end, "keep_end"}})
     if (present(*t)) check_per_key(c, *t, name, total_k, {Hk}, "[Hk, total_k]");
-  DmaProblem prob = validate_dma(packed_view(p), pass);
+  DmaProblem prob = validate_dma_batched(packed_view(p), pass);
   prob.varlen = check_sequences(c, p, prob.backend);
   return prob;
 }
@@ -491,8 +494,9 @@ void check_workspace(const char* op, const void* workspace, size_t bytes, size_t
                                 " (ask the matching *_workspace_size function)");
 }
 
-AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
-  if (present(p.cu_seqlens_q) || present(p.cu_seqlens_k)) return validate_attention_varlen(p, pass);
+namespace {
+// The batched checks; a packed batch's view goes through them too (cu_seqlens ignored).
+AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass pass) {
   Checker c(pass == Pass::forward ? "attention forward" : "attention backward");
   AttentionProblem prob;
   prob.dims = check_qkv(c, p.q, p.k, p.v);
@@ -533,6 +537,8 @@ AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
   return prob;
 }
 
+}  // namespace
+
 SelectProblem validate_select(const fdma_select_params& p) {
   Checker c("select");
   c.layout(p.key_scores, "key_scores", 3, "[B, Hk, Sk]");
@@ -567,8 +573,8 @@ SelectProblem validate_select(const fdma_select_params& p) {
   return prob;
 }
 
-DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
-  if (present(p.cu_seqlens_q) || present(p.cu_seqlens_k)) return validate_dma_varlen(p, pass);
+namespace {
+DmaProblem validate_dma_batched(const fdma_dma_params& p, Pass pass) {
   Checker c(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward");
   DmaProblem prob;
   prob.dims = check_qkv(c, p.q, p.k, p.v);
@@ -618,6 +624,18 @@ DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
   c.no_overlap(io.outputs, io.inputs);
   prob.backend = c.backend(p.backend, io.ptrs);
   return prob;
+}
+
+}  // namespace
+
+AttentionProblem validate_attention(const fdma_attention_params& p, Pass pass) {
+  if (present(p.cu_seqlens_q) || present(p.cu_seqlens_k)) return validate_attention_varlen(p, pass);
+  return validate_attention_batched(p, pass);
+}
+
+DmaProblem validate_dma(const fdma_dma_params& p, Pass pass) {
+  if (present(p.cu_seqlens_q) || present(p.cu_seqlens_k)) return validate_dma_varlen(p, pass);
+  return validate_dma_batched(p, pass);
 }
 
 namespace {

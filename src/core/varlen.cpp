@@ -34,7 +34,6 @@ fdma_attention_params packed_view(const fdma_attention_params& p) {
   fdma_attention_params v = p;
   for (fdma_tensor* t : {&v.q, &v.k, &v.v, &v.out, &v.dout, &v.dq, &v.dk, &v.dv, &v.lse}) *t = unsqueeze(*t, 0);
   for (fdma_tensor* t : {&v.mask, &v.bias, &v.dbias}) *t = per_key_bias_view(*t);
-  v.cu_seqlens_q = v.cu_seqlens_k = fdma_tensor{};
   return v;
 }
 
@@ -43,7 +42,6 @@ fdma_dma_params packed_view(const fdma_dma_params& p) {
   for (fdma_tensor* t : {&v.q, &v.k, &v.v, &v.out, &v.dout, &v.dq, &v.dk, &v.dv, &v.lse, &v.key_scores,
                          &v.dkey_scores, &v.keep_begin, &v.keep_end, &v.key_padding})
     *t = unsqueeze(*t, 0);
-  v.cu_seqlens_q = v.cu_seqlens_k = fdma_tensor{};
   return v;
 }
 
@@ -54,6 +52,7 @@ fdma_attention_params sequence_view(const fdma_attention_params& packed, int64_t
   for (fdma_tensor* t : {&v.k, &v.v, &v.dk, &v.dv}) *t = narrow(*t, 1, k0, nk);
   v.lse = narrow(v.lse, 2, q0, nq);
   for (fdma_tensor* t : {&v.mask, &v.bias, &v.dbias}) *t = narrow(*t, 3, k0, nk);
+  v.cu_seqlens_q = v.cu_seqlens_k = fdma_tensor{};
   return v;
 }
 
@@ -64,6 +63,7 @@ fdma_dma_params sequence_view(const fdma_dma_params& packed, int64_t q0, int64_t
   v.lse = narrow(v.lse, 2, q0, nq);
   for (fdma_tensor* t : {&v.key_scores, &v.dkey_scores, &v.keep_begin, &v.keep_end}) *t = narrow(*t, 2, k0, nk);
   v.key_padding = narrow(v.key_padding, 1, k0, nk);
+  v.cu_seqlens_q = v.cu_seqlens_k = fdma_tensor{};
   return v;
 }
 

@@ -16,13 +16,12 @@ fdma_tensor narrow(const fdma_tensor& t, int dim, int64_t start, int64_t len);
 // q, k, v, out, dout, dq, dk, dv [total, heads, D] -> [1, total, heads, D]; lse [H, total_q] ->
 // [1, H, total_q]; mask, bias, dbias [Hb, total_k] -> [1, Hb, 1, total_k]; key_scores,
 // dkey_scores, keep_begin, keep_end [Hk, total_k] -> [1, Hk, total_k]; key_padding [total_k] ->
-// [1, total_k]. Absent tensors stay absent, and cu_seqlens are dropped: the view is a call
-// of the batched layouts.
+// [1, total_k]. Absent tensors stay absent; cu_seqlens stay (the CUDA backend reads them).
 fdma_attention_params packed_view(const fdma_attention_params& p);
 fdma_dma_params packed_view(const fdma_dma_params& p);
 
 // Sequence s of a packed view: its queries [q0, q0 + nq) and keys [k0, k0 + nk), as a call of
-// the batched layouts with B = 1, and its problem.
+// the batched layouts with B = 1 (no cu_seqlens), and its problem.
 fdma_attention_params sequence_view(const fdma_attention_params& packed, int64_t q0, int64_t nq, int64_t k0, int64_t nk);
 fdma_dma_params sequence_view(const fdma_dma_params& packed, int64_t q0, int64_t nq, int64_t k0, int64_t nk);
 AttentionProblem sequence_problem(const AttentionProblem& packed, int64_t nq, int64_t nk);

@@ -43,14 +43,24 @@ def grads_of(loss, tensors):
     return torch.autograd.grad(loss, [t for t in tensors if t is not None and t.requires_grad])
 
 
+def compare(got, want, device, what):
+    # The CPU runs each sequence as the batched call does: bitwise. The GPU's packed tiles
+    # meet several sequences and round differently.
+    if device.type == "cpu":
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=what)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=what)
+
+
 @pytest.mark.parametrize("q_lens,k_lens", LENGTHS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("heads", [(4, 2), (2, 2), (4, 1)])
-def test_dynamic_mask_attention_varlen(q_lens, k_lens, causal, heads):
+def test_dynamic_mask_attention_varlen(device, q_lens, k_lens, causal, heads):
     H, Hk = heads
-    q, k, v, scores, weight = make(q_lens, k_lens, H, Hk, 16, torch.float32, "cpu", 1)
-    padding = torch.rand(sum(k_lens), generator=torch.Generator().manual_seed(2)) < 0.85
-    out, lse = flash_dma.dynamic_mask_attention_varlen(q, k, v, scores, cu(q_lens, "cpu"), cu(k_lens, "cpu"),
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    q, k, v, scores, weight = make(q_lens, k_lens, H, Hk, 64, dtype, device, 1)
+    padding = (torch.rand(sum(k_lens), generator=torch.Generator().manual_seed(2)) < 0.85).to(device)
+    out, lse = flash_dma.dynamic_mask_attention_varlen(q, k, v, scores, cu(q_lens, device), cu(k_lens, device),
                                                        max(q_lens), max(k_lens), 6, is_causal=causal,
                                                        key_padding_mask=padding, return_lse=True)
 
@@ -59,11 +69,14 @@ def test_dynamic_mask_attention_varlen(q_lens, k_lens, causal, heads):
                                                 key_padding_mask=p1.unsqueeze(0), return_lse=True)
 
     ref_out, ref_lse = per_sequence(one, q_lens, k_lens, q, k, v, [scores, padding])
-    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
-    got = grads_of((out * weight).sum(), (q, k, v, scores))
-    want = grads_of((ref_out * weight).sum(), (q, k, v, scores))
+    if device.type == "cpu":
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    compare(out, ref_out, device, "out")
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-4, atol=1e-4)
+    got = grads_of((out * weight).float().sum(), (q, k, v, scores))
+    want = grads_of((ref_out * weight).float().sum(), (q, k, v, scores))
     for name, a, b in zip(("dq", "dk", "dv", "dscores"), got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        compare(a, b, device, name)
 
 
 @pytest.mark.parametrize("q_lens,k_lens", LENGTHS)
@@ -148,9 +161,9 @@ def test_bad_seqlens():
         flash_dma.attention_varlen(q, k, v, good_q, good_k, 6, 7, key_bias=torch.zeros(2, 11))
 
 
-def test_cuda_reports_packed_batches_unsupported(device):
+def test_cuda_reports_packed_attention_unsupported(device):
     if device.type != "cuda":
         pytest.skip("the CUDA backend's answer")
-    q, k, v, scores, _ = make([4, 6], [5, 7], 2, 1, 16, torch.bfloat16, device, 9)
+    q, k, v, _, _ = make([4, 6], [5, 7], 2, 1, 16, torch.bfloat16, device, 9)
     with pytest.raises(ValueError, match="packed variable-length"):
-        flash_dma.dynamic_mask_attention_varlen(q, k, v, scores, cu([4, 6], device), cu([5, 7], device), 6, 7, 3)
+        flash_dma.attention_varlen(q, k, v, cu([4, 6], device), cu([5, 7], device), 6, 7)

@@ -20,7 +20,7 @@ struct KeyLists {
   int64_t keys_bh_stride, keys_tile_stride;  // elements; tile stride 0: one list for all tiles
   const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
   int count_tiles;                           // 1 when every tile shares the list
-  int max_listed;                            // causal tile lists: the most keys one holds (0: unknown)
+  int max_listed;                            // tile lists: the most keys the kernels stage (longer ones stay in global memory)
   const KeyInfo* info;                       // [B * Hk, Sk]
   // dk/dv: the kept keys of each (b, hk) in index order, and the same keys ordered by interval
   // end (descending, then index), which the dk/dv kernel cuts into windows (attention_bwd.cuh).

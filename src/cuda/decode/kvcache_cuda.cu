@@ -248,7 +248,8 @@ std::pair<fdma_kvcache_params, detail::KvCacheProblem> as_full_cache(const fdma_
 
 bool dma_forward_takes_decode_path(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const detail::Dims& d = prob.dims;
-  if (d.Sq > kDecodeMaxQueries || prob.has_padding || prob.has_intervals || p.deterministic) return false;
+  if (d.Sq > kDecodeMaxQueries || prob.has_padding || prob.has_intervals || p.deterministic || prob.varlen.on)
+    return false;
   if (d.D % 8 != 0 || d.B * d.Hk > 65535 || (prob.dtype != DType::bf16 && prob.dtype != DType::f16)) return false;
   return dma_decode_allowed();
 }

@@ -42,7 +42,10 @@ void check_selection_inputs(const char* op, const fdma_tensor& scores) {
     unsupported(op, "B * Hk * Sk must be below 2^31 on the GPU");
 }
 
-TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
+// A packed batch (its packed view, core/varlen.hpp) selects over rows of max_seqlen_k keys, one
+// per (sequence, KV head), reading each sequence's keys where they lie (TopwInputs::cu_k).
+TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding, const fdma_dma_params* varlen = nullptr,
+                       const detail::Varlen* v = nullptr) {
   TopwInputs in{};
   in.scores = scores.data;
   in.score_dtype = scores.dtype;
@@ -55,8 +58,22 @@ TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
   in.B = int(scores.shape[0]);
   in.Hk = int(scores.shape[1]);
   in.Sk = int(scores.shape[2]);
+  if (varlen && v && v->on) {
+    in.cu_q = static_cast<const int32_t*>(varlen->cu_seqlens_q.data);
+    in.cu_k = static_cast<const int32_t*>(varlen->cu_seqlens_k.data);
+    in.total_q = int(varlen->q.shape[1]);
+    in.total_k = in.Sk;
+    in.B = int(v->num_seqs);
+    in.Sk = int(v->max_k);
+    in.score_stride[0] = 0;
+    in.padding_stride[0] = 0;
+  }
   set_rank_bits(in);
   return in;
+}
+
+TopwInputs topw_inputs(const fdma_dma_params& p, const detail::DmaProblem& prob) {
+  return topw_inputs(p.key_scores, p.key_padding, &p, &prob.varlen);
 }
 
 void require_device_workspace(const char* op, const void* ws) {
@@ -75,6 +92,9 @@ void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::Dm
   if (d.D > 256) unsupported(op, "head dims above 256 have no kernel");
   if (d.B > 65535 || d.H > 65535) unsupported(op, "B and H must be <= 65535");
   check_selection_inputs(op, p.key_scores);
+  if (prob.varlen.on && prob.varlen.num_seqs * d.Hk * prob.varlen.max_k >= (int64_t(1) << 31))
+    unsupported(op, "num_seqs * Hk * max_seqlen_k must be below 2^31 on the GPU");
+  if (prob.varlen.on && prob.varlen.num_seqs > 65535 * 32) unsupported(op, "at most 2097120 sequences on the GPU");
   for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.out, "out"}}) check_rows_aligned(op, *t, name);
   if (pass == Pass::backward) {
     for (auto [t, name] : {std::pair{&p.dout, "dout"}, {&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}})
@@ -107,12 +127,17 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
                      : 0;
   l.intervals = prob.has_intervals ? 0 : align_up(size_t(d.B * d.Hk * d.Sk) * 4);
   const int block_m = pass == Pass::forward ? fwd_block_m(head_dim_bucket(int(d.D))) : kBwdBlockM;
-  l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal, block_m,
+  // Tile lists for causal calls and for every packed batch (its sequences keep different keys).
+  l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal || prob.varlen.on, block_m,
                          pass == Pass::backward};
+  if (prob.varlen.on) {
+    l.shape.cu_q = in.cu_q, l.shape.cu_k = in.cu_k;
+    l.shape.num_seqs = int(prob.varlen.num_seqs), l.shape.max_k = int(prob.varlen.max_k);
+  }
   l.lists = align_up(dma_lists_workspace(l.shape));
   const int64_t sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
   l.rows = pass == Pass::backward ? align_up(size_t(d.B * d.H * sq_pad) * 4) : 0;
-  const bool gathered = pass == Pass::forward && !prob.causal;
+  const bool gathered = pass == Pass::forward && !prob.causal && !prob.varlen.on;
   const size_t slots = gathered ? size_t(d.B * d.Hk * gathered_slots(prob)) : 0;
   l.kv_gathered = align_up(slots * size_t(d.D) * dtype_size(prob.dtype));
   l.bias_gathered = align_up(slots * 4);
@@ -139,8 +164,16 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
     const TopwScratch s = carve_topw(base, in);
     WaveletScratch wv{};
     if (prob.causal) wv = carve_wavelet(base + align_up(topw_workspace(in, nullptr)), in);
-    check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, int(prob.dims.Sq), begin, bs, end, es,
-                                stream, overlap),
+    if (prob.varlen.on) {  // keys outside every sequence (offsets that are no prefix sums) stay (0, 0)
+      fdma_tensor tb = p.key_scores, te = p.key_scores;
+      tb.data = begin, te.data = end;
+      tb.dtype = te.dtype = FDMA_INT32;
+      for (int d = 0; d < 3; ++d) tb.stride[d] = bs[d], te.stride[d] = es[d];
+      fill(tb, 0, stream);
+      fill(te, 0, stream);
+    }
+    const int Sq = int(prob.varlen.on ? prob.varlen.max_q : prob.dims.Sq);  // a sequence's most queries
+    check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, Sq, begin, bs, end, es, stream, overlap),
                op, "selection");
   }
   DmaListInputs li{};
@@ -200,7 +233,7 @@ size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, P
   check_dma_inputs(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward", p, prob,
                    pass);
   if (pass == Pass::forward && dma_forward_takes_decode_path(p, prob)) return dma_decode_workspace(p, prob);
-  return dma_layout(prob, topw_inputs(p.key_scores, p.key_padding), pass).total();
+  return dma_layout(prob, topw_inputs(p, prob), pass).total();
 }
 
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
@@ -210,11 +243,11 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   if (dma_forward_takes_decode_path(p, prob)) return dma_decode_forward(p, prob);
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
+  const TopwInputs in = topw_inputs(p, prob);
   const DmaLayout l = dma_layout(prob, in, Pass::forward);
   const bool overlap = overlap_launches();
   const KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
-  if (prob.causal) {
+  if (prob.causal || prob.varlen.on) {
     AttentionFwdParams k = kernel_params(p, prob, lists);
     k.overlap_previous = overlap;
     run_forward_kernel(k, prob.dtype, p.stream);
@@ -257,7 +290,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const detail::Dims& d = prob.dims;
-  const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
+  const TopwInputs in = topw_inputs(p, prob);
   const DmaLayout l = dma_layout(prob, in, Pass::backward);
   const bool overlap = overlap_launches();
   KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);

@@ -57,6 +57,20 @@ __device__ float load_score(const DmaListInputs& in, int64_t off) {
   }
 }
 
+// The sequence of a packed batch that row x belongs to: the last s with cu[s] <= x (offsets read
+// on the device; for offsets that are no prefix sums, some s in [0, num_seqs)).
+__device__ int sequence_of(const int32_t* cu, int num_seqs, int x) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (cu[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // The list kernels may be launched overlapping their predecessors (launch.cuh): each waits for
 // them first thing and lets its successor in early.
 __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags) {
@@ -71,13 +85,20 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
   }
   const int j = int(e % s.Sk), hk = int(e / s.Sk % s.Hk), b = int(e / s.Sk / s.Hk);
   // Clamped to the queries that exist: a caller's intervals that are not a selection's give
-  // wrong results, never a query row out of bounds in the kernels.
-  const int32_t begin = min(max(in.begin[b * in.begin_stride[0] + hk * in.begin_stride[1] + j * in.begin_stride[2]], 0), s.Sq);
-  const int32_t end = min(max(in.end[b * in.end_stride[0] + hk * in.end_stride[1] + j * in.end_stride[2]], begin), s.Sq);
+  // wrong results, never a query row out of bounds in the kernels. A packed sequence's
+  // intervals count from its first query: clamped to its queries, then moved there.
+  int q0 = 0, nq = s.Sq;
+  if (s.cu_k) {
+    const int seq = sequence_of(s.cu_k, s.num_seqs, j);
+    q0 = min(max(s.cu_q[seq], 0), s.Sq);
+    nq = min(max(s.cu_q[seq + 1], q0), s.Sq) - q0;
+  }
+  const int32_t begin = min(max(in.begin[b * in.begin_stride[0] + hk * in.begin_stride[1] + j * in.begin_stride[2]], 0), nq);
+  const int32_t end = min(max(in.end[b * in.end_stride[0] + hk * in.end_stride[1] + j * in.end_stride[2]], begin), nq);
   float bias = 0.f;
   if (in.add_scores && end > begin)
     bias = load_score(in, b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
-  info[e] = KeyInfo{begin, end, bias, 0};
+  info[e] = KeyInfo{q0 + begin, q0 + end, bias, 0};
   flags[e] = end > begin;
 }
 
@@ -132,10 +153,25 @@ __global__ void __launch_bounds__(kTileThreads)
   const int t = blockIdx.x;
   const int64_t bh = blockIdx.y;
   const int row_lo = t * s.block_m, row_hi = min(s.Sq, row_lo + s.block_m);
-  const int64_t last_key = int64_t(row_hi) - 1 + (s.Sk - s.Sq);  // causal limit of the tile's last row
+  int64_t last_key = int64_t(row_hi) - 1 + (s.Sk - s.Sq);  // causal limit of the tile's last row
   const int32_t* keys = kept + bh * s.Sk;
   const int2* spans = kept_span + bh * s.Sk;  // (begin, end) in kept order: coalesced, no record lookup
   const int n = kept_count[bh];
+  int first = 0;  // the first candidate
+  if (s.cu_k) {   // a packed batch: the keys of the sequences the tile's rows belong to
+    const int s_lo = sequence_of(s.cu_q, s.num_seqs, row_lo), s_hi = sequence_of(s.cu_q, s.num_seqs, row_hi - 1);
+    const int key_lo = min(max(s.cu_k[s_lo], 0), s.Sk);
+    last_key = min(max(s.cu_k[s_hi + 1], key_lo), s.Sk) - 1;
+    int lo = 0, hi = n;  // the first kept key >= key_lo (the kept list is in index order)
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (keys[mid] < key_lo)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    first = lo;
+  }
   const int64_t cap = s.cap();
   int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
   __shared__ int warp_totals[kTileThreads / 32];
@@ -147,7 +183,7 @@ __global__ void __launch_bounds__(kTileThreads)
   constexpr int kPer = 4;
   auto compact = [&](bool split, int& n_cover, int& n_partial) {
     n_cover = n_partial = 0;
-    for (int base = 0; base < n; base += kPer * kTileThreads) {
+    for (int base = first; base < n; base += kPer * kTileThreads) {
       if (keys[base] > last_key) break;  // uniform: every later key is past the tile too
       int j[kPer], cls[kPer], packed = 0;  // class 0 covers the tile, 1 partial, -1 not taken
 #pragma unroll
@@ -297,7 +333,12 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
     lists.keys_tile_stride = s.cap();
     lists.counts = c.tile_count;
     lists.count_tiles = s.q_tiles();
-    lists.max_listed = int(s.cap());
+    // The kernels stage a list in shared memory when it fits what they reserve for max_listed.
+    // A packed batch's bound covers tiles that meet many sequences; a tile inside one sequence
+    // holds at most min(w, max_k) + block_m keys, so that much is reserved and longer lists are
+    // read from global memory (the kernels check each list's count).
+    const int64_t one_seq = (s.window < s.max_k ? s.window : s.max_k) + s.block_m;
+    lists.max_listed = int(s.cu_k && one_seq < s.cap() ? one_seq : s.cap());
   } else {
     lists.keys = c.kept;
     lists.keys_bh_stride = s.Sk;

@@ -23,11 +23,23 @@ namespace fdma::cuda {
 struct DmaListShape {
   int B, Hk, Sk, Sq;
   int64_t window;
-  bool causal;
+  bool causal;  // tile lists (every packed batch has them too: its sequences keep different keys)
   int block_m;  // query rows per tile of the kernel that reads the lists
   bool by_end;  // also order the kept keys by interval end (the backward's dk/dv kernel)
+  // A packed variable-length batch (fdma.h, "varlen"), seen as one batch (B = 1, Sq = total_q,
+  // Sk = total_k): the caller's intervals are in query indices of each key's sequence and the
+  // records get packed ones; a query tile may meet several sequences, each keeping at most
+  // min(w, max_k) keys (plus one a row, causal), and at most min(num_seqs, block_m) of them.
+  const int32_t *cu_q = nullptr, *cu_k = nullptr;
+  int num_seqs = 0, max_k = 0;
   __host__ __device__ int q_tiles() const { return (Sq + block_m - 1) / block_m; }
-  __host__ __device__ int64_t cap() const { return (window < Sk ? window : Sk) + block_m; }
+  __host__ __device__ int64_t cap() const {
+    const int64_t w = window < Sk ? window : Sk;
+    if (!cu_k) return w + block_m;
+    const int64_t per_seq = window < max_k ? window : max_k, seqs = num_seqs < block_m ? num_seqs : block_m;
+    const int64_t most = per_seq * seqs + block_m;
+    return most < int64_t(Sk) ? most : Sk;
+  }
   __host__ __device__ int64_t keys() const { return int64_t(B) * Hk * Sk; }
 };
 

@@ -29,12 +29,47 @@ __device__ __forceinline__ uint32_t sortable(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Key j of row b * Hk + hk: its score's sortable bits, 0 for a padded key.
+// Rows [start, start + len) of a packed sequence from device offsets, clamped to [0, total]
+// and to `most` rows, so that offsets that are no prefix sums never lead outside the tensors.
+struct SeqRows {
+  int start, len;
+};
+__device__ __forceinline__ SeqRows seq_rows(const int32_t* cu, int s, int total, int most) {
+  const int a = min(max(cu[s], 0), total), b = min(max(cu[s + 1], a), total);
+  return {a, min(b - a, most)};
+}
+
+// Key j of row b * Hk + hk: its score's sortable bits, 0 for a padded key (and, in a packed
+// batch, for j past the sequence's keys).
 __device__ __forceinline__ uint32_t score_bits(const TopwInputs& in, int b, int hk, int j) {
+  if (in.cu_k) {
+    const SeqRows keys = seq_rows(in.cu_k, b, in.total_k, in.Sk);
+    if (j >= keys.len) return 0u;
+    b = 0, j += keys.start;
+  }
   const float s = load_score(in.scores, in.score_dtype,
                              b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
   const bool exists = !in.padding || in.padding[b * in.padding_stride[0] + j * in.padding_stride[1]] != 0;
   return exists ? sortable(s) : 0u;
+}
+
+// Where the intervals of key j of row (b, hk) go (element offset of a [B, Hk, Sk] view with
+// strides s0, s1, s2), or -1 for a packed sequence's padding past its keys; and the row's
+// query count and causal offset (key j is visible to query i iff j <= i + offset).
+struct IntervalRow {
+  int Sq;
+  int64_t offset;
+  int key_start, keys;  // packed: the sequence's keys in the packed tensors
+};
+__device__ __forceinline__ IntervalRow interval_row(const TopwInputs& in, int b, int Sq) {
+  if (!in.cu_k) return {Sq, int64_t(in.Sk) - Sq, 0, in.Sk};
+  const SeqRows keys = seq_rows(in.cu_k, b, in.total_k, in.Sk), queries = seq_rows(in.cu_q, b, in.total_q, Sq);
+  return {queries.len, int64_t(keys.len) - queries.len, keys.start, keys.len};
+}
+__device__ __forceinline__ int64_t interval_at(const TopwInputs& in, const IntervalRow& r, int b, int hk, int j,
+                                               int64_t s0, int64_t s1, int64_t s2) {
+  if (!in.cu_k) return b * s0 + hk * s1 + j * s2;
+  return j < r.keys ? hk * s1 + int64_t(r.key_start + j) * s2 : -1;
 }
 
 // Descending order of these keys: rows in order, then higher scores, then lower indices.

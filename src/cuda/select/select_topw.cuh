@@ -25,6 +25,13 @@ struct TopwInputs {
   int B, Hk, Sk;
   int index_bits;  // bits of the inverted index at the bottom of each rank key
   int row_bits;    // bits of the inverted row at the top
+  // A packed variable-length batch (fdma.h, "varlen"): row b * Hk + hk is sequence b's, Sk
+  // is max_seqlen_k, and key j of sequence b is packed key cu_k[b] + j (scores [1, Hk,
+  // total_k], padding [1, total_k]), which exists while j is below the sequence's length. Its
+  // intervals are written at the packed key, in query indices of the sequence (0-based, up to
+  // its cu_q length). Offsets are read on the device and clamped to [0, total_*].
+  const int32_t *cu_q = nullptr, *cu_k = nullptr;
+  int total_q = 0, total_k = 0;
 };
 
 // Sets index_bits and row_bits from Sk and B * Hk.
