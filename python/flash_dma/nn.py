@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from ._api import dynamic_mask_attention
+from ._api import dynamic_mask_attention, dynamic_mask_attention_varlen
 
 
 class DynamicMaskAttention(torch.nn.Module):
@@ -13,6 +13,9 @@ class DynamicMaskAttention(torch.nn.Module):
     gradient to key_scores.
 
     forward(q [B, Sq, H, D], k, v [B, Sk, Hk, D], key_padding_mask=None) -> [B, Sq, H, D]
+    forward(q [total_q, H, D], k, v [total_k, Hk, D], cu_seqlens_q=..., cu_seqlens_k=...,
+            max_seqlen_q=..., max_seqlen_k=...) -> [total_q, H, D]: a packed batch
+            (dynamic_mask_attention_varlen), key_padding_mask then [total_k]
 
     With a process_group, the sequence is sharded across its ranks (context parallelism,
     flash_dma.distributed): each rank passes its contiguous shard (q, k, v and the padding
@@ -32,14 +35,22 @@ class DynamicMaskAttention(torch.nn.Module):
         self.dt_proj = torch.nn.Linear(num_kv_heads * head_dim, num_kv_heads, device=device, dtype=dtype)
 
     def key_scores(self, v):
-        B, Sk = v.shape[0], v.shape[1]
-        dt = self.dt_proj(v.reshape(B, Sk, self.num_kv_heads * self.head_dim))  # [B, Sk, Hk]
-        return (self.A * F.softplus(dt)).transpose(1, 2)  # [B, Hk, Sk]
+        """[B, Hk, Sk] for v [B, Sk, Hk, D]; [Hk, total_k] for a packed v [total_k, Hk, D]."""
+        lead = v.shape[:-2]
+        dt = self.dt_proj(v.reshape(*lead, self.num_kv_heads * self.head_dim))  # [..., Sk, Hk]
+        return (self.A * F.softplus(dt)).transpose(-1, -2)
 
-    def forward(self, q, k, v, key_padding_mask=None):
+    def forward(self, q, k, v, key_padding_mask=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                max_seqlen_k=None):
         scores = self.key_scores(v)
         if scores.dtype not in (torch.float32, q.dtype):
             scores = scores.float()
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            if self.process_group is not None:
+                raise ValueError("DynamicMaskAttention: packed batches (cu_seqlens) and a process_group do not combine")
+            return dynamic_mask_attention_varlen(q, k, v, scores, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                 self.window_size, is_causal=self.is_causal, softcap=self.softcap,
+                                                 key_padding_mask=key_padding_mask)
         if self.process_group is not None:
             from . import distributed
 

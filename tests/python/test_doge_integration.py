@@ -106,3 +106,41 @@ def test_enable_needs_doge_layers():
                                          num_attention_heads=2))
     with pytest.raises(ValueError, match="DogeAttention"):
         flash_dma.integrations.transformers.enable(model)
+
+
+@pytest.mark.parametrize("with_cu_seq_lens", [True, False])
+def test_padding_free_matches_transformers_per_sequence(device, with_cu_seq_lens):
+    # One row packing three sequences (transformers' padding-free batches): through flash_dma,
+    # dynamic_mask_attention_varlen with each sequence its own problem, from the cu_seq_lens
+    # keyword arguments or from position_ids restarting at 0. Against transformers' own model
+    # on each sequence alone: logits, and every parameter's gradient summed over the sequences.
+    dtype = dtype_for(device)
+    ref = tiny_doge(device, dtype)
+    ours = flash_dma.integrations.transformers.enable(copy.deepcopy(ref))
+    lens = [17, 9, 23]  # above keep_window_size 8: the top-w is active in two of them
+    ids = tokens(1, sum(lens), device, seed=5)  # no token repeats across the packed row
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1).to(device)
+    weight = torch.randn(1, sum(lens), 128, generator=torch.Generator().manual_seed(6)).to(device, dtype)
+    kwargs = {}
+    if with_cu_seq_lens:
+        cu = torch.tensor([0, 17, 26, 49], dtype=torch.int32, device=device)
+        kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=23, max_length_k=23)
+    ours.zero_grad()
+    logits = ours(input_ids=ids, position_ids=pos, **kwargs).logits
+    (logits * weight).float().sum().backward()
+    got = {n: p.grad.detach().clone() for n, p in ours.named_parameters() if p.grad is not None}
+
+    ref.zero_grad()
+    start, ref_logits = 0, []
+    for n in lens:
+        part = ref(input_ids=ids[:, start:start + n]).logits
+        (part * weight[:, start:start + n]).float().sum().backward()
+        ref_logits.append(part.detach())
+        start += n
+    t = tol(dtype)
+    assert torch.allclose(logits.detach().float(), torch.cat(ref_logits, dim=1).float(), atol=t, rtol=t)
+    for n, p in ref.named_parameters():
+        if p.grad is None:
+            continue
+        scale = p.grad.float().abs().max().item() + 1e-6
+        assert (got[n].float() - p.grad.float()).abs().max().item() <= 20 * t * scale, n

@@ -40,3 +40,23 @@ def test_llama_matches_sdpa(device, switch_after_init):
     assert torch.allclose(loss.cpu(), ref_loss, rtol=tol)
     rel = ((grad.cpu() - ref_grad).norm() / ref_grad.norm()).item()
     assert rel <= (1e-3 if dtype == torch.float32 else 0.05), f"relative gradient error {rel:.3g}"
+
+
+def test_padding_free_kwargs_run_each_sequence_alone():
+    # The "fdma" attention function given transformers' padding-free keyword arguments and no
+    # 4-D mask: attention_varlen, each packed sequence attending to its own keys only.
+    from flash_dma.integrations.transformers import flash_dma_attention_forward
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    g = torch.Generator().manual_seed(2)
+    lens = [5, 11, 8]
+    q = torch.randn(1, 4, 24, 16, generator=g)
+    k, v = torch.randn(1, 2, 24, 16, generator=g), torch.randn(1, 2, 24, 16, generator=g)
+    cu = torch.tensor([0, 5, 16, 24], dtype=torch.int32)
+    out, _ = flash_dma_attention_forward(Module(), q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=11,
+                                         max_length_k=11)
+    parts = [flash_dma.attention(q[:, :, a:b].transpose(1, 2), k[:, :, a:b].transpose(1, 2), v[:, :, a:b].transpose(1, 2),
+                                 is_causal=True) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+    assert torch.equal(out, torch.cat(parts, dim=1))

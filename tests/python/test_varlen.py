@@ -167,3 +167,16 @@ def test_cuda_reports_packed_attention_unsupported(device):
     q, k, v, _, _ = make([4, 6], [5, 7], 2, 1, 16, torch.bfloat16, device, 9)
     with pytest.raises(ValueError, match="packed variable-length"):
         flash_dma.attention_varlen(q, k, v, cu([4, 6], device), cu([5, 7], device), 6, 7)
+
+
+def test_module_takes_packed_batches():
+    torch.manual_seed(0)
+    m = flash_dma.nn.DynamicMaskAttention(4, 2, 16, window_size=5)
+    q_lens = [6, 13]
+    q, k, v, _, _ = make(q_lens, q_lens, 4, 2, 16, torch.float32, "cpu", 10)
+    c = cu(q_lens, "cpu")
+    out = m(q, k, v, cu_seqlens_q=c, cu_seqlens_k=c, max_seqlen_q=13, max_seqlen_k=13)
+    parts = [m(q[a:b].unsqueeze(0), k[a:b].unsqueeze(0), v[a:b].unsqueeze(0))[0] for a, b in ((0, 6), (6, 19))]
+    torch.testing.assert_close(out, torch.cat(parts), rtol=1e-6, atol=1e-6)
+    out.sum().backward()
+    assert m.A.grad is not None and m.dt_proj.weight.grad is not None

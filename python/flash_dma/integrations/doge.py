@@ -12,13 +12,18 @@ training, padded batches and generate().
 
     model = DogeForCausalLM(config)
     flash_dma.integrations.transformers.enable(model)
+
+Padding-free training (several sequences packed in one row, as transformers'
+DataCollatorWithFlattening builds it) runs dynamic_mask_attention_varlen, each sequence its
+own problem: from the `cu_seq_lens_q/k` and `max_length_q/k` keyword arguments when the batch
+carries them, else from `position_ids` that restart at 0 where a sequence starts.
 """
 import types
 
 import torch
 import torch.nn.functional as F
 
-from .._api import dynamic_mask_attention, dynamic_mask_attention_with_kvcache
+from .._api import dynamic_mask_attention, dynamic_mask_attention_varlen, dynamic_mask_attention_with_kvcache
 
 DOGE_IMPLEMENTATION = "fdma_dynamic"
 DECODE_MAX_QUERIES = 16  # the KV-cache path's decode range
@@ -58,7 +63,13 @@ def _doge_attention_forward(self, hidden_states, position_embeddings, attention_
         if bool(padding.all()):
             padding = None
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, S, heads, D] views
-    if past_key_values is not None and q.shape[2] <= DECODE_MAX_QUERIES and not torch.is_grad_enabled():
+    # Packed rows attend within this call's own keys (a cache empty before it, as in training).
+    packed = _packed_sequences(kwargs, B, q.shape[2], Sk, padding is None and q.shape[2] == Sk)
+    if packed is not None:
+        cu_q, cu_k, max_q, max_k = packed
+        out = dynamic_mask_attention_varlen(qt[0], kt[0], vt[0], scores[0], cu_q, cu_k, max_q, max_k,
+                                            int(self.keep_window_size), is_causal=True, softmax_scale=self.scaling)
+    elif past_key_values is not None and q.shape[2] <= DECODE_MAX_QUERIES and not torch.is_grad_enabled():
         # Decode: the cache as it is ([B, Hk, Sk, D] seen as [B, Sk, Hk, D]). A padded key's
         # score -inf: ranked last, and weightless were it ever kept.
         if padding is not None:
@@ -70,6 +81,37 @@ def _doge_attention_forward(self, hidden_states, position_embeddings, attention_
                                      softmax_scale=self.scaling, key_padding_mask=padding)
     out = out.reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), None
+
+
+def _packed_sequences(kwargs, B, Sq, Sk, possible):
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) when one row packs several sequences, else None.
+    transformers' padding-free batches carry cu_seq_lens_q/k and max_length_q/k; without them,
+    position_ids restarting at 0 mark the sequences (finding them costs a host synchronization,
+    which transformers' own flash-attention path pays too)."""
+    if not possible or B != 1:
+        return None
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:
+        return (cu_q.to(torch.int32), cu_k.to(torch.int32), int(kwargs.get("max_length_q") or Sq),
+                int(kwargs.get("max_length_k") or Sk))
+    pos = kwargs.get("position_ids")
+    if pos is None or pos.dim() != 2 or tuple(pos.shape) != (1, Sq) or Sq != Sk:
+        return None
+    if _found[0] is pos:  # every layer of one forward gets the same position_ids: look once
+        return _found[1]
+    starts = torch.nonzero(pos[0] == 0).flatten()
+    found = None
+    if starts.numel() > 1 or (starts.numel() == 1 and int(starts[0]) != 0):
+        if int(starts[0]) != 0:
+            starts = torch.cat([starts.new_zeros(1), starts])
+        cu = torch.cat([starts, starts.new_full((1,), Sq)]).to(torch.int32)
+        longest = int((cu[1:] - cu[:-1]).max())
+        found = (cu, cu, longest, longest)
+    _found[0], _found[1] = pos, found
+    return found
+
+
+_found = [None, None]  # the last position_ids looked at, and what they held
 
 
 def enable(model):

@@ -13,11 +13,13 @@ mask of the sdpa path and the [B, Sk] padding mask of the flash-attention path.
 
 Attention layers then run flash_dma.attention: GQA without repeating K/V, the model's
 causal/padding mask as a boolean mask (or an additive float mask as a bias), softcap when the
-model uses one.
+model uses one. A padding-free batch (one row packing several sequences, with transformers'
+cu_seq_lens_q/k and max_length_q/k keyword arguments and no 4-D mask) runs attention_varlen,
+each sequence its own problem.
 """
 import torch
 
-from .._api import attention
+from .._api import attention, attention_varlen
 from .doge import DOGE_IMPLEMENTATION, enable  # noqa: F401  (public: flash_dma.integrations.transformers.enable)
 
 NAMES = ("flash_dma", "fdma")
@@ -34,6 +36,12 @@ def flash_dma_attention_forward(module, query, key, value, attention_mask, dropo
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None and q.shape[0] == 1 and (attention_mask is None or attention_mask.dim() == 2):
+        out = attention_varlen(q[0], k[0], v[0], cu_q.to(torch.int32), cu_k.to(torch.int32),
+                               int(kwargs.get("max_length_q") or q.shape[1]), int(kwargs.get("max_length_k") or k.shape[1]),
+                               is_causal=bool(is_causal), softmax_scale=scaling, softcap=kwargs.get("softcap") or 0.0)
+        return out.unsqueeze(0), None
     mask = bias = None
     if attention_mask is not None and attention_mask.dim() == 2:
         # flash-attention convention: [B, Sk] padding (nonzero keeps), causality from the module
