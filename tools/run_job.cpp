@@ -1,9 +1,11 @@
 // `fdma run`: the main job. A dynamic-mask attention forward and backward on a realistic
 // problem, on the best backend present, checked against an independent float64 reference on
 // a slice (sampled query rows and keys).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
+#include <tuple>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -31,9 +33,12 @@ const char* const kRunHelp =
     "  --dtype T        (bf16)   bf16, fp16, fp32 or fp64\n"
     "  --causal 0|1     (1)      --backend B    (auto)   auto, cpu or cuda\n"
     "  --threads N      (0 = all cores)  --seed N (1)    --check 0|1 (1)\n"
+    "  --packed L1,L2,...        a packed batch of sequences of these lengths (varlen: no\n"
+    "                            padding; replaces --batch, --seqlen and --seqlen-k)\n"
     "\n"
     "The check runs on the CPU in float64 (its key part on --threads threads); a sampled key's\n"
-    "gradients walk every query that keeps it, so it grows with the run (--check 0 skips it).\n";
+    "gradients walk every query that keeps it, so it grows with the run (--check 0 skips it).\n"
+    "A packed batch is checked on its first, longest and last sequences, each as its own problem.\n";
 
 namespace {
 
@@ -63,20 +68,122 @@ struct ErrorStat {
   double rel() const { return scale > 0 ? worst / scale : worst; }
 };
 
+std::vector<int64_t> parse_lengths(const std::string& s) {
+  std::vector<int64_t> lens;
+  size_t at = 0;
+  while (at < s.size()) {
+    const size_t comma = s.find(',', at);
+    const std::string part = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    char* end = nullptr;
+    const long long v = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || v < 0)
+      throw std::invalid_argument("--packed expects lengths >= 0 separated by commas, got '" + s + "'");
+    lens.push_back(v);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return lens;
+}
+
+// The tensors of a batch of one without its batch dim: a packed batch's layouts.
+Tensor drop_batch(Tensor t) {
+  for (int d = 1; d < t.ndim; ++d) t.shape[d - 1] = t.shape[d], t.stride[d - 1] = t.stride[d];
+  --t.ndim;
+  return t;
+}
+
+// Sequence [start, start + len) of a packed run (B = 1) as its own problem, results included.
+DmaProblemData sequence_slice(const DmaProblemData& d, int64_t start, int64_t len) {
+  Shape s = d.s;
+  s.Sq = s.Sk = len;
+  DmaProblemData r(s, 0);
+  auto copy_rows = [&](const test::HostTensor& from, test::HostTensor& to, int64_t row_elems) {
+    for (int64_t e = 0; e < len * row_elems; ++e) to.set(e, from.get(start * row_elems + e));
+  };
+  for (auto [from, to, heads] : {std::tuple{&d.q, &r.q, s.H}, std::tuple{&d.out, &r.out, s.H}, std::tuple{&d.dout, &r.dout, s.H},
+                                 std::tuple{&d.dq, &r.dq, s.H}, std::tuple{&d.k, &r.k, s.Hk}, std::tuple{&d.v, &r.v, s.Hk},
+                                 std::tuple{&d.dk, &r.dk, s.Hk}, std::tuple{&d.dv, &r.dv, s.Hk}})
+    copy_rows(*from, *to, heads * s.D);
+  for (int64_t h = 0; h < s.H; ++h)
+    for (int64_t i = 0; i < len; ++i) r.lse.set(h * len + i, d.lse.get(h * d.s.Sq + start + i));
+  for (int64_t hk = 0; hk < s.Hk; ++hk)
+    for (int64_t j = 0; j < len; ++j) {
+      r.scores.set(hk * len + j, d.scores.get(hk * d.s.Sk + start + j));
+      r.dscores.set(hk * len + j, d.dscores.get(hk * d.s.Sk + start + j));
+    }
+  return r;
+}
+
 double allowed(DType dt, bool gradient) {
   const double unit = dt == DType::bf16 ? 1.0 / 256 : dt == DType::f16 ? 1.0 / 2048 : dt == DType::f32 ? 1e-5 : 1e-10;
   return (gradient ? 8.0 : 2.0) * unit;
 }
+
+struct Errors {
+  ErrorStat out, lse, dq, dk, dv, ds;
+  int rows = 0, keys = 0;
+};
+
+// Sampled rows (first, last and spread queries of every head of batch 0 and the last batch) and
+// keys of one problem against the float64 reference.
+void check_problem(const DmaProblemData& data, Errors& e) {
+  const Shape& s = data.s;
+  SliceReference ref(data);
+  const int kRows = 8;
+  for (int64_t b : {int64_t(0), s.B - 1}) {
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t i = r == kRows - 1 ? s.Sq - 1 : (s.Sq * r) / kRows;
+        const auto& row = ref.row(b, h, i);
+        for (int64_t dd = 0; dd < s.D; ++dd) {
+          const int64_t idx = ((b * s.Sq + i) * s.H + h) * s.D + dd;
+          e.out.add(data.out.get(idx), row.out[dd]);
+          e.dq.add(data.dq.get(idx), row.dq[dd]);
+        }
+        const double lse = data.lse.get((b * s.H + h) * s.Sq + i);
+        if (std::isfinite(row.lse)) e.lse.add(lse, row.lse);
+        ++e.rows;
+      }
+    if (s.B == 1) break;
+  }
+  std::fprintf(stderr, "[fdma] checking keys against the float64 reference...\n");
+  for (int64_t hk = 0; hk < s.Hk; ++hk) {
+    // The ends, the middle, and the best-scored key: without a causal mask every query keeps
+    // the same w keys, which the other three may all miss (their gradients then all zero).
+    int64_t best = 0;
+    for (int64_t j = 1; j < s.Sk; ++j)
+      if (data.scores.get(hk * s.Sk + j) > data.scores.get(hk * s.Sk + best)) best = j;
+    const std::vector<int64_t> sampled_keys = {0, s.Sk / 2, s.Sk - 1, best};
+    const auto grads = ref.keys(0, hk, sampled_keys, num_threads());
+    for (size_t k = 0; k < sampled_keys.size(); ++k) {
+      const int64_t j = sampled_keys[k];
+      const auto& g = grads[k];
+      for (int64_t dd = 0; dd < s.D; ++dd) {
+        const int64_t idx = ((0 * s.Sk + j) * s.Hk + hk) * s.D + dd;
+        e.dk.add(data.dk.get(idx), g.dk[dd]);
+        e.dv.add(data.dv.get(idx), g.dv[dd]);
+      }
+      e.ds.add(data.dscores.get(hk * s.Sk + j), g.dscore);
+      ++e.keys;
+    }
+  }}
 
 }  // namespace
 
 int run_main_job(const std::vector<std::string>& argv) {
   cli::Args a(argv, {{"batch", "1"}, {"seqlen", "2048"}, {"seqlen-k", "0"}, {"heads", "4"}, {"kv-heads", "2"},
                      {"headdim", "64"}, {"window", "256"}, {"dtype", "bf16"}, {"causal", "1"}, {"backend", "auto"},
-                     {"threads", "0"}, {"seed", "1"}, {"check", "1"}});
+                     {"threads", "0"}, {"seed", "1"}, {"check", "1"}, {"packed", ""}});
   Shape s{a.integer("batch"), a.integer("seqlen"), a.integer("seqlen-k"), a.integer("heads"), a.integer("kv-heads"),
           a.integer("headdim"), a.integer("window"), a.integer("causal") != 0, parse_dtype(a.str("dtype"))};
   if (s.Sk == 0) s.Sk = s.Sq;
+  const std::vector<int64_t> packed = a.str("packed").empty() ? std::vector<int64_t>{} : parse_lengths(a.str("packed"));
+  int64_t longest = 0;
+  if (!packed.empty()) {  // one row of every sequence, back to back
+    s.B = 1, s.Sq = 0;
+    for (int64_t len : packed) s.Sq += len, longest = std::max(longest, len);
+    s.Sk = s.Sq;
+  }
   if (s.B < 1 || s.Sq < 1 || s.Sk < 1 || s.H < 1 || s.Hk < 1 || s.D < 1)
     throw std::invalid_argument("sizes must be >= 1");
   set_num_threads(static_cast<int>(a.integer("threads")));
@@ -90,6 +197,8 @@ int run_main_job(const std::vector<std::string>& argv) {
   DmaProblemData data(s, static_cast<uint64_t>(a.integer("seed")));
   DmaParams p = data.params(backend);
   std::vector<unsigned char> host_ws;
+  test::HostTensor cu(DType::i32, {int64_t(packed.size()) + 1});
+  for (size_t i = 0, at = 0; i < packed.size(); ++i) cu.set(int64_t(i + 1), double(at += packed[i]));
 #ifdef FDMA_HAVE_CUDA
   DeviceMirror mirror;
   if (backend == Backend::cuda) {
@@ -100,6 +209,15 @@ int run_main_job(const std::vector<std::string>& argv) {
     p.dkey_scores = mirror.add(data.dscores);
   }
 #endif
+  if (!packed.empty()) {
+    for (fdma_tensor* t : {&p.q, &p.k, &p.v, &p.key_scores, &p.dout, &p.out, &p.lse, &p.dq, &p.dk, &p.dv, &p.dkey_scores})
+      *t = drop_batch(*t);
+    p.cu_seqlens_q = p.cu_seqlens_k = cu.view();
+#ifdef FDMA_HAVE_CUDA
+    if (backend == Backend::cuda) p.cu_seqlens_q = p.cu_seqlens_k = mirror.add(cu);
+#endif
+    p.max_seqlen_q = p.max_seqlen_k = longest;
+  }
   const size_t ws_bytes = std::max(dma_workspace_size(p, Pass::forward), dma_workspace_size(p, Pass::backward));
 #ifdef FDMA_HAVE_CUDA
   if (backend == Backend::cuda) p.workspace = mirror.scratch(ws_bytes);
@@ -140,53 +258,35 @@ int run_main_job(const std::vector<std::string>& argv) {
   else
     std::printf("  backend    cuda\n");
   std::printf("  shape      %s\n", s.str().c_str());
+  if (!packed.empty())
+    std::printf("  packed     %zu sequences, the longest %lld (cu_seqlens, no padding)\n", packed.size(),
+                static_cast<long long>(longest));
   std::printf("  forward    %.3f ms\n  backward   %.3f ms\n  total      %.3f ms\n", 1e3 * t_fwd, 1e3 * t_bwd,
               1e3 * (t_fwd + t_bwd));
   std::printf("  workspace  %.1f MB\n", ws_bytes / 1e6);
   if (a.integer("check") == 0) return 0;
 
-  // Sampled rows: first, last and spread queries of every head of batch 0 and the last batch.
-  SliceReference ref(data);
-  ErrorStat e_out, e_lse, e_dq, e_dk, e_dv, e_ds;
-  const int kRows = 8;
-  int checked_rows = 0, checked_keys = 0;
-  for (int64_t b : {int64_t(0), s.B - 1}) {
-    for (int64_t h = 0; h < s.H; ++h)
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t i = r == kRows - 1 ? s.Sq - 1 : (s.Sq * r) / kRows;
-        const auto& row = ref.row(b, h, i);
-        for (int64_t dd = 0; dd < s.D; ++dd) {
-          const int64_t idx = ((b * s.Sq + i) * s.H + h) * s.D + dd;
-          e_out.add(data.out.get(idx), row.out[dd]);
-          e_dq.add(data.dq.get(idx), row.dq[dd]);
-        }
-        const double lse = data.lse.get((b * s.H + h) * s.Sq + i);
-        if (std::isfinite(row.lse)) e_lse.add(lse, row.lse);
-        ++checked_rows;
+  Errors e;
+  if (packed.empty()) {
+    check_problem(data, e);
+  } else {  // the first, longest and last sequences, each as its own problem
+    std::vector<size_t> picked;
+    auto pick = [&](size_t i) {
+      if (packed[i] > 0 && std::find(picked.begin(), picked.end(), i) == picked.end()) picked.push_back(i);
+    };
+    for (size_t i = 0; i < packed.size() && picked.empty(); ++i) pick(i);  // the first non-empty
+    pick(size_t(std::find(packed.begin(), packed.end(), longest) - packed.begin()));
+    for (size_t i = packed.size(); i-- > 0;)  // the last non-empty
+      if (packed[i] > 0) {
+        pick(i);
+        break;
       }
-    if (s.B == 1) break;
+    std::vector<int64_t> starts(packed.size(), 0);
+    for (size_t i = 1; i < packed.size(); ++i) starts[i] = starts[i - 1] + packed[i - 1];
+    for (size_t i : picked) check_problem(sequence_slice(data, starts[i], packed[i]), e);
   }
-  std::fprintf(stderr, "[fdma] checking keys against the float64 reference...\n");
-  for (int64_t hk = 0; hk < s.Hk; ++hk) {
-    // The ends, the middle, and the best-scored key: without a causal mask every query keeps
-    // the same w keys, which the other three may all miss (their gradients then all zero).
-    int64_t best = 0;
-    for (int64_t j = 1; j < s.Sk; ++j)
-      if (data.scores.get(hk * s.Sk + j) > data.scores.get(hk * s.Sk + best)) best = j;
-    const std::vector<int64_t> sampled_keys = {0, s.Sk / 2, s.Sk - 1, best};
-    const auto grads = ref.keys(0, hk, sampled_keys, num_threads());
-    for (size_t k = 0; k < sampled_keys.size(); ++k) {
-      const int64_t j = sampled_keys[k];
-      const auto& g = grads[k];
-      for (int64_t dd = 0; dd < s.D; ++dd) {
-        const int64_t idx = ((0 * s.Sk + j) * s.Hk + hk) * s.D + dd;
-        e_dk.add(data.dk.get(idx), g.dk[dd]);
-        e_dv.add(data.dv.get(idx), g.dv[dd]);
-      }
-      e_ds.add(data.dscores.get(hk * s.Sk + j), g.dscore);
-      ++checked_keys;
-    }
-  }
+  const int checked_rows = e.rows, checked_keys = e.keys;
+  const ErrorStat &e_out = e.out, &e_lse = e.lse, &e_dq = e.dq, &e_dk = e.dk, &e_dv = e.dv, &e_ds = e.ds;
   const double fwd_tol = allowed(s.dtype, false), bwd_tol = allowed(s.dtype, true);
   bool ok = true;
   std::printf("  check      %d query rows and %d keys against a float64 reference (max |err| / max |ref|)\n",
