@@ -416,17 +416,20 @@ void check_per_key(const Checker& c, const fdma_tensor& t, const char* name, int
 // The sequences themselves: on the CPU the offsets are host memory and are checked whole; the
 // CUDA backend cannot read them without a synchronization (its kernels clamp instead).
 template <class P>
-Varlen check_sequences(const Checker& c, const P& p, Backend backend) {
+Varlen check_sequences(const Checker& c, const P& p, Backend& backend) {
   Varlen v;
   v.on = true;
   v.num_seqs = p.cu_seqlens_q.shape[0] - 1;
   v.max_q = p.max_seqlen_q;
   v.max_k = p.max_seqlen_k;
-  const Backend where = c.backend(int32_t(backend), {{"q", p.q.data},
-                                                      {"k", p.k.data},
-                                                      {"cu_seqlens_q", p.cu_seqlens_q.data},
-                                                      {"cu_seqlens_k", p.cu_seqlens_k.data}});
-  if (where != Backend::cpu) return v;
+  // The offsets always have elements: with no query and no key (frameworks hand out null
+  // pointers for those), the automatic backend follows them.
+  const bool only_offsets = !p.q.data && !p.k.data;
+  backend = c.backend(only_offsets ? p.backend : int32_t(backend), {{"q", p.q.data},
+                                                                    {"k", p.k.data},
+                                                                    {"cu_seqlens_q", p.cu_seqlens_q.data},
+                                                                    {"cu_seqlens_k", p.cu_seqlens_k.data}});
+  if (backend != Backend::cpu) return v;
   for (auto [t, name, total, max, total_name, max_name] :
        {std::tuple{&p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], p.max_seqlen_q, "total_q = q.shape[0]", "max_seqlen_q"},
         std::tuple{&p.cu_seqlens_k, "cu_seqlens_k", p.k.shape[0], p.max_seqlen_k, "total_k = k.shape[0]",

@@ -173,3 +173,15 @@ TEST(VarlenGpu, BadOffsetsStayInBounds) {
     EXPECT_FALSE(r.dq.all_poisoned()) << "bad " << bad;
   }
 }
+
+// Batches with nothing to attend: no sequence, sequences without queries or without keys.
+TEST(VarlenGpu, EmptyBatches) {
+  REQUIRE_GPU();
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases = {
+      {{}, {}}, {{0, 0}, {0, 4}}, {{3, 0}, {0, 0}}, {{0, 5, 0}, {3, 0, 2}}};
+  for (const auto& [ql, kl] : cases) {
+    VarlenCase c;
+    c.q_lens = ql, c.k_lens = kl, c.dtype = DType::bf16, c.D = 64;
+    run_gpu_varlen(c);
+  }
+}
