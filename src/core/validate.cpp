@@ -436,7 +436,8 @@ Varlen check_sequences(const Checker& c, const P& p, Backend& backend) {
                    "max_seqlen_k"}}) {
     const auto* cu = static_cast<const int32_t*>(t->data);
     const int64_t st = t->stride[0], n = v.num_seqs;
-    auto at = [&](int64_t s) { return std::string(name) + "[" + std::to_string(s) + "] = " + std::to_string(cu[s * st]); };
+    const std::string what = name;  // a lambda may not capture a structured binding (C++17)
+    auto at = [&](int64_t s) { return what + "[" + std::to_string(s) + "] = " + std::to_string(cu[s * st]); };
     if (cu[0] != 0) c.bad(at(0) + ", expected 0 (sequence 0 starts at row 0)");
     for (int64_t s = 0; s < n; ++s) {
       const int64_t len = int64_t(cu[(s + 1) * st]) - cu[s * st];
