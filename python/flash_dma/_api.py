@@ -56,6 +56,14 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     """
     what = "flash_dma.dynamic_mask_attention"
     check_qkv(what, q, k, v)
+    return _dma(what, q, k, v, key_scores, key_padding_mask, window_size, is_causal, softmax_scale, softcap,
+                add_scores, deterministic, return_lse, ())
+
+
+def _dma(what, q, k, v, key_scores, key_padding_mask, window_size, is_causal, softmax_scale, softcap, add_scores,
+         deterministic, return_lse, varlen):
+    """The checks and the op call dynamic_mask_attention and its packed form share; varlen is
+    () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
     check_same_device(what, q, key_scores=key_scores, key_padding_mask=key_padding_mask)
     if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
         raise ValueError(f"{what}: window_size must be an integer >= 1, got {window_size!r}")
@@ -67,7 +75,7 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, key_scores))
     out, lse, _, _ = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size,
                                                  bool(is_causal), bool(add_scores), float(softmax_scale or 0.0),
-                                                 float(softcap or 0.0), bool(deterministic), needs_grad)
+                                                 float(softcap or 0.0), bool(deterministic), needs_grad, *varlen)
     return (out, lse) if return_lse else out
 
 
@@ -121,18 +129,9 @@ def dynamic_mask_attention_varlen(q, k, v, key_scores, cu_seqlens_q, cu_seqlens_
     what = "flash_dma.dynamic_mask_attention_varlen"
     check_qkv(what, q, k, v, packed=True)
     check_seqlens(what, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    check_same_device(what, q, key_scores=key_scores, key_padding_mask=key_padding_mask)
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f"{what}: window_size must be an integer >= 1, got {window_size!r}")
-    if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
-        raise TypeError(f"{what}: key_padding_mask must be torch.bool (True = the key exists), "
-                        f"got {key_padding_mask.dtype}")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, key_scores))
-    out, lse, _, _ = torch.ops.flash_dma.dma_fwd(q, k, v, key_scores, key_padding_mask, window_size,
-                                                 bool(is_causal), bool(add_scores), float(softmax_scale or 0.0),
-                                                 float(softcap or 0.0), bool(deterministic), needs_grad,
-                                                 cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
-    return (out, lse) if return_lse else out
+    return _dma(what, q, k, v, key_scores, key_padding_mask, window_size, is_causal, softmax_scale, softcap,
+                add_scores, deterministic, return_lse,
+                (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k)))
 
 
 class Selection(namedtuple("Selection", ["begin", "end"])):

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "host_tensor.hpp"
+#include "test_util.hpp"
 
 namespace fdma::test {
 
@@ -44,6 +46,32 @@ class ScopedEnv {
 
  private:
   const char* name_;
+};
+
+// The GPU's error against the float64 reference may be twice the CPU backend's on the same
+// stored inputs, plus one rounding unit of the largest reference value (scale_of), plus a
+// floor where a test knows of an exact cancellation the two backends round differently.
+inline ::testing::AssertionResult within_precision(const std::vector<double>& gpu, const std::vector<double>& cpu,
+                                                   const std::vector<double>& ref, double scale_of, DType dt,
+                                                   const char* what, double floor = 0) {
+  const double cpu_err = max_err(cpu, ref);
+  const double bound = 2 * cpu_err + unit(dt) * std::max(1e-3, scale_of) + floor;
+  auto res = all_close(gpu, ref, {bound, 0.0}, std::string(what) + " (GPU)");
+  if (!res) res << "\n  CPU backend error " << cpu_err;
+  return res;
+}
+
+// A device workspace of `bytes` (none for 0), freed at scope end.
+struct DeviceWorkspace {
+  void* ptr = nullptr;
+  explicit DeviceWorkspace(size_t bytes) {
+    if (bytes) cudaMalloc(&ptr, bytes);
+  }
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+  ~DeviceWorkspace() {
+    if (ptr) cudaFree(ptr);
+  }
 };
 
 class DeviceTensor {

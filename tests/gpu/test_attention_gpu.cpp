@@ -16,18 +16,6 @@ using namespace fdma::test;
 
 namespace {
 
-// The GPU's error against the float64 reference may be twice the CPU backend's on the same
-// stored inputs, plus one rounding unit of the largest reference value.
-::testing::AssertionResult within_precision(const std::vector<double>& gpu, const std::vector<double>& cpu,
-                                            const std::vector<double>& ref, double scale_of, DType dt,
-                                            const char* what) {
-  const double cpu_err = max_err(cpu, ref);
-  const double bound = 2 * cpu_err + unit(dt) * std::max(1e-3, scale_of);
-  auto res = all_close(gpu, ref, {bound, 0.0}, std::string(what) + " (GPU)");
-  if (!res) res << "\n  CPU backend error " << cpu_err;
-  return res;
-}
-
 struct GpuAttention {
   AttnRun& r;
   DeviceTensor q, k, v, out, lse, dout, dq, dk, dv;

@@ -16,26 +16,6 @@ using namespace fdma::test;
 
 namespace {
 
-struct DeviceWorkspace {
-  void* ptr = nullptr;
-  explicit DeviceWorkspace(size_t bytes) {
-    if (bytes) cudaMalloc(&ptr, bytes);
-  }
-  ~DeviceWorkspace() {
-    if (ptr) cudaFree(ptr);
-  }
-};
-
-::testing::AssertionResult within_precision(const std::vector<double>& gpu, const std::vector<double>& cpu,
-                                            const std::vector<double>& ref, double scale_of, DType dt,
-                                            const char* what, double floor = 0) {
-  const double cpu_err = max_err(cpu, ref);
-  const double bound = 2 * cpu_err + unit(dt) * std::max(1e-3, scale_of) + floor;
-  auto res = all_close(gpu, ref, {bound, 0.0}, std::string(what) + " (GPU)");
-  if (!res) res << "\n  CPU backend error " << cpu_err;
-  return res;
-}
-
 // dkey_scores from the reference's full dS: summed over the group's heads and all queries
 // (and the same sum of |dS|, the scale of its rounding error).
 std::vector<double> reference_dscores(const DmaCase& c, const std::vector<double>& dbias, bool magnitude) {
