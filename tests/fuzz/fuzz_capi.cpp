@@ -1,7 +1,8 @@
 // libFuzzer target for the C ABI on the CPU backend (make fuzz; docs/design.md, "Validation").
 //
 // The input picks an operation (attention forward or backward, select, dynamic_mask_attention
-// forward or backward, the KV-cache call), small problem sizes, and for every tensor its shape
+// forward or backward, the KV-cache call, attention and dynamic_mask_attention on packed
+// variable-length batches), small problem sizes, and for every tensor its shape
 // and strides for its role, with rare mutations: a dim or stride off by a little or set to an
 // extreme, a wrong rank or dtype code, a null pointer, stride 0, an absent optional tensor, an
 // output placed on top of another tensor. Each tensor gets its own heap block of exactly the
@@ -295,13 +296,104 @@ void kvcache(FuzzedDataProvider& in, Arena& a, int64_t B, int64_t Sq, int64_t H,
   run(in, a, p, fdma_kvcache_workspace_size, fdma_kvcache_fwd);
 }
 
+// A packed variable-length batch's offsets: the prefix sums of the lengths, or now and then
+// wrong ones (decreasing, negative, past the totals), written into cu when its view is a
+// plain int32 [N + 1] one with data (a mutated view keeps the arena's bytes).
+void write_offsets(FuzzedDataProvider& in, const fdma_tensor& cu, std::vector<int64_t> offsets) {
+  if (in.ConsumeIntegralInRange<int>(0, 7) == 0 && !offsets.empty()) {
+    const size_t i = in.ConsumeIntegralInRange<size_t>(0, offsets.size() - 1);
+    static const int64_t bad[] = {-1, -1000, 1 << 30, 3};
+    offsets[i] = in.ConsumeBool() ? offsets[i] + in.ConsumeIntegralInRange<int64_t>(-2, 2)
+                                  : bad[in.ConsumeIntegralInRange<int>(0, 3)];
+  }
+  if (!cu.data || cu.ndim != 1 || cu.dtype != FDMA_INT32 || cu.shape[0] != int64_t(offsets.size())) return;
+  if (cu.shape[0] > 1 && (cu.stride[0] < 1 || cu.stride[0] > 4)) return;
+  for (size_t i = 0; i < offsets.size(); ++i) static_cast<int32_t*>(cu.data)[int64_t(i) * cu.stride[0]] = int32_t(offsets[i]);
+}
+
+// max_seqlen: the longest length, or now and then one off or negative.
+int64_t max_len(FuzzedDataProvider& in, const std::vector<int64_t>& lens) {
+  int64_t m = 0;
+  for (int64_t l : lens) m = std::max(m, l);
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 0: return m - 1;
+    case 1: return -1;
+    case 2: return m + 3;
+    default: return m;
+  }
+}
+
+// Packed batches (fdma.h, "varlen"): attention (dynamic false) or dynamic_mask_attention.
+void varlen(FuzzedDataProvider& in, Arena& a, int64_t H, int64_t Hk, int64_t D, bool dynamic, bool backward) {
+  const int64_t N = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  std::vector<int64_t> q_lens, k_lens, cu_q{0}, cu_k{0};
+  for (int64_t s = 0; s < N; ++s) {
+    q_lens.push_back(in.ConsumeIntegralInRange<int64_t>(0, 5));
+    k_lens.push_back(in.ConsumeIntegralInRange<int64_t>(0, 5));
+    cu_q.push_back(cu_q.back() + q_lens.back());
+    cu_k.push_back(cu_k.back() + k_lens.back());
+  }
+  const int64_t tq = cu_q.back(), tk = cu_k.back();
+  const int32_t dt = float_dtype(in);
+  auto common = [&](auto& p) {
+    p.q = a.tensor({tq, H, D}, dt, false);
+    p.k = a.tensor({tk, Hk, D}, dt, false);
+    p.v = a.tensor({tk, Hk, D}, dt, false);
+    p.cu_seqlens_q = a.tensor({N + 1}, FDMA_INT32, false, true);
+    p.cu_seqlens_k = a.tensor({N + 1}, FDMA_INT32, false, true);
+    write_offsets(in, p.cu_seqlens_q, cu_q);
+    write_offsets(in, p.cu_seqlens_k, cu_k);
+    p.max_seqlen_q = max_len(in, q_lens), p.max_seqlen_k = max_len(in, k_lens);
+    p.scale = scalar(in), p.softcap = scalar(in);
+    p.causal = in.ConsumeBool(), p.deterministic = in.ConsumeBool();
+    p.backend = in.ConsumeIntegralInRange<int32_t>(0, 3);
+    p.out = a.tensor({tq, H, D}, dt, !backward);
+    p.lse = a.tensor({H, tq}, FDMA_FLOAT32, !backward, !backward);
+    if (backward) {
+      p.dout = a.tensor({tq, H, D}, dt, false);
+      p.dq = a.tensor({tq, H, D}, dt, true);
+      p.dk = a.tensor({tk, Hk, D}, dt, true);
+      p.dv = a.tensor({tk, Hk, D}, dt, true);
+    }
+  };
+  if (dynamic) {
+    fdma_dma_params p{};
+    common(p);
+    const int32_t sdt = in.ConsumeBool() ? dt : FDMA_FLOAT32;
+    p.key_scores = a.tensor({Hk, tk}, sdt, false);
+    p.key_padding = a.tensor({tk}, FDMA_BOOL, false, true);
+    p.window = window(in);
+    p.add_scores = in.ConsumeBool();
+    p.keep_begin = a.tensor({Hk, tk}, FDMA_INT32, !backward, true);
+    p.keep_end = a.tensor({Hk, tk}, FDMA_INT32, !backward, true);
+    if (!backward)
+      return run(in, a, p, [](auto* q, size_t* b) { return fdma_dma_workspace_size(q, FDMA_PASS_FORWARD, b); },
+                 fdma_dma_fwd);
+    p.dkey_scores = a.tensor({Hk, tk}, in.ConsumeBool() ? sdt : FDMA_FLOAT32, true, true);
+    return run(in, a, p, [](auto* q, size_t* b) { return fdma_dma_workspace_size(q, FDMA_PASS_BACKWARD, b); },
+               fdma_dma_bwd);
+  }
+  fdma_attention_params p{};
+  common(p);
+  const int64_t hb = in.ConsumeBool() ? H : in.ConsumeBool() ? Hk : 1;
+  p.mask = a.tensor({hb, tk}, FDMA_BOOL, false, true);
+  const int32_t bias_dt = in.ConsumeBool() ? dt : FDMA_FLOAT32;
+  p.bias = a.tensor({hb, tk}, bias_dt, false, true);
+  if (!backward)
+    return run(in, a, p, [](auto* q, size_t* b) { return fdma_attention_workspace_size(q, FDMA_PASS_FORWARD, b); },
+               fdma_attention_fwd);
+  p.dbias = a.tensor({hb, tk}, in.ConsumeBool() ? bias_dt : FDMA_FLOAT32, true, true);
+  run(in, a, p, [](auto* q, size_t* b) { return fdma_attention_workspace_size(q, FDMA_PASS_BACKWARD, b); },
+      fdma_attention_bwd);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const bool once = [] { return fdma_set_num_threads(2) == FDMA_OK; }();
   (void)once;
   FuzzedDataProvider in(data, size);
-  const int op = in.ConsumeIntegralInRange<int>(0, 5);
+  const int op = in.ConsumeIntegralInRange<int>(0, 9);
   const int64_t B = in.ConsumeIntegralInRange<int64_t>(0, 2), Sq = in.ConsumeIntegralInRange<int64_t>(0, 9);
   const int64_t Sk = in.ConsumeIntegralInRange<int64_t>(0, 9), Hk = in.ConsumeIntegralInRange<int64_t>(1, 2);
   const int64_t H = Hk * in.ConsumeIntegralInRange<int64_t>(1, 2), D = in.ConsumeIntegralInRange<int64_t>(1, 8);
@@ -313,7 +405,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2: select(in, arena, B, Sq, Sk, Hk); break;
     case 3: dma(in, arena, d, false); break;
     case 4: dma(in, arena, d, true); break;
-    default: kvcache(in, arena, B, Sq, H, Hk, D); break;
+    case 5: kvcache(in, arena, B, Sq, H, Hk, D); break;
+    default: varlen(in, arena, H, Hk, D, op >= 8, op % 2 == 1); break;
   }
   return 0;
 }
