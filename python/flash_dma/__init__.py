@@ -5,13 +5,13 @@ from ._api import (Selection, attention, attention_varlen, attention_with_kvcach
                    dynamic_mask_attention_varlen, dynamic_mask_attention_with_kvcache, get_available_backends,
                    new_select_state, select_keys)
 from ._library import FlashDmaError
-from .compat import flash_dmattn_func
+from .compat import flash_dmattn_func, flash_dmattn_varlen_func
 from . import nn  # noqa: E402
 
 __all__ = ["attention", "dynamic_mask_attention", "attention_varlen", "dynamic_mask_attention_varlen",
            "dynamic_mask_attention_with_kvcache", "attention_with_kvcache",
            "new_select_state", "select_keys", "Selection", "get_available_backends",
-           "flash_dmattn_func", "FlashDmaError", "nn"]
+           "flash_dmattn_func", "flash_dmattn_varlen_func", "FlashDmaError", "nn"]
 __version__ = "0.1.0"
 
 
