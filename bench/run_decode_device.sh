@@ -3,17 +3,8 @@
 # the KV-cache GPU tests, compute-sanitizer memcheck over the decode kernels, the Python tests
 # on CUDA, then bench_decode.py; the benchmark's table prints last. Logs go to $OUT.
 # GoogleTest may be carried in .devdeps/gtest (include/, lib/) where the machine lacks it.
-set -uo pipefail
-OUT=${OUT:-/tmp/fdma_out}
-mkdir -p "$OUT"
-GT=()
-[ -d .devdeps/gtest ] && GT=(-DGTEST_ROOT="$PWD/.devdeps/gtest")
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFDMA_CUDA_LINEINFO=OFF \
-  "${GT[@]}" >"$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
-start=$(date +%s)
-cmake --build build -j "$(nproc)" --target fdma fdma_gpu_tests fdma_cli >"$OUT/build.log" 2>&1 ||
-  { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+source "$(dirname "$0")/device_build.sh"
+device_build fdma fdma_gpu_tests fdma_cli
 export FDMA_LIBRARY=$PWD/build/libfdma.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 build/tests/fdma_gpu_tests --gtest_filter="${GTEST_FILTER:-KvCache*}" >"$OUT/gtest.log" 2>&1
 echo "gtest rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.log" | tr '\n' ' ')"

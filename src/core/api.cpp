@@ -262,7 +262,7 @@ size_t dma_workspace_size(const fdma_dma_params& p, Pass pass) {
   if (empty(prob)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    return cuda::dma_workspace(prob.varlen.on ? detail::packed_view(p) : p, prob, pass);
+    return prob.varlen.on ? cuda::dma_workspace(detail::packed_view(p), prob, pass) : cuda::dma_workspace(p, prob, pass);
 #else
     no_cuda_kernels("dynamic_mask_attention");
 #endif
@@ -280,7 +280,8 @@ void dma_forward(const fdma_dma_params& p) {
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
     // A packed batch runs as its packed view (core/varlen.hpp), which keeps cu_seqlens.
-    const fdma_dma_params& v = prob.varlen.on ? detail::packed_view(p) : p;
+    fdma_dma_params view;
+    const fdma_dma_params& v = prob.varlen.on ? (view = detail::packed_view(p)) : p;
     detail::check_workspace("dynamic_mask_attention forward", p.workspace, p.workspace_bytes,
                             cuda::dma_workspace(v, prob, Pass::forward));
     return cuda::dma_forward(v, prob);
@@ -301,7 +302,8 @@ void dma_backward(const fdma_dma_params& p) {
   }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    const fdma_dma_params& v = prob.varlen.on ? detail::packed_view(p) : p;
+    fdma_dma_params view;
+    const fdma_dma_params& v = prob.varlen.on ? (view = detail::packed_view(p)) : p;
     detail::check_workspace("dynamic_mask_attention backward", p.workspace, p.workspace_bytes,
                             cuda::dma_workspace(v, prob, Pass::backward));
     return cuda::dma_backward(v, prob);

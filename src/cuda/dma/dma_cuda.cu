@@ -42,10 +42,7 @@ void check_selection_inputs(const char* op, const fdma_tensor& scores) {
     unsupported(op, "B * Hk * Sk must be below 2^31 on the GPU");
 }
 
-// A packed batch (its packed view, core/varlen.hpp) selects over rows of max_seqlen_k keys, one
-// per (sequence, KV head), reading each sequence's keys where they lie (TopwInputs::cu_k).
-TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding, const fdma_dma_params* varlen = nullptr,
-                       const detail::Varlen* v = nullptr) {
+TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding) {
   TopwInputs in{};
   in.scores = scores.data;
   in.score_dtype = scores.dtype;
@@ -58,22 +55,26 @@ TopwInputs topw_inputs(const fdma_tensor& scores, const fdma_tensor& padding, co
   in.B = int(scores.shape[0]);
   in.Hk = int(scores.shape[1]);
   in.Sk = int(scores.shape[2]);
-  if (varlen && v && v->on) {
-    in.cu_q = static_cast<const int32_t*>(varlen->cu_seqlens_q.data);
-    in.cu_k = static_cast<const int32_t*>(varlen->cu_seqlens_k.data);
-    in.total_q = int(varlen->q.shape[1]);
-    in.total_k = in.Sk;
-    in.B = int(v->num_seqs);
-    in.Sk = int(v->max_k);
-    in.score_stride[0] = 0;
-    in.padding_stride[0] = 0;
-  }
   set_rank_bits(in);
   return in;
 }
 
+// dynamic_mask_attention's selection. A packed batch (its packed view, core/varlen.hpp)
+// selects over rows of max_seqlen_k keys, one per (sequence, KV head), reading each
+// sequence's keys where they lie (TopwInputs::cu_k).
 TopwInputs topw_inputs(const fdma_dma_params& p, const detail::DmaProblem& prob) {
-  return topw_inputs(p.key_scores, p.key_padding, &p, &prob.varlen);
+  TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
+  if (!prob.varlen.on) return in;
+  in.cu_q = static_cast<const int32_t*>(p.cu_seqlens_q.data);
+  in.cu_k = static_cast<const int32_t*>(p.cu_seqlens_k.data);
+  in.total_q = int(prob.dims.Sq);
+  in.total_k = int(prob.dims.Sk);
+  in.B = int(prob.varlen.num_seqs);
+  in.Sk = int(prob.varlen.max_k);
+  in.score_stride[0] = 0;
+  in.padding_stride[0] = 0;
+  set_rank_bits(in);
+  return in;
 }
 
 void require_device_workspace(const char* op, const void* ws) {
@@ -94,7 +95,6 @@ void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::Dm
   check_selection_inputs(op, p.key_scores);
   if (prob.varlen.on && prob.varlen.num_seqs * d.Hk * prob.varlen.max_k >= (int64_t(1) << 31))
     unsupported(op, "num_seqs * Hk * max_seqlen_k must be below 2^31 on the GPU");
-  if (prob.varlen.on && prob.varlen.num_seqs > 65535 * 32) unsupported(op, "at most 2097120 sequences on the GPU");
   for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.out, "out"}}) check_rows_aligned(op, *t, name);
   if (pass == Pass::backward) {
     for (auto [t, name] : {std::pair{&p.dout, "dout"}, {&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}})

@@ -261,7 +261,7 @@ __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZe
 size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
   size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
-  if (s.causal) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
+  if (s.tile_lists) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
   if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(s));
   return bytes + align_up(scan_temp_bytes(n));
 }
@@ -280,7 +280,7 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
   c.positions = reinterpret_cast<int32_t*>(take((n + 1) * 4));
   c.kept = reinterpret_cast<int32_t*>(take(n * 4));
   c.kept_count = reinterpret_cast<int32_t*>(take(bh * 4));
-  if (s.causal) {
+  if (s.tile_lists) {
     c.kept_span = reinterpret_cast<int2*>(take(n * 8));
     c.tile_keys = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * s.cap() * 4));
     c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
@@ -307,14 +307,14 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
   if (err != cudaSuccess) return err;
   err = launch_kernel(overlap, kept_list_kernel, blocks_for(n, 256), 256, 0, stream, s, c.info, c.flags, c.positions,
-                      c.kept, s.causal ? c.kept_span : nullptr, c.kept_count);
+                      c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count);
   if (err != cudaSuccess) return err;
   lists.info = c.info;
   lists.kept = c.kept;
   lists.kept_count = c.kept_count;
   lists.kept_by_end = nullptr;
   if (s.by_end) {
-    end_keys_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.kept, s.causal ? c.kept_span : nullptr,
+    end_keys_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.kept, s.tile_lists ? c.kept_span : nullptr,
                                                             c.kept_count, c.end_keys_in, c.end_vals_in);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
     size_t sort_bytes = c.sort_bytes;
@@ -323,7 +323,7 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
     if (err != cudaSuccess) return err;
     lists.kept_by_end = c.kept_by_end;
   }
-  if (s.causal) {
+  if (s.tile_lists) {
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
     err = launch_kernel(overlap, tile_lists_kernel, grid, kTileThreads, 0, stream, s, c.kept, c.kept_span, c.kept_count,
                         c.tile_keys, c.tile_count);

@@ -1,7 +1,7 @@
 // From the selection's intervals to what the dynamic-mask kernels walk (KeyLists):
 //   key records: per key {begin, end, bias};
 //   kept list:   per (batch, KV head) the keys with a non-empty interval, in index order;
-//   tile lists:  causal only, per query tile of block_m rows the kept keys some row of the tile
+//   tile lists:  causal calls and packed batches, per query tile of block_m rows the kept keys some row of the tile
 //                keeps (at most min(w, Sk) + block_m of them; docs/design.md, "Per-tile key lists"): those kept by
 //                every row of the tile first, then the others, each part in index order.
 //                Non-causal selections keep the same keys for every query, so every tile
@@ -23,7 +23,7 @@ namespace fdma::cuda {
 struct DmaListShape {
   int B, Hk, Sk, Sq;
   int64_t window;
-  bool causal;  // tile lists (every packed batch has them too: its sequences keep different keys)
+  bool tile_lists;  // per query tile (causal calls, and every packed batch: its sequences keep different keys)
   int block_m;  // query rows per tile of the kernel that reads the lists
   bool by_end;  // also order the kept keys by interval end (the backward's dk/dv kernel)
   // A packed variable-length batch (fdma.h, "varlen"), seen as one batch (B = 1, Sq = total_q,
@@ -47,8 +47,8 @@ struct DmaListScratch {
   KeyInfo* info;                 // [B * Hk * Sk]
   int32_t *flags, *positions;    // [B * Hk * Sk + 1] each
   int32_t *kept, *kept_count;    // [B * Hk * Sk], [B * Hk]
-  int2* kept_span;                  // causal: [B * Hk * Sk], (begin, end) of each kept key, kept order
-  int32_t *tile_keys, *tile_count;  // causal: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
+  int2* kept_span;                  // tile lists: [B * Hk * Sk], (begin, end) of each kept key, kept order
+  int32_t *tile_keys, *tile_count;  // tile lists: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
   void* scan_temp;
   size_t scan_bytes;
   // by_end: sort keys (row, interval end) and values (key index), in and out, and sort scratch
