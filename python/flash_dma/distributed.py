@@ -10,7 +10,8 @@ each key and returned to the rank that holds it.
 How: the keys' side (K, V, scores, padding) is all-gathered, each rank runs the single-GPU
 kernel on its queries against the keys before and within its shard (bottom-right causal
 alignment puts its queries at their global positions), and the keys' gradients are
-reduce-scattered in float32. With GQA the keys' side is a fraction of the queries' (Hk / H of
+reduce-scattered (summed in float32, or in the gradients' own dtype between two ranks,
+where that rounds the same way). With GQA the keys' side is a fraction of the queries' (Hk / H of
 the bytes), and a top-w query costs the same wherever it sits, so contiguous shards balance
 without a zigzag layout. Memory: the query side is O(N / P) per rank, the gathered keys O(N).
 
@@ -79,17 +80,26 @@ def _gather_start(x, dim, lengths, group):
     return finish
 
 
+def _sum_dtype(dtype, size):
+    """The dtype the gradients are summed in. Two ranks: each sum is one addition of two
+    values rounded once, as a float32 sum rounded back would be, so half-precision gradients
+    travel as they are (half the bytes, no conversion). More ranks: float32, so that the
+    collective's partial sums are not rounded to half precision at every step."""
+    return dtype if size <= 2 or dtype in (torch.float32, torch.float64) else torch.float32
+
+
 def _scatter_start(g, dim, lengths, rank, group):
-    """Starts the reduce-scatter (float32) of g, the whole sequence along dim; the returned
-    function waits for it and gives this rank's shard of the sum over ranks."""
+    """Starts the reduce-scatter of g, the whole sequence along dim; the returned function
+    waits for it and gives this rank's shard of the sum over ranks (in _sum_dtype)."""
     size, longest = len(lengths), max(lengths)
+    dtype = _sum_dtype(g.dtype, size)
     if longest == 0:
-        return lambda: g.float()
+        return lambda: g.to(dtype)
     g = g.movedim(dim, 0)
-    if all(n == longest for n in lengths):  # equal shards: the float32 copy is the layout
-        padded = g.float().contiguous()
+    if all(n == longest for n in lengths):  # equal shards: the whole tensor is the layout
+        padded = g.to(dtype).contiguous()
     else:
-        padded = g.new_zeros((size * longest,) + tuple(g.shape[1:]), dtype=torch.float32)
+        padded = g.new_zeros((size * longest,) + tuple(g.shape[1:]), dtype=dtype)
         start = 0
         for r, n in enumerate(lengths):
             padded[r * longest: r * longest + n] = g[start: start + n]
@@ -113,7 +123,7 @@ def _scatter_seq_sum(g, dim, lengths, rank, group):
 
 class _GatherKeys(torch.autograd.Function):
     """The keys' side (K, V, scores or bias, padding) all-gathered along the sequence, every
-    collective in flight at once; backward reduce-scatters the gradients (float32) the same way."""
+    collective in flight at once; backward reduce-scatters the gradients the same way."""
 
     @staticmethod
     def forward(ctx, dims, lengths, rank, group, *xs):
