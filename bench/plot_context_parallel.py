@@ -22,7 +22,7 @@ def main():
         pts = sorted(pts, key=lambda r: r["tokens"])
         ax.plot([r["tokens"] / 2 ** 20 for r in pts], [r[key] for r in pts], marker="o", label=label,
                 linestyle="--" if "alone" in label else "-")
-    ax.set_title(f"causal top-w fwd+bwd, B1 H16 Hk4 D128 w2048, bf16, {device}")
+    ax.set_title(f"causal top-w fwd+bwd, B1 H16 Hk4 D128 w2048, bf16\n{device}", fontsize=10)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens (M)")
