@@ -7,13 +7,12 @@ keys span for each of the G query heads. Prints, per window size, the share of c
 that are kept pairs, and the longest CTA against the average per SM (docs/performance.md, "key lists").
 
 Usage: python3 tools/profiling/simulate_dkdv_groups.py [--seqlen 131072] [--windows 256,1024]
+       [--w 2048 --kv-heads 4 --group 4]  (the seed config: --seqlen 32768 --w 1024 --kv-heads 1 --group 2)
 """
 import argparse
 
 import numpy as np
 
-W = 2048  # as in bench_dma_causal.py: B1, Hk 4 KV heads of G 4 query heads each
-HK, G = 4, 4
 GROUP, STEP = 64, 64  # kBwdBlockN, the dk/dv kernel's query step (kDkdvBlockM)
 
 
@@ -61,7 +60,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--windows", default="256,1024")
+    # Defaults as in bench_dma_causal.py: B1, Hk 4 KV heads of G 4 query heads each, w 2048.
+    ap.add_argument("--w", type=int, default=2048)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--group", type=int, default=4)
     args = ap.parse_args()
+    W, HK, G = args.w, args.kv_heads, args.group
     scores = np.random.default_rng(0).standard_normal(args.seqlen).astype(np.float32)
     begin, end = causal_intervals(scores, W)
     useful = int((end - begin).sum())
