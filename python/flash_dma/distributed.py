@@ -11,7 +11,7 @@ How: the keys' side (K, V, scores, padding) is all-gathered, each rank runs the 
 kernel on its queries against the keys before and within its shard (bottom-right causal
 alignment puts its queries at their global positions), and the keys' gradients are
 reduce-scattered (summed in float32, or in the gradients' own dtype between two ranks,
-where that rounds the same way). With GQA the keys' side is a fraction of the queries' (Hk / H of
+where each sum is a single addition rounded once). With GQA the keys' side is a fraction of the queries' (Hk / H of
 the bytes), and a top-w query costs the same wherever it sits, so contiguous shards balance
 without a zigzag layout. Memory: the query side is O(N / P) per rank, the gathered keys O(N).
 
@@ -81,10 +81,11 @@ def _gather_start(x, dim, lengths, group):
 
 
 def _sum_dtype(dtype, size):
-    """The dtype the gradients are summed in. Two ranks: each sum is one addition of two
-    values rounded once, as a float32 sum rounded back would be, so half-precision gradients
-    travel as they are (half the bytes, no conversion). More ranks: float32, so that the
-    collective's partial sums are not rounded to half precision at every step."""
+    """The dtype the gradients are summed in. Two ranks: each sum is a single addition of two
+    values, rounded once to their dtype (NCCL adds bf16 in float32 and rounds, the float32 path
+    rounded back to bf16 gives the same bits), so half-precision gradients travel as they are:
+    half the bytes, no conversion. More ranks: float32, so that the collective's partial sums
+    are not rounded to half precision at every step."""
     return dtype if size <= 2 or dtype in (torch.float32, torch.float64) else torch.float32
 
 
