@@ -82,8 +82,8 @@ def _gather_start(x, dim, lengths, group):
 
 def _sum_dtype(dtype, size):
     """The dtype the gradients are summed in. Two ranks: each sum is a single addition of two
-    values, rounded once to their dtype (NCCL adds bf16 in float32 and rounds, the float32 path
-    rounded back to bf16 gives the same bits), so half-precision gradients travel as they are:
+    values, rounded once to their dtype: the same bits as their float32 sum rounded back (which
+    is exact, or off by less than half a bf16/fp16 step), so half-precision gradients travel as they are:
     half the bytes, no conversion. More ranks: float32, so that the collective's partial sums
     are not rounded to half precision at every step."""
     return dtype if size <= 2 or dtype in (torch.float32, torch.float64) else torch.float32
