@@ -1,5 +1,5 @@
 """The library's GPU path switches against its defaults, in one process and interleaved: causal
-dynamic_mask_attention (B1 H16 Hk4 D128 w2048 bf16) forward and forward+backward, medians of
+dynamic_mask_attention (B1 H16 Hk4 D128 w2048 bf16 unless told) forward and forward+backward, medians of
 CUDA events, each configuration timed in turn per round (the order rotated each round) so clock
 drift hits all alike.
 
@@ -13,9 +13,12 @@ Configurations (environment switches, read by the library per call):
   dkdv1, dkdv2              FDMA_DKDV_GROUPS=1 or 2: one or two warp groups per dk/dv CTA, forced
                             (the default picks per call: two in dynamic-mask mode; with one, dk,
                             dv, dkey_scores differ bitwise: another summation order)
+  split1                    FDMA_DKDV_SPLITS=1: each dk/dv key group's queries walked by one CTA
+                            (the default splits them for few KV heads and short windows; split,
+                            dk, dv, dkey_scores differ bitwise)
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
-                                      [--configs default,full,...]
+                                      [--configs default,full,...] [--heads 16 --kv-heads 4 --headdim 128 --window 2048]
 With several comma-separated libraries (--lib a.so,b.so), every configuration runs with each,
 labelled "@0", "@1", ... Also checks that every run's output and gradients (dq, dk, dv,
 dkey_scores) equal the first library's default's bitwise.
@@ -40,11 +43,12 @@ CONFIGS = {
     "full+serial": {"FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
     "dkdv1": {"FDMA_DKDV_GROUPS": "1"},
     "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
+    "split1": {"FDMA_DKDV_SPLITS": "1"},
 }
 
 
 def set_config(name):
-    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS"):
+    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS"):
         os.environ.pop(var, None)
     os.environ.update(CONFIGS[name])
 
@@ -61,6 +65,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="which configurations, default first")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--window", type=int, default=2048)
     args = ap.parse_args()
     names = args.configs.split(",")
     if names[0] != "default" or any(n not in CONFIGS for n in names):
@@ -70,7 +78,7 @@ def main():
     # library's default first (the reference of the bitwise check).
     runs = [(name if len(libs) == 1 else f"{name} @{li}", lib, name) for li, lib in enumerate(libs) for name in names]
     dev = torch.device("cuda")
-    B, H, Hk, D, w = 1, 16, 4, 128, 2048
+    B, H, Hk, D, w = 1, args.heads, args.kv_heads, args.headdim, args.window
     rows = []
     for S in [int(s) for s in args.seqlens.split(",")]:
         prob = dma_problem(S, B=B, H=H, Hk=Hk, D=D, w=w)

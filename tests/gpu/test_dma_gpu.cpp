@@ -323,6 +323,27 @@ TEST(DmaGpu, DkdvOneWarpGroupMatchesTheCpu) {
     }
 }
 
+// Split dk/dv walks (FDMA_DKDV_SPLITS; chosen per call for few KV heads and short windows,
+// dkdv_split.hpp): each share of a key group's queries writes fp32 partials, added in share
+// order. Forced to 1 (one CTA a key group), 3 and 16 shares against the CPU backend, causal and
+// not, GQA, key padding, the scores' gradient in float32 and in the inputs' dtype, D 64 and 128.
+TEST(DmaGpu, SplitDkdvWalksMatchTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv splits("FDMA_DKDV_SPLITS");
+  uint64_t seed = 1500;
+  for (const char* n : {"1", "3", "16"})
+    for (bool causal : {true, false}) {
+      splits.set(n);
+      DmaCase c;
+      c.B = 1, c.Sq = 1200, c.Sk = 1400, c.H = 4, c.Hk = causal ? 1 : 2, c.D = causal ? 64 : 128, c.w = 90;
+      c.causal = causal, c.padding = true, c.seed = seed++;
+      c.dtype = causal ? DType::bf16 : DType::f16;
+      c.score_dtype = causal ? DType::f32 : c.dtype;
+      DmaRun r(c);
+      run_gpu_dma(r);
+    }
+}
+
 TEST(DmaGpu, HeadDims) {
   REQUIRE_GPU();
   uint64_t seed = 950;

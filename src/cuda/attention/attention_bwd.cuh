@@ -15,6 +15,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/attention/attention_bwd_dkdv.cuh"
 #include "cuda/attention/attention_bwd_dq.cuh"
 
@@ -74,7 +76,8 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   // Dynamic-mask mode: kBwdWindow / 64 groups per window of kept keys (at most Sk of them).
   const int dkdv_x = f.lists.keys ? (f.Sk + kBwdWindow - 1) / kBwdWindow * (kBwdWindow / Dkdv::kBlockN)
                                   : (f.Sk + Dkdv::kBlockN - 1) / Dkdv::kBlockN;
-  const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B);
+  if (!gather && p.dkdv_splits > 1) return cudaErrorInvalidValue;  // only gathered walks split
+  const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B * std::max(1, p.dkdv_splits));
   return launch_kernel(f.overlap_previous, dkdv_kernel, dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream, p);
 }
 

@@ -128,7 +128,10 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const CtaTile cta = cta_tile(f.causal || f.lists.keys != nullptr);
   const int x = cta.x, head_chunk = cta.y;
   const int key0 = x * Tile::kBlockN;
-  const int hk = head_chunk / Tile::kChunks, chunk = head_chunk % Tile::kChunks, b = blockIdx.z;
+  // Split walks (gathered only): blockIdx.z = b * splits + this CTA's share. A constant 1 in
+  // the dense kernel, so that it holds no more registers across its loop (the sm_90a one spilled).
+  const int splits = kGather ? max(1, p.dkdv_splits) : 1, b = blockIdx.z / splits, share = blockIdx.z % splits;
+  const int hk = head_chunk / Tile::kChunks, chunk = head_chunk % Tile::kChunks;
   const int col0 = chunk * Tile::kChunk;  // this CTA's columns of dk and dv
   const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
 
@@ -167,6 +170,9 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const int q_begin = gather ? q_lo / kBM * kBM : f.causal ? max(0, key0 - (f.Sk - f.Sq)) / kBM * kBM : 0;
   const int n_q = q_begin < q_hi ? (q_hi - q_begin + kBM - 1) / kBM : 0;
   const int n_steps = f.G * n_q;  // (head of the group, query tile)
+  // This CTA's steps [it_begin, it_end): a contiguous share of them when the walk is split.
+  const int per_share = (n_steps + splits - 1) / splits;
+  const int it_begin = min(n_steps, share * per_share), it_end = min(n_steps, it_begin + per_share);
   // Head-major, queries ascending; gathered: query-major from the last query tile down. The
   // CTAs of a window of kept keys share their intervals' end (gather_key_group), so walking down
   // they start together at the same query tiles and read each one's Q and dO from L2, where
@@ -194,8 +200,9 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
                         blockDim.x);
     }
   auto next_active = [&](int it) {
-    if (Tile::table_bytes(n_groups, f)) return it < n_steps ? wg + int(table_of(wg)[(it - wg) / n_groups]) * n_groups : it;
-    while (it < n_steps && !step_active(it)) it += n_groups;
+    // (The table exists only unsplit, where [it_begin, it_end) is every step.)
+    if (Tile::table_bytes(n_groups, f)) return it < it_end ? wg + int(table_of(wg)[(it - wg) / n_groups]) * n_groups : it;
+    while (it < it_end && !step_active(it)) it += n_groups;
     return it;
   };
   auto sync_group = [&] {
@@ -240,8 +247,8 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
                       (f.bias_head_mode == 0 ? hk : 0);
 
-  int it = next_active(wg);
-  if (it < n_steps) load_step(it, 0);
+  int it = next_active(it_begin + wg);
+  if (it < it_end) load_step(it, 0);
   ptx::cp_async_commit();
   if (n_groups > 1) {  // K and V, loaded by group 0, must land for both groups
     ptx::cp_async_wait<0>();
@@ -249,9 +256,9 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     __syncthreads();
   }
 
-  for (int buf = 0; it < n_steps; buf ^= 1) {
+  for (int buf = 0; it < it_end; buf ^= 1) {
     const int it_next = next_active(it + n_groups);
-    if (it_next < n_steps) load_step(it_next, buf ^ 1);
+    if (it_next < it_end) load_step(it_next, buf ^ 1);
     ptx::cp_async_commit();
     ptx::cp_async_wait<1>();
     Mma::tile_landed();
@@ -356,12 +363,17 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     db[1] += handoff[(8 * kDC + 1) * kBwdThreads];
   }
 
+  const int64_t bh = int64_t(b) * f.Hk + hk;
   if (gather && f.lists.dscores && chunk == 0) {
     // dscores(j): dS summed over the group's heads and the queries that keep j, in order.
     const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
     for (int r = 0; r < 2; ++r) {
       const int local = keys[r] - key0;
       if (t != 0 || local >= n_group) continue;
+      if (splits > 1) {  // this share's part, added up by dkdv_split_sum
+        p.dscores_partial[(share * int64_t(f.B) * f.Hk + bh) * f.Sk + s_keys[local]] = r ? r1 : r0;
+        continue;
+      }
       const int64_t off = b * f.lists.dscores_stride[0] + hk * f.lists.dscores_stride[1] +
                           int64_t(s_keys[local]) * f.lists.dscores_stride[2];
       const float value = r ? r1 : r0;
@@ -377,6 +389,17 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   for (int r = 0; r < 2; ++r) {
     if (gather ? keys[r] - key0 >= n_group : keys[r] >= f.Sk) continue;
     const int64_t row = gather ? s_keys[keys[r] - key0] : keys[r];
+    if (gather && splits > 1) {  // fp32 partial rows [dk | dv], added up by dkdv_split_sum
+      float* part = p.dkdv_partial + ((share * int64_t(f.B) * f.Hk + bh) * f.Sk + row) * (2 * f.D);
+#pragma unroll
+      for (int dt = 0; dt < kDC; ++dt) {
+        const int d = col0 + dt * 8 + 2 * t;
+        if (d >= f.D) continue;
+        *reinterpret_cast<float2*>(part + d) = make_float2(dk[dt][2 * r], dk[dt][2 * r + 1]);
+        *reinterpret_cast<float2*>(part + f.D + d) = make_float2(dv[dt][2 * r], dv[dt][2 * r + 1]);
+      }
+      continue;
+    }
 #pragma unroll
     for (int dt = 0; dt < kDC; ++dt) {
       const int d = col0 + dt * 8 + 2 * t;

@@ -49,6 +49,14 @@ struct AttentionBwdParams {
   // The dq kernel's block walks these many batches and heads in turn (> 1 when it owns a
   // dbias that broadcasts over them, so one block sums each element in a fixed order).
   int rows_batches_per_block, rows_heads_per_block;
+  // Dynamic-mask mode: each dk/dv key group's walk over its queries split into dkdv_splits
+  // contiguous shares, one CTA each (grid z = B x splits), where the few key groups that every
+  // later query keeps would otherwise set the kernel's time alone (docs/performance.md, "small
+  // problems"). Each share writes fp32 partial rows, dk then dv, to dkdv_partial
+  // [splits][B * Hk][Sk][2 * D] and its dscores to dscores_partial [splits][B * Hk][Sk];
+  // dkdv_split_sum (dkdv_split.cu) adds them in split order. 0 or 1: no split.
+  int dkdv_splits;
+  float *dkdv_partial, *dscores_partial;
 };
 
 }  // namespace fdma::cuda

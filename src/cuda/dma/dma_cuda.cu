@@ -11,6 +11,7 @@
 #include "core/device.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/primitives/device_guard.hpp"
+#include "cuda/dma/dkdv_split.hpp"
 #include "cuda/dma/dma_lists.hpp"
 #include "cuda/attention/kernel_params.hpp"
 #include "cuda/attention/kernel_table.hpp"
@@ -110,8 +111,10 @@ struct DmaLayout {
   bool selects;  // false: a backward given the forward's intervals
   size_t select, intervals, lists, rows;
   size_t kv_gathered, bias_gathered;  // non-causal forward: the kept keys' K, V and biases
+  int splits;                         // backward: shares of the dk/dv walks (dkdv_split.hpp)
+  size_t partial;                     // and their partial sums, last
   DmaListShape shape;
-  size_t total() const { return select + 2 * intervals + lists + 2 * rows + 2 * kv_gathered + bias_gathered; }
+  size_t total() const { return select + 2 * intervals + lists + 2 * rows + 2 * kv_gathered + bias_gathered + partial; }
 };
 
 // Slots per (batch, KV head) in the non-causal forward's gathered buffers.
@@ -141,6 +144,8 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
   const size_t slots = gathered ? size_t(d.B * d.Hk * gathered_slots(prob)) : 0;
   l.kv_gathered = align_up(slots * size_t(d.D) * dtype_size(prob.dtype));
   l.bias_gathered = align_up(slots * 4);
+  l.splits = pass == Pass::backward ? dkdv_splits(d.B, d.Hk, d.Sk, d.D, prob.window) : 1;
+  l.partial = align_up(dkdv_partial_bytes(l.splits, d.B, d.Hk, d.Sk, d.D));
   return l;
 }
 
@@ -310,6 +315,11 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   k.lse2 = reinterpret_cast<float*>(rows + l.rows);
   k.Sq_pad = int((d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM);
   k.rows_batches_per_block = k.rows_heads_per_block = 1;
+  k.dkdv_splits = l.splits;
+  if (l.splits > 1) {
+    k.dkdv_partial = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + l.total() - l.partial);
+    k.dscores_partial = k.dkdv_partial + size_t(l.splits) * size_t(d.B * d.Hk * d.Sk) * size_t(2 * d.D);
+  }
 
   UnkeptZeroArgs z{};
   z.dk = p.dk.data, z.dv = p.dv.data;
@@ -324,6 +334,18 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   }
   check_cuda(zero_unkept_grads(l.shape, lists.info, z, stream, overlap), op, "zero unkept keys");
   run_backward_kernels(k, prob.dtype, p.stream);
+  if (l.splits > 1) {
+    DkdvSplitSum a{};
+    a.dkdv_partial = k.dkdv_partial, a.dscores_partial = k.dscores_partial;
+    a.splits = l.splits, a.B = int(d.B), a.Hk = int(d.Hk), a.Sk = int(d.Sk), a.D = int(d.D);
+    a.kept = lists.kept, a.kept_count = lists.kept_count;
+    a.dk = p.dk.data, a.dv = p.dv.data;
+    for (int i = 0; i < 3; ++i) a.dk_stride[i] = p.dk.stride[i], a.dv_stride[i] = p.dv.stride[i];
+    a.bf16 = prob.dtype == DType::bf16;
+    a.dscores = lists.dscores, a.dscores_f32 = lists.dscores_f32;
+    for (int i = 0; i < 3; ++i) a.dscores_stride[i] = lists.dscores_stride[i];
+    check_cuda(dkdv_split_sum(a, stream), op, "dk/dv split sum");
+  }
 }
 
 }  // namespace fdma::cuda

@@ -42,6 +42,13 @@ inline int forced_dkdv_groups() {
   return env_is("FDMA_DKDV_GROUPS", "1") ? 1 : env_is("FDMA_DKDV_GROUPS", "2") ? 2 : 0;
 }
 
+// FDMA_DKDV_SPLITS=n: shares of each gathered dk/dv key group's query walk (1-16; 0: chosen
+// per call, dma_cuda.cu).
+inline int forced_dkdv_splits() {
+  const char* env = std::getenv("FDMA_DKDV_SPLITS");
+  return env ? std::clamp(std::atoi(env), 1, 16) : 0;
+}
+
 // FDMA_DECODE_SELECT=passes|cluster: the decode radix selection's path ("" = per call).
 inline const char* forced_decode_select() {
   const char* env = std::getenv("FDMA_DECODE_SELECT");
