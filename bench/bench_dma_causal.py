@@ -9,7 +9,8 @@ Ours keeps the forward's selection for the backward (keep_begin/keep_end, as the
 autograd path does); "selecting twice" times the backward selecting again.
 
 Usage: python3 bench/bench_dma_causal.py [--lib build/libfdma.so] [--seqlens 4096,...] [--json out.json]
-bf16, B1 H16 Hk4 D128 w2048. Useful TF/s count kept (query, key) pairs only:
+bf16, B1 H16 Hk4 D128 w2048 unless --heads/--kv-heads/--headdim/--window say otherwise (the
+seed config: --heads 2 --kv-heads 1 --headdim 64 --window 1024 --seqlens 32768). Useful TF/s count kept (query, key) pairs only:
 fwd 4*H*D*pairs, fwd+bwd 3.5x that. Medians of CUDA events; a markdown table last.
 """
 import argparse
@@ -90,10 +91,14 @@ def main():
     ap.add_argument("--mask-max", type=int, default=65536,
                     help="longest S for this project's attention fed the selection as a 4-D mask (B*Hk*S*S bytes)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--window", type=int, default=2048)
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev = torch.device("cuda")
-    B, H, Hk, D, w = 1, 16, 4, 128, 2048
+    B, H, Hk, D, w = 1, args.heads, args.kv_heads, args.headdim, args.window
     G = H // Hk
     results = []
     for S in [int(s) for s in args.seqlens.split(",")]:
