@@ -63,7 +63,8 @@ TEST(Varlen, Attention) {
         VarlenCase c;
         c.dynamic = false;
         c.q_lens = ql, c.k_lens = kl, c.H = 4, c.Hk = 2, c.causal = causal, c.bias_heads = bias_heads;
-        c.mask = bias_heads == 2, c.softcap = bias_heads == 1 ? 3.0 : 0.0, c.seed = seed++;
+        c.mask = bias_heads == 2 || bias_heads == 4, c.mask_heads = bias_heads == 4 ? 2 : 1;
+        c.softcap = bias_heads == 1 ? 3.0 : 0.0, c.seed = seed++;
         run(c);
       }
 }

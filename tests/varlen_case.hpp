@@ -21,7 +21,9 @@ struct VarlenCase {
   bool dynamic = true;  // dynamic_mask_attention, else attention
   bool causal = true, add_scores = true, padding = false, ties = false;
   int64_t bias_heads = 0;  // attention: a per-key bias [bias_heads, total_k] (0: none)
-  bool mask = false;       // attention: a per-key mask [1, total_k]
+  DType bias_dtype = DType::f32;  // and dbias's
+  bool mask = false;       // attention: a per-key mask [mask_heads, total_k]
+  int64_t mask_heads = 1;
   double softcap = 0;
   DType dtype = DType::f32;
   uint64_t seed = 1;
@@ -32,8 +34,8 @@ struct VarlenCase {
     os << " k_lens";
     for (auto l : k_lens) os << " " << l;
     os << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " causal" << causal << " add_scores" << add_scores
-       << " padding" << padding << " ties" << ties << " bias_heads" << bias_heads << " mask" << mask << " softcap"
-       << softcap << " " << dtype_name(dtype);
+       << " padding" << padding << " ties" << ties << " bias_heads" << bias_heads << " " << dtype_name(bias_dtype)
+       << " mask" << mask << " mask_heads" << mask_heads << " softcap" << softcap << " " << dtype_name(dtype);
     return os.str();
   }
 };
@@ -70,11 +72,11 @@ struct VarlenRun {
     pad = HostTensor(DType::boolean, {total_k});
     pad.fill_bool(rng, c.padding ? 0.8 : 1.0);
     if (c.bias_heads) {
-      bias = HostTensor(DType::f32, {c.bias_heads, total_k});
+      bias = HostTensor(c.bias_dtype, {c.bias_heads, total_k});
       bias.fill_uniform(rng, -1, 1);
-      dbias = HostTensor(DType::f32, {c.bias_heads, total_k});
+      dbias = HostTensor(c.bias_dtype, {c.bias_heads, total_k});
     }
-    mask = HostTensor(DType::boolean, {1, total_k});
+    mask = HostTensor(DType::boolean, {c.mask_heads, total_k});
     mask.fill_bool(rng, c.mask ? 0.7 : 1.0);
     out = HostTensor(c.dtype, {total_q, c.H, c.D});
     lse = HostTensor(c.dtype == DType::f64 ? DType::f64 : DType::f32, {c.H, total_q});
@@ -121,7 +123,7 @@ struct VarlenRun {
           keep.assign(nq * nk, 1);
           for (int64_t i = 0; i < nq; ++i)
             for (int64_t j = 0; j < nk; ++j)
-              keep[i * nk + j] = (!c.causal || j <= i + nk - nq) && (!c.mask || mv[k0[s] + j] != 0);
+              keep[i * nk + j] = !c.causal || j <= i + nk - nq;
         }
         for (int64_t i = 0; i < nq; ++i)
           for (int64_t j = 0; j < nk; ++j) {
@@ -129,7 +131,8 @@ struct VarlenRun {
             seq_keep[(hk * total_q + gi) * total_k + gj] = keep[i * nk + j];
             for (int64_t h = hk * G; h < hk * G + G; ++h) {
               const int64_t idx = (h * total_q + gi) * total_k + gj;
-              rp.keep[idx] = keep[i * nk + j];
+              const int64_t hm = c.mask_heads == c.H ? h : c.mask_heads == c.Hk ? hk : 0;
+              rp.keep[idx] = keep[i * nk + j] && (c.dynamic || !c.mask || mv[hm * total_k + gj] != 0);
               if (c.dynamic && c.add_scores) rp.bias[idx] = sv[hk * total_k + gj];
               if (!c.dynamic && c.bias_heads) {
                 const int64_t hb = c.bias_heads == c.H ? h : c.bias_heads == c.Hk ? hk : 0;

@@ -88,7 +88,8 @@ typedef struct fdma_tensor {
  *   dynamic_mask_attention: key_scores, dkey_scores [Hk, total_k], key_padding [total_k],
  *     keep_begin, keep_end [Hk, total_k] (query indices within the key's sequence, 0-based).
  * The CPU backend checks cu_seqlens and the max lengths; the CUDA backend cannot read them
- * without a synchronization. */
+ * without a synchronization. On CUDA, attention's per-key mask and bias are [1|Hk, total_k]
+ * ([H, total_k] only where H == Hk). */
 
 /* attention (README, "What it computes"). Forward reads q, k, v, mask, bias and writes out, lse.
  * Backward also reads out, lse, dout and writes dq, dk, dv and (if given) dbias.

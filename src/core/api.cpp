@@ -138,21 +138,14 @@ using detail::fill;
 bool empty(const detail::Dims& d) { return d.B == 0 || d.Sq == 0 || d.Sk == 0; }
 // A packed batch with no sequence, or max lengths of 0, has nothing to attend either (the CUDA
 // backend clamps each sequence to the max lengths; the CPU checked they hold).
-bool empty(const detail::DmaProblem& p) {
-  return empty(p.dims) || (p.varlen.on && (p.varlen.num_seqs == 0 || p.varlen.max_q == 0 || p.varlen.max_k == 0));
+bool empty(const detail::Dims& d, const detail::Varlen& v) {
+  return empty(d) || (v.on && (v.num_seqs == 0 || v.max_q == 0 || v.max_k == 0));
 }
+bool empty(const detail::DmaProblem& p) { return empty(p.dims, p.varlen); }
+bool empty(const detail::AttentionProblem& p) { return empty(p.dims, p.varlen); }
 bool empty(const detail::SelectProblem& s) { return s.B == 0 || s.Sq == 0 || s.Sk == 0; }
 // A KV-cache call with no query appends nothing either (validation refuses that).
 bool empty(const detail::KvCacheProblem& k) { return k.dims.B == 0 || k.dims.Sq == 0; }
-
-#ifdef FDMA_HAVE_CUDA
-// The CUDA kernels do not read packed variable-length batches yet.
-[[noreturn]] void no_cuda_varlen(const char* op) {
-  detail::fail(Status::unsupported, std::string(op) +
-                                        ": the CUDA backend does not run packed variable-length batches (cu_seqlens) "
-                                        "yet; pass host tensors to run them on the CPU backend, or pad to [B, S, H, D]");
-}
-#endif
 
 size_t cpu_workspace(const detail::AttentionProblem& prob, Pass pass) {
   return prob.varlen.on ? cpu::attention_varlen_workspace(prob, pass) : cpu::attention_workspace(prob, pass);
@@ -176,10 +169,11 @@ void empty_backward(const P& p, Backend b) {
 
 size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
   auto prob = detail::validate_attention(p, pass);
-  if (empty(prob.dims)) return 0;
+  if (empty(prob)) return 0;
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    if (prob.varlen.on) no_cuda_varlen("attention");
+    // A packed batch runs as its packed view (core/varlen.hpp), which keeps cu_seqlens.
+    if (prob.varlen.on) return cuda::attention_varlen_workspace(detail::packed_view(p), prob, pass);
     return cuda::attention_workspace(prob, pass);
 #else
     no_cuda_kernels("attention");
@@ -190,10 +184,15 @@ size_t attention_workspace_size(const fdma_attention_params& p, Pass pass) {
 
 void attention_forward(const fdma_attention_params& p) {
   auto prob = detail::validate_attention(p, Pass::forward);
-  if (empty(prob.dims)) return empty_forward(p, prob.backend);
+  if (empty(prob)) return empty_forward(p, prob.backend);
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    if (prob.varlen.on) no_cuda_varlen("attention forward");
+    if (prob.varlen.on) {
+      const fdma_attention_params v = detail::packed_view(p);
+      detail::check_workspace("attention forward", p.workspace, p.workspace_bytes,
+                              cuda::attention_varlen_workspace(v, prob, Pass::forward));
+      return cuda::attention_varlen_forward(v, prob);
+    }
     detail::check_workspace("attention forward", p.workspace, p.workspace_bytes, cuda::attention_workspace(prob, Pass::forward));
     return cuda::attention_forward(p, prob);
 #else
@@ -206,13 +205,18 @@ void attention_forward(const fdma_attention_params& p) {
 
 void attention_backward(const fdma_attention_params& p) {
   auto prob = detail::validate_attention(p, Pass::backward);
-  if (empty(prob.dims)) {
+  if (empty(prob)) {
     empty_backward(p, prob.backend);
     return fill(p.dbias, false, prob.backend, p.stream);
   }
   if (prob.backend == Backend::cuda) {
 #ifdef FDMA_HAVE_CUDA
-    if (prob.varlen.on) no_cuda_varlen("attention backward");
+    if (prob.varlen.on) {
+      const fdma_attention_params v = detail::packed_view(p);
+      detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
+                              cuda::attention_varlen_workspace(v, prob, Pass::backward));
+      return cuda::attention_varlen_backward(v, prob);
+    }
     detail::check_workspace("attention backward", p.workspace, p.workspace_bytes,
                             cuda::attention_workspace(prob, Pass::backward));
     return cuda::attention_backward(p, prob);

@@ -13,12 +13,18 @@ size_t attention_workspace(const detail::AttentionProblem& prob, Pass pass);
 void attention_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 void attention_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 
+// attention over a packed variable-length batch, given its packed view (core/varlen.hpp): the
+// dynamic-mask kernels keeping every key a query may see (attention_varlen.cu).
+size_t attention_varlen_workspace(const fdma_attention_params& p, const detail::AttentionProblem& prob, Pass pass);
+void attention_varlen_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
+void attention_varlen_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
+
 // The kernels behind both operations, from prepared params (attention_cuda.cu). The
 // backward runs its prepare kernel (k.delta, k.lse2), dq and dk/dv, and the dbias finish.
 void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream);
 void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream);
 
-// select and dynamic_mask_attention: non-causal on the GPU so far (dma_cuda.cu).
+// select and dynamic_mask_attention (dma_cuda.cu).
 size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob);
 void select(const fdma_select_params& p, const detail::SelectProblem& prob);
 size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass);

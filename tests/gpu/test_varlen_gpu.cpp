@@ -1,10 +1,13 @@
-// Packed variable-length batches of dynamic_mask_attention on the GPU against the CPU backend
-// and the float64 reference on the whole packed batch (varlen_case.hpp): the intervals exactly,
-// outputs and gradients with the precision rule of test_dma_gpu.cpp; every selection path;
-// offsets that are no prefix sums stay inside the tensors. Skipped where no GPU is usable.
+// Packed variable-length batches of dynamic_mask_attention and attention on the GPU against the
+// CPU backend and the float64 reference on the whole packed batch (varlen_case.hpp): the
+// intervals exactly, outputs and gradients (dbias included) with the precision rule of
+// test_dma_gpu.cpp; every selection path; offsets that are no prefix sums stay inside the
+// tensors. Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
+#include <random>
 
 #include "device_tensor.hpp"
 #include "varlen_case.hpp"
@@ -90,6 +93,77 @@ void run_gpu_varlen(const VarlenCase& c) {
   }
 }
 
+// Dense attention over a packed batch (attention_varlen.cu): per-key mask and bias, dbias.
+struct GpuVarlenAttention {
+  VarlenRun& r;
+  DeviceTensor cu_q, cu_k, q, k, v, mask, out, lse, dout, dq, dk, dv;
+  std::unique_ptr<DeviceTensor> bias, dbias;
+  explicit GpuVarlenAttention(VarlenRun& run)
+      : r(run), cu_q(r.cu_q), cu_k(r.cu_k), q(r.q), k(r.k), v(r.v), mask(r.mask), out(r.out), lse(r.lse),
+        dout(r.dout), dq(r.dq), dk(r.dk), dv(r.dv) {
+    if (r.c.bias_heads) bias = std::make_unique<DeviceTensor>(r.bias), dbias = std::make_unique<DeviceTensor>(r.dbias);
+  }
+  AttentionParams params() const {
+    AttentionParams p = r.attention_params();
+    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.out = out.view(), p.lse = lse.view();
+    p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view();
+    if (r.c.mask) p.mask = mask.view();
+    if (bias) p.bias = bias->view(), p.dbias = dbias->view();
+    p.cu_seqlens_q = cu_q.view(), p.cu_seqlens_k = cu_k.view();
+    return p;
+  }
+  void run(Pass pass) {
+    AttentionParams p = params();
+    const size_t bytes = attention_workspace_size(p, pass);
+    DeviceWorkspace ws(bytes);
+    p.workspace = ws.ptr, p.workspace_bytes = bytes;
+    if (pass == Pass::forward) {
+      out.poison(), lse.poison();
+      attention_forward(p);
+    } else {
+      dq.poison(), dk.poison(), dv.poison();
+      if (dbias) dbias->poison();
+      attention_backward(p);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+};
+
+void run_gpu_varlen_attention(const VarlenCase& c) {
+  SCOPED_TRACE(c.str());
+  VarlenRun r(c);
+  r.forward();  // CPU backend
+  const auto cpu_out = r.out.values();
+  const auto out_bytes = r.out.bytes(), lse_bytes = r.lse.bytes();
+  const auto ref = ref::forward(r.rp);
+
+  GpuVarlenAttention gpu(r);
+  gpu.run(Pass::forward);
+  gpu.out.download(), gpu.lse.download();
+  EXPECT_TRUE(within_precision(r.out.values(), cpu_out, ref.out, max_abs(ref.out), c.dtype, "out"));
+  EXPECT_TRUE(all_close(r.lse.values(), ref.lse, {2e-4, 2e-5}, "lse (GPU)"));
+
+  r.out.bytes() = out_bytes;  // the backward reads the CPU forward's out and lse on both backends
+  r.lse.bytes() = lse_bytes;
+  gpu.out.upload(), gpu.lse.upload();
+  r.backward();
+  const auto cpu_dq = r.dq.values(), cpu_dk = r.dk.values(), cpu_dv = r.dv.values();
+  const auto cpu_db = c.bias_heads ? r.dbias.values() : std::vector<double>{};
+  const auto g = ref::backward(r.rp, r.dout.values());
+  gpu.run(Pass::backward);
+  gpu.dq.download(), gpu.dk.download(), gpu.dv.download();
+  const double floor = double(c.H / c.Hk) * r.max_q * c.D * 1.2e-7 * 1.5;  // as for the dynamic mask
+  EXPECT_TRUE(within_precision(r.dq.values(), cpu_dq, g.dq, max_abs(g.dq), c.dtype, "dq", floor));
+  EXPECT_TRUE(within_precision(r.dk.values(), cpu_dk, g.dk, max_abs(g.dk), c.dtype, "dk", floor));
+  EXPECT_TRUE(within_precision(r.dv.values(), cpu_dv, g.dv, max_abs(g.dv), c.dtype, "dv"));
+  if (c.bias_heads) {
+    gpu.dbias->download();
+    const auto db = ref::reduce_broadcast(r.rp, g.dbias, {1, c.bias_heads, 1, r.total_k});
+    const DType db_type = c.bias_dtype == DType::f32 ? c.dtype : c.bias_dtype;  // the coarser of the two roundings
+    EXPECT_TRUE(within_precision(r.dbias.values(), cpu_db, db, max_abs(db), db_type, "dbias", floor * c.H));
+  }
+}
+
 const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> kLengths = {
     {{5, 0, 17, 1, 90}, {5, 3, 30, 1, 70}},  // empty sides, Sq != Sk, more queries than keys
     {{1, 1, 1, 1, 1, 1, 1}, {1, 2, 3, 4, 5, 200, 9}},
@@ -163,5 +237,94 @@ TEST(VarlenGpu, EmptyBatches) {
     VarlenCase c;
     c.q_lens = ql, c.k_lens = kl, c.dtype = DType::bf16, c.D = 64;
     run_gpu_varlen(c);
+    c.dynamic = false, c.bias_heads = 1;
+    run_gpu_varlen_attention(c);
+  }
+}
+
+// attention_varlen: causal and not, mask and bias per KV head, shared (the dbias summed over
+// heads, and Hk = 1 written directly) and per query head where H == Hk; D 64, 128, 256.
+TEST(VarlenGpu, Attention) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const auto& [ql, kl] : kLengths)
+    for (bool causal : {true, false})
+      for (int variant = 0; variant < 4; ++variant) {
+        VarlenCase c;
+        c.dynamic = false;
+        c.q_lens = ql, c.k_lens = kl, c.causal = causal, c.seed = seed++;
+        c.dtype = variant == 1 ? DType::f16 : DType::bf16;
+        c.H = variant == 3 ? 2 : 4, c.Hk = variant == 1 ? 1 : 2, c.D = variant == 1 ? 128 : variant == 3 ? 256 : 64;
+        c.bias_heads = variant == 0 ? 2 : variant == 3 ? 2 : 1;
+        c.bias_dtype = variant == 0 ? DType::bf16 : variant == 1 ? DType::f16 : DType::f32;
+        c.mask = variant != 0, c.mask_heads = variant == 2 ? 2 : 1;
+        c.softcap = variant == 1 ? 2.0 : 0.0;
+        run_gpu_varlen_attention(c);
+      }
+}
+
+// Many short sequences: query tiles that meet several sequences, and the dk/dv walks split and
+// not (FDMA_DKDV_SPLITS).
+TEST(VarlenGpu, AttentionManySequences) {
+  REQUIRE_GPU();
+  ScopedEnv splits("FDMA_DKDV_SPLITS");
+  std::mt19937_64 rng(7);
+  VarlenCase c;
+  c.dynamic = false, c.dtype = DType::bf16, c.H = 4, c.Hk = 2, c.D = 64;
+  c.q_lens.clear(), c.k_lens.clear();
+  for (int s = 0; s < 80; ++s) {
+    const int64_t n = int64_t(rng() % 40);
+    c.q_lens.push_back(n), c.k_lens.push_back(s % 3 ? n : int64_t(rng() % 40));
+  }
+  uint64_t seed = 900;
+  for (const char* forced : {"1", "3"}) {
+    splits.set(forced);
+    for (bool causal : {true, false}) {
+      c.causal = causal, c.seed = seed++, c.bias_heads = causal ? 1 : 0, c.mask = !causal;
+      run_gpu_varlen_attention(c);
+    }
+  }
+}
+
+// Offsets the GPU cannot check (see BadOffsetsStayInBounds), with a mask and a bias: the call
+// stays inside every tensor (compute-sanitizer memcheck runs this test) and writes every output.
+TEST(VarlenGpu, AttentionBadOffsetsStayInBounds) {
+  REQUIRE_GPU();
+  VarlenCase c;
+  c.dynamic = false, c.q_lens = {30, 20, 50}, c.k_lens = {40, 20, 60}, c.dtype = DType::bf16, c.D = 64;
+  c.bias_heads = 1, c.mask = true;
+  for (bool causal : {true, false})
+    for (int bad = 0; bad < 3; ++bad) {
+      c.causal = causal;
+      VarlenRun r(c);
+      if (bad == 0) r.cu_q.set(1, 90), r.cu_k.set(2, 5);           // decreasing
+      if (bad == 1) r.cu_q.set(3, 5000), r.cu_k.set(3, 9000);       // past the totals
+      if (bad == 2) r.cu_k.set(1, -30), r.cu_q.set(2, 2000000000);  // negative, huge
+      GpuVarlenAttention gpu(r);
+      gpu.run(Pass::forward);
+      gpu.out.download();
+      for (double x : r.out.values()) ASSERT_TRUE(std::isfinite(x)) << "an out element left unwritten, bad " << bad;
+      gpu.run(Pass::backward);
+      gpu.dq.download(), gpu.dk.download();
+      EXPECT_FALSE(r.dq.all_poisoned()) << "bad " << bad;
+      EXPECT_FALSE(r.dk.all_poisoned()) << "bad " << bad;
+    }
+}
+
+// The key records hold one bias per KV head: a per-query-head bias with grouped heads is
+// refused on the GPU with an error naming what to pass instead.
+TEST(VarlenGpu, AttentionPerQueryHeadBiasWithGroupsIsRefused) {
+  REQUIRE_GPU();
+  VarlenCase c;
+  c.dynamic = false, c.dtype = DType::bf16, c.D = 64, c.H = 4, c.Hk = 2, c.bias_heads = 4;
+  VarlenRun r(c);
+  GpuVarlenAttention gpu(r);
+  AttentionParams p = gpu.params();
+  try {
+    (void)attention_workspace_size(p, Pass::forward);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::unsupported);
+    EXPECT_NE(std::string(e.what()).find("[Hk, total_k]"), std::string::npos) << e.what();
   }
 }

@@ -18,6 +18,9 @@ struct KeyInfo {
 struct KeyLists {
   const int32_t* keys;  // per (b * Hk + hk, query tile): key indices (dma_lists.hpp: order)
   int64_t keys_bh_stride, keys_tile_stride;  // elements; tile stride 0: one list for all tiles
+  // Tile ranges (dense packed batches, dma_lists.hpp): a tile's list is the slice of the
+  // (b, hk) list starting at tile_first[(b * Hk + hk) * count_tiles + tile]; null: tile * keys_tile_stride.
+  const int32_t* tile_first;
   const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
   int count_tiles;                           // 1 when every tile shares the list
   int max_listed;                            // tile lists: the most keys the kernels stage (longer ones stay in global memory)

@@ -207,7 +207,8 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
 __device__ __forceinline__ const int32_t* tile_key_list(const KeyLists& l, int64_t bh, int m_block, int& n_listed) {
   const int tile = l.count_tiles == 1 ? 0 : m_block;
   n_listed = l.counts[bh * l.count_tiles + tile];
-  return l.keys + bh * l.keys_bh_stride + tile * l.keys_tile_stride;
+  const int64_t first = l.tile_first ? l.tile_first[bh * l.count_tiles + tile] : int64_t(tile) * l.keys_tile_stride;
+  return l.keys + bh * l.keys_bh_stride + first;
 }
 
 // Dynamic-mask mode: key column c of the tile (its KeyInfo record in shared memory) is

@@ -13,6 +13,7 @@
 #include "cuda/primitives/device_guard.hpp"
 #include "cuda/dma/dkdv_split.hpp"
 #include "cuda/dma/dma_lists.hpp"
+#include "cuda/dma/gathered_backward.hpp"
 #include "cuda/attention/kernel_params.hpp"
 #include "cuda/attention/kernel_table.hpp"
 #include "cuda/primitives/launch.cuh"
@@ -88,10 +89,7 @@ void check_rows_aligned(const char* op, const fdma_tensor& t, const char* name) 
 // The GPU-only requirements of dynamic_mask_attention, forward and backward.
 void check_dma_inputs(const char* op, const fdma_dma_params& p, const detail::DmaProblem& prob, Pass pass) {
   const detail::Dims& d = prob.dims;
-  if (prob.dtype != DType::bf16 && prob.dtype != DType::f16)
-    unsupported(op, std::string("q has dtype ") + dtype_name(prob.dtype) + "; the GPU takes float16 or bfloat16");
-  if (d.D % 8 != 0) unsupported(op, "head dim D = " + std::to_string(d.D) + " must be a multiple of 8 on the GPU");
-  if (d.D > 256) unsupported(op, "head dims above 256 have no kernel");
+  require_kernel_inputs(op, prob.dtype, d.D);
   if (d.B > 65535 || d.H > 65535) unsupported(op, "B and H must be <= 65535");
   check_selection_inputs(op, p.key_scores);
   if (prob.varlen.on && prob.varlen.num_seqs * d.Hk * prob.varlen.max_k >= (int64_t(1) << 31))
@@ -294,7 +292,6 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   require_device_workspace(op, p.workspace);
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
-  const detail::Dims& d = prob.dims;
   const TopwInputs in = topw_inputs(p, prob);
   const DmaLayout l = dma_layout(prob, in, Pass::backward);
   const bool overlap = overlap_launches();
@@ -311,41 +308,16 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   k.f.overlap_previous = overlap;
   set_gradients(k, p.dout, p.dq, p.dk, p.dv);
   char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
-  k.delta = reinterpret_cast<float*>(rows);
-  k.lse2 = reinterpret_cast<float*>(rows + l.rows);
-  k.Sq_pad = int((d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM);
-  k.rows_batches_per_block = k.rows_heads_per_block = 1;
-  k.dkdv_splits = l.splits;
-  if (l.splits > 1) {
-    k.dkdv_partial = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + l.total() - l.partial);
-    k.dscores_partial = k.dkdv_partial + size_t(l.splits) * size_t(d.B * d.Hk * d.Sk) * size_t(2 * d.D);
+  set_gathered_rows(k, rows, l.rows);
+  set_split_partials(k, l.splits, static_cast<char*>(p.workspace) + l.total() - l.partial);
+  GatheredGrads g{p.dk, p.dv};
+  if (p.dkey_scores.data) {  // scores not added to the scores have a zero gradient
+    g.dscores = p.dkey_scores.data;
+    for (int i = 0; i < 3; ++i) g.dscores_stride[i] = p.dkey_scores.stride[i];
+    g.dscores_bytes = int(dtype_size(static_cast<DType>(p.dkey_scores.dtype)));
+    g.dscores_all = !prob.add_scores;
   }
-
-  UnkeptZeroArgs z{};
-  z.dk = p.dk.data, z.dv = p.dv.data;
-  for (int i = 0; i < 3; ++i) z.dk_stride[i] = p.dk.stride[i], z.dv_stride[i] = p.dv.stride[i];
-  z.D = int(d.D);
-  z.elem_bytes = int(dtype_size(prob.dtype));
-  if (p.dkey_scores.data) {
-    z.dscores = p.dkey_scores.data;
-    for (int i = 0; i < 3; ++i) z.dscores_stride[i] = p.dkey_scores.stride[i];
-    z.dscores_bytes = int(dtype_size(static_cast<DType>(p.dkey_scores.dtype)));
-    z.dscores_all = !prob.add_scores;
-  }
-  check_cuda(zero_unkept_grads(l.shape, lists.info, z, stream, overlap), op, "zero unkept keys");
-  run_backward_kernels(k, prob.dtype, p.stream);
-  if (l.splits > 1) {
-    DkdvSplitSum a{};
-    a.dkdv_partial = k.dkdv_partial, a.dscores_partial = k.dscores_partial;
-    a.splits = l.splits, a.B = int(d.B), a.Hk = int(d.Hk), a.Sk = int(d.Sk), a.D = int(d.D);
-    a.kept = lists.kept, a.kept_count = lists.kept_count;
-    a.dk = p.dk.data, a.dv = p.dv.data;
-    for (int i = 0; i < 3; ++i) a.dk_stride[i] = p.dk.stride[i], a.dv_stride[i] = p.dv.stride[i];
-    a.bf16 = prob.dtype == DType::bf16;
-    a.dscores = lists.dscores, a.dscores_f32 = lists.dscores_f32;
-    for (int i = 0; i < 3; ++i) a.dscores_stride[i] = lists.dscores_stride[i];
-    check_cuda(dkdv_split_sum(a, stream), op, "dk/dv split sum");
-  }
+  run_gathered_backward(op, k, l.shape, g, prob.dtype, stream, overlap);
 }
 
 }  // namespace fdma::cuda

@@ -7,6 +7,7 @@
 
 #include "cuda/dma/dma_lists.hpp"
 #include "cuda/primitives/launch.cuh"
+#include "cuda/primitives/packed_batch.cuh"
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/primitives/warp_scan.cuh"
 #include "fdma/fdma.h"
@@ -55,20 +56,6 @@ __device__ float load_score(const DmaListInputs& in, int64_t off) {
     case FDMA_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(in.scores)[off]);
     default: return static_cast<const float*>(in.scores)[off];
   }
-}
-
-// The sequence of a packed batch that row x belongs to: the last s with cu[s] <= x (offsets read
-// on the device; for offsets that are no prefix sums, some s in [0, num_seqs)).
-__device__ int sequence_of(const int32_t* cu, int num_seqs, int x) {
-  int lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= x)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
 }
 
 // The list kernels may be launched overlapping their predecessors (launch.cuh): each waits for
@@ -131,6 +118,19 @@ __global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32
   vals[e] = j;
 }
 
+// The first position of a kept list (index order) holding a key >= key.
+__device__ int first_kept_at_or_after(const int32_t* keys, int n, int key) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (keys[mid] < key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 // One CTA per (query tile, batch * KV head): the kept keys whose interval meets the tile's
 // rows. Kept keys start their interval at their own causal position, so the candidates are a
 // prefix of the kept list; an order-preserving compaction keeps those still alive at the
@@ -162,15 +162,7 @@ __global__ void __launch_bounds__(kTileThreads)
     const int s_lo = sequence_of(s.cu_q, s.num_seqs, row_lo), s_hi = sequence_of(s.cu_q, s.num_seqs, row_hi - 1);
     const int key_lo = min(max(s.cu_k[s_lo], 0), s.Sk);
     last_key = min(max(s.cu_k[s_hi + 1], key_lo), s.Sk) - 1;
-    int lo = 0, hi = n;  // the first kept key >= key_lo (the kept list is in index order)
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (keys[mid] < key_lo)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    first = lo;
+    first = first_kept_at_or_after(keys, n, key_lo);
   }
   const int64_t cap = s.cap();
   int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
@@ -228,6 +220,39 @@ __global__ void __launch_bounds__(kTileThreads)
   if (threadIdx.x == 0) tile_count[bh * s.q_tiles() + t] = int32_t(written < cap ? written : cap);
 }
 
+// Tile ranges (dense packed batches): one thread per (query tile, batch * KV head). The tile's
+// rows belong to sequences s_lo..s_hi; every key of s_lo..s_hi-1 is visible to their last
+// rows, and of s_hi those up to the causal limit of the tile's last row (all, non-causal). The
+// kept list is in index order, so those keys are one slice of it, found by two binary
+// searches; other sequences' keys in the slice are hidden by their intervals.
+__global__ void tile_ranges_kernel(DmaListShape s, const int32_t* kept, const int32_t* kept_count, int32_t* tile_first,
+                                   int32_t* tile_count) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int tiles = s.q_tiles();
+  if (e >= int64_t(s.B) * s.Hk * tiles) return;
+  const int t = int(e % tiles);
+  const int64_t bh = e / tiles;
+  const int row_lo = t * s.block_m, row_hi = min(s.Sq, row_lo + s.block_m);
+  const int s_lo = sequence_of(s.cu_q, s.num_seqs, row_lo), s_hi = sequence_of(s.cu_q, s.num_seqs, row_hi - 1);
+  // Offsets are clamped as the records clamp them: bad ones give wrong slices, never a read
+  // outside the kept list.
+  const int key_lo = min(max(s.cu_k[s_lo], 0), s.Sk);
+  const int last_k0 = min(max(s.cu_k[s_hi], key_lo), s.Sk);
+  int key_hi = min(max(s.cu_k[s_hi + 1], last_k0), s.Sk);
+  if (s.causal) {
+    const int64_t q0 = s.cu_q[s_hi], nq = s.cu_q[s_hi + 1] - q0, nk = key_hi - last_k0;
+    const int64_t visible = row_hi - 1 - q0 + nk - nq + 1;  // keys its last row sees
+    key_hi = last_k0 + int(visible < 0 ? 0 : visible < nk ? visible : nk);
+  }
+  const int32_t* keys = kept + bh * s.Sk;
+  const int n = kept_count[bh];
+  const int first = first_kept_at_or_after(keys, n, key_lo);
+  tile_first[e] = first;
+  tile_count[e] = first_kept_at_or_after(keys, n, key_hi) - first;
+}
+
 __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
@@ -262,6 +287,7 @@ size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
   size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
   if (s.tile_lists) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
+  if (s.tile_ranges) bytes += 2 * align_up(bh * s.q_tiles() * 4);
   if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(s));
   return bytes + align_up(scan_temp_bytes(n));
 }
@@ -283,6 +309,10 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
   if (s.tile_lists) {
     c.kept_span = reinterpret_cast<int2*>(take(n * 8));
     c.tile_keys = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * s.cap() * 4));
+    c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
+  }
+  if (s.tile_ranges) {
+    c.tile_first = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
     c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
   }
   if (s.by_end) {
@@ -339,6 +369,18 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
     // read from global memory (the kernels check each list's count).
     const int64_t one_seq = (s.window < s.max_k ? s.window : s.max_k) + s.block_m;
     lists.max_listed = int(s.cu_k && one_seq < s.cap() ? one_seq : s.cap());
+  } else if (s.tile_ranges) {
+    const int64_t ranges = int64_t(s.B) * s.Hk * s.q_tiles();
+    err = launch_kernel(overlap, tile_ranges_kernel, blocks_for(ranges, 256), 256, 0, stream, s, c.kept, c.kept_count,
+                        c.tile_first, c.tile_count);
+    if (err != cudaSuccess) return err;
+    lists.keys = c.kept;
+    lists.keys_bh_stride = s.Sk;
+    lists.keys_tile_stride = 0;
+    lists.tile_first = c.tile_first;
+    lists.counts = c.tile_count;
+    lists.count_tiles = s.q_tiles();
+    lists.max_listed = 0;  // slices of a sequence's keys run long: read from global memory, not staged
   } else {
     lists.keys = c.kept;
     lists.keys_bh_stride = s.Sk;

@@ -6,6 +6,9 @@
 //                every row of the tile first, then the others, each part in index order.
 //                Non-causal selections keep the same keys for every query, so every tile
 //                reads the kept list itself;
+//   tile ranges: dense packed batches (attention_varlen.cu), in place of tile lists: a query tile
+//                keeps every key its rows' sequences let it see, so its list is a slice of the
+//                kept list, (first, count) per tile, with no per-tile copy of O(Sq * Sk / block_m);
 //   by end:      backward only, per (batch, KV head) the kept keys ordered by interval end
 //                (descending, then index), one device-wide radix sort.
 // Everything lives in the caller's workspace; no host synchronization.
@@ -26,6 +29,8 @@ struct DmaListShape {
   bool tile_lists;  // per query tile (causal calls, and every packed batch: its sequences keep different keys)
   int block_m;  // query rows per tile of the kernel that reads the lists
   bool by_end;  // also order the kept keys by interval end (the backward's dk/dv kernel)
+  bool tile_ranges = false;  // dense packed batches: per query tile a slice of the kept list (above)
+  bool causal = false;       // tile ranges: end each tile's slice at its last row's causal limit
   // A packed variable-length batch (fdma.h, "varlen"), seen as one batch (B = 1, Sq = total_q,
   // Sk = total_k): the caller's intervals are in query indices of each key's sequence and the
   // records get packed ones; a query tile may meet several sequences, each keeping at most
@@ -49,6 +54,7 @@ struct DmaListScratch {
   int32_t *kept, *kept_count;    // [B * Hk * Sk], [B * Hk]
   int2* kept_span;                  // tile lists: [B * Hk * Sk], (begin, end) of each kept key, kept order
   int32_t *tile_keys, *tile_count;  // tile lists: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
+  int32_t* tile_first;              // tile ranges: [B * Hk * q_tiles] (and tile_count)
   void* scan_temp;
   size_t scan_bytes;
   // by_end: sort keys (row, interval end) and values (key index), in and out, and sort scratch

@@ -1,5 +1,5 @@
-// Host helpers of the CUDA backend: CUDA errors as fdma errors, the row alignment cp.async
-// needs, and a guard that runs a call on the device holding its tensors and restores the
+// Host helpers of the CUDA backend: CUDA errors as fdma errors, the dtypes, head dims and row
+// alignment the kernels need, and a guard that runs a call on the device holding its tensors and restores the
 // caller's current device afterwards, so multi-GPU callers never see their device changed.
 #pragma once
 
@@ -24,6 +24,18 @@ inline void require_rows_aligned(const std::string& op, const fdma_tensor& t, co
   if (!ok)
     detail::fail(Status::unsupported, op + " (CUDA): " + name +
                                           " must be 16-byte aligned with strides that are multiples of 8 elements");
+}
+
+// What the attention kernels take: float16 or bfloat16 q, head dims that are multiples of 8
+// up to 256. `op` names the operation in the error.
+inline void require_kernel_inputs(const std::string& op, DType dtype, int64_t D) {
+  if (dtype != DType::bf16 && dtype != DType::f16)
+    detail::fail(Status::unsupported, op + " (CUDA): q has dtype " + dtype_name(dtype) +
+                                          "; the GPU takes float16 or bfloat16");
+  if (D % 8 != 0)
+    detail::fail(Status::unsupported,
+                 op + " (CUDA): head dim D = " + std::to_string(D) + " must be a multiple of 8 on the GPU");
+  if (D > 256) detail::fail(Status::unsupported, op + " (CUDA): head dims above 256 have no kernel");
 }
 
 class DeviceGuard {
