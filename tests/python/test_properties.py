@@ -114,6 +114,62 @@ def test_dynamic_mask_attention_against_the_reference(device, data):
 
 
 @given(data=st.data())
+def test_attention_varlen_against_the_reference(device, data):
+    """Packed batches: the reference sees the whole packed row with a block-diagonal keep-mask
+    (each query its own sequence's keys, bottom-right causal per sequence), never split."""
+    Hk = data.draw(st.integers(1, 3))
+    H, D = Hk * data.draw(st.integers(1, 3)), data.draw(st.sampled_from([8, 16, 32, 64]))
+    n = data.draw(st.integers(0, 5))
+    q_lens = data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))
+    k_lens = data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))
+    tq, tk = sum(q_lens), sum(k_lens)
+    dtype = data.draw(st.sampled_from(dtypes(device)))
+    causal = data.draw(st.booleans())
+    softcap = data.draw(st.sampled_from([0.0, 0.0, 5.0]))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31)))
+
+    def make(*shape, lo=-1.0, hi=1.0):
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(device, dtype)
+
+    q, k, v = make(tq, H, D), make(tk, Hk, D), make(tk, Hk, D)
+    # The GPU holds one bias and mask per KV head: [H, total_k] only where H == Hk there.
+    heads = sorted({1, Hk} | ({H} if device.type == "cpu" or H == Hk else set()))
+    mask = bias = None
+    if data.draw(st.booleans()):
+        mask = make(data.draw(st.sampled_from(heads)), tk, lo=0.0, hi=1.0) > 0.3
+    if data.draw(st.booleans()):
+        bias = make(data.draw(st.sampled_from(heads)), tk).to(data.draw(st.sampled_from([dtype, torch.float32])))
+
+    def cu(lens):
+        return torch.tensor([0] + torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32,
+                            device=device)
+
+    leaves = [t.requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
+    out = flash_dma.attention_varlen(q, k, v, cu(q_lens), cu(k_lens), max(q_lens, default=0),
+                                     max(k_lens, default=0), key_bias=bias, key_mask=mask, is_causal=causal,
+                                     softcap=softcap)
+    keep = torch.zeros(tq, tk, dtype=torch.bool, device=device)
+    q0 = k0 = 0
+    for nq, nk in zip(q_lens, k_lens):
+        i = torch.arange(nq, device=device).view(-1, 1)
+        j = torch.arange(nk, device=device).view(1, -1)
+        keep[q0:q0 + nq, k0:k0 + nk] = (j <= i + nk - nq) if causal else True
+        q0, k0 = q0 + nq, k0 + nk
+    keep = keep.view(1, 1, tq, tk)
+    if mask is not None:
+        keep = keep & mask.view(1, mask.shape[0], 1, tk)
+    refs = [t.detach().double().requires_grad_() for t in leaves]
+    ref_bias = refs[3].view(1, bias.shape[0], 1, tk) if bias is not None else None
+    ref = attention_ref(refs[0][None], refs[1][None], refs[2][None], mask=keep, bias=ref_bias, softcap=softcap)[0]
+    close(out, ref, dtype, "out")
+    dout = make(*out.shape)
+    got = torch.autograd.grad(out, leaves, dout)
+    want = torch.autograd.grad(ref, refs, dout.double())
+    for name, g, w in zip(["dq", "dk", "dv", "dbias"], got, want):
+        close(g, w, dtype, name)
+
+
+@given(data=st.data())
 def test_select_keys_against_brute_force(device, data):
     B, Hk, Sk = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 60))
     Sq = data.draw(st.integers(1, 60))
