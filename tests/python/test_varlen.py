@@ -211,3 +211,33 @@ def test_flash_dmattn_varlen_shim(device):
         assert torch.equal(padded[0], want[:6])
     else:  # the dense kernel against the packed batch's gathered one
         torch.testing.assert_close(padded[0].float(), want[:6].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_cuda_graph_replay_reads_new_offsets(device):
+    """The CUDA kernels read cu_seqlens on the device: a captured call replayed after new offsets
+    (same totals and max lengths) are copied in computes the new batch."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    first, second = [30, 0, 70, 28], [64, 64, 0, 0]
+    q, k, v, scores, _ = (t.detach() if isinstance(t, torch.Tensor) else t
+                          for t in make(first, first, 4, 2, 64, torch.bfloat16, device, 13))
+    cq = cu(first, device)
+
+    def both():
+        return (flash_dma.attention_varlen(q, k, v, cq, cq, 70, 70, is_causal=True),
+                flash_dma.dynamic_mask_attention_varlen(q, k, v, scores, cq, cq, 70, 70, 16))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up outside capture
+        both()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = both()
+    cq.copy_(cu(second, device))
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, both()):
+        assert torch.equal(got, want)
