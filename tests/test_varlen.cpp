@@ -114,6 +114,37 @@ TEST(Varlen, BadSeqlensAreRejected) {
   expect_bad([](VarlenRun&, DmaParams& p) { p.key_padding.ndim = 2; }, "key_padding must have 1 dims");
 }
 
+// An output on top of the offsets would move the sequences while the call runs (the fuzz
+// target found lse placed over cu_seqlens_q: later sequences read rows past the tensors).
+TEST(Varlen, OutputsOnTopOfTheOffsetsAreRejected) {
+  for (bool dynamic : {true, false}) {
+    VarlenCase c;
+    c.q_lens = {4, 6}, c.k_lens = {5, 7}, c.dynamic = dynamic;
+    VarlenRun r(c);
+    r.out.poison();
+    std::vector<unsigned char> ws(1 << 20);
+    try {
+      if (dynamic) {
+        DmaParams p = r.dma_params();
+        p.lse.data = p.cu_seqlens_q.data;
+        p.workspace = ws.data(), p.workspace_bytes = ws.size();
+        dma_forward(p);
+      } else {
+        AttentionParams p = r.attention_params();
+        p.lse.data = p.cu_seqlens_k.data;
+        p.workspace = ws.data(), p.workspace_bytes = ws.size();
+        attention_forward(p);
+      }
+      ADD_FAILURE() << "accepted lse on top of the offsets, dynamic " << dynamic;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
+      const std::string want = dynamic ? "overlaps input cu_seqlens_q" : "overlaps input cu_seqlens_k";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(r.out.all_poisoned()) << "dynamic " << dynamic;
+  }
+}
+
 TEST(Varlen, BadPerKeyBiasIsRejected) {
   VarlenCase c;
   c.dynamic = false, c.bias_heads = 2;

@@ -322,6 +322,14 @@ struct Collected {
   }
 };
 
+// A packed batch's offsets are inputs of its packed view's checks: an output on top of them
+// would move the sequences in the middle of the call.
+template <class P>
+void collect_offsets(const P& p, Collected& io) {
+  if (present(p.cu_seqlens_q)) io.input(p.cu_seqlens_q, "cu_seqlens_q");
+  if (present(p.cu_seqlens_k)) io.input(p.cu_seqlens_k, "cu_seqlens_k");
+}
+
 // out and lse (forward outputs; backward inputs with dout) and dq, dk, dv: the same for
 // attention and dynamic_mask_attention, whose params name these fields alike.
 template <class P>
@@ -499,7 +507,8 @@ void check_workspace(const char* op, const void* workspace, size_t bytes, size_t
 }
 
 namespace {
-// The batched checks; a packed batch's view goes through them too (cu_seqlens ignored).
+// The batched checks; a packed batch's view goes through them too (its offsets only as inputs
+// that no output may overlap).
 AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass pass) {
   Checker c(pass == Pass::forward ? "attention forward" : "attention backward");
   AttentionProblem prob;
@@ -510,6 +519,7 @@ AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass
   io.input(p.q, "q");
   io.input(p.k, "k");
   io.input(p.v, "v");
+  collect_offsets(p, io);
   if (present(p.mask)) {
     prob.mask = c.broadcast4(p.mask, "mask", d);
     c.dtype_in(p.mask, "mask", {DType::boolean}, "bool");
@@ -588,6 +598,7 @@ DmaProblem validate_dma_batched(const fdma_dma_params& p, Pass pass) {
   io.input(p.q, "q");
   io.input(p.k, "k");
   io.input(p.v, "v");
+  collect_offsets(p, io);
   check_key_scores(c, p.key_scores, "key_scores", d.B, d.Hk, d.Sk);
   check_q_or_f32(c, p.key_scores, "key_scores", prob.dtype);
   io.input(p.key_scores, "key_scores");
