@@ -33,6 +33,16 @@ def close(actual, expected, dtype, what):
     assert err <= tol, f"{what}: max |err| {err:.3g} > {tol:.3g}"
 
 
+def close_with_grads(out, ref, leaves, refs, make, dtype):
+    """out against ref, then every leaf's gradient against its float64 twin's, for one random dout."""
+    close(out, ref, dtype, "out")
+    dout = make(*out.shape)
+    got = torch.autograd.grad(out, leaves, dout)
+    want = torch.autograd.grad(ref, refs, dout.double())
+    for name, g, w in zip(["dq", "dk", "dv", "dbias"], got, want):
+        close(g, w, dtype, name)
+
+
 @st.composite
 def shapes(draw):
     Hk = draw(st.integers(1, 3))
@@ -73,12 +83,7 @@ def test_attention_against_the_reference(device, data):
     refs = [t.detach().double().requires_grad_() for t in leaves]  # float64 leaves of the reference
     ref = attention_ref(*refs[:3], mask=mask, bias=refs[3] if bias is not None else None, causal=causal,
                         softcap=softcap)
-    close(out, ref, dtype, "out")
-    dout = make(*out.shape)
-    got = torch.autograd.grad(out, leaves, dout)
-    want = torch.autograd.grad(ref, refs, dout.double())
-    for name, g, w in zip(["dq", "dk", "dv", "dbias"], got, want):
-        close(g, w, dtype, name)
+    close_with_grads(out, ref, leaves, refs, make, dtype)
 
 
 @given(data=st.data())
@@ -161,12 +166,7 @@ def test_attention_varlen_against_the_reference(device, data):
     refs = [t.detach().double().requires_grad_() for t in leaves]
     ref_bias = refs[3].view(1, bias.shape[0], 1, tk) if bias is not None else None
     ref = attention_ref(refs[0][None], refs[1][None], refs[2][None], mask=keep, bias=ref_bias, softcap=softcap)[0]
-    close(out, ref, dtype, "out")
-    dout = make(*out.shape)
-    got = torch.autograd.grad(out, leaves, dout)
-    want = torch.autograd.grad(ref, refs, dout.double())
-    for name, g, w in zip(["dq", "dk", "dv", "dbias"], got, want):
-        close(g, w, dtype, name)
+    close_with_grads(out, ref, leaves, refs, make, dtype)
 
 
 @given(data=st.data())

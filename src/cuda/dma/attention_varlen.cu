@@ -236,14 +236,8 @@ void attention_varlen_backward(const fdma_attention_params& p, const detail::Att
   set_gradients(k, p.dout, p.dq, p.dk, p.dv);
   set_gathered_rows(k, rows, l.rows);
   set_split_partials(k, l.splits, base + l.total() - l.partial);
-  // Keys no query sees (masked, or in a sequence without queries) get zero gradients.
-  GatheredGrads g{p.dk, p.dv};
-  if (lists.dscores) {
-    g.dscores = lists.dscores;
-    for (int i = 0; i < 3; ++i) g.dscores_stride[i] = lists.dscores_stride[i];
-    g.dscores_bytes = lists.dscores_f32 ? 4 : int(dtype_size(prob.dtype));
-  }
-  run_gathered_backward(op, k, l.shape, g, prob.dtype, stream, overlap);
+  // Keys no query sees (masked, or in a sequence without queries) get zero gradients there.
+  run_gathered_backward(op, k, l.shape, p.dk, p.dv, prob.dtype, stream, overlap);
   if (summed) {
     const unsigned blocks = blocks_for(d.Sk, 256);
     const bool f32 = p.dbias.dtype == FDMA_FLOAT32;

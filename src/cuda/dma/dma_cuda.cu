@@ -297,7 +297,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const bool overlap = overlap_launches();
   KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
-  // kernel writes float32 or T. Scores not added to the scores have a zero gradient.
+  // kernel writes float32 or T.
   if (p.dkey_scores.data && prob.add_scores) {
     lists.dscores = p.dkey_scores.data;
     lists.dscores_f32 = p.dkey_scores.dtype == FDMA_FLOAT32;
@@ -310,14 +310,9 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
   set_gathered_rows(k, rows, l.rows);
   set_split_partials(k, l.splits, static_cast<char*>(p.workspace) + l.total() - l.partial);
-  GatheredGrads g{p.dk, p.dv};
-  if (p.dkey_scores.data) {  // scores not added to the scores have a zero gradient
-    g.dscores = p.dkey_scores.data;
-    for (int i = 0; i < 3; ++i) g.dscores_stride[i] = p.dkey_scores.stride[i];
-    g.dscores_bytes = int(dtype_size(static_cast<DType>(p.dkey_scores.dtype)));
-    g.dscores_all = !prob.add_scores;
-  }
-  run_gathered_backward(op, k, l.shape, g, prob.dtype, stream, overlap);
+  // Scores not added to the scores have a zero gradient everywhere.
+  if (p.dkey_scores.data && !prob.add_scores) fill(p.dkey_scores, 0, p.stream);
+  run_gathered_backward(op, k, l.shape, p.dk, p.dv, prob.dtype, stream, overlap);
 }
 
 }  // namespace fdma::cuda

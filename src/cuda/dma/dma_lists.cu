@@ -265,15 +265,12 @@ __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZe
   const int64_t key = e / chunks;
   const int c = int(e % chunks);
   const KeyInfo r = info[key];
-  const bool kept = r.end > r.begin;
-  if (kept && !z.dscores_all) return;
+  if (r.end > r.begin) return;  // kept: the kernels write it
   const int j = int(key % s.Sk), hk = int(key / s.Sk % s.Hk), b = int(key / s.Sk / s.Hk);
-  if (!kept) {
-    char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
-    char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;
-    reinterpret_cast<int4*>(dk)[c] = make_int4(0, 0, 0, 0);
-    reinterpret_cast<int4*>(dv)[c] = make_int4(0, 0, 0, 0);
-  }
+  char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
+  char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;
+  reinterpret_cast<int4*>(dk)[c] = make_int4(0, 0, 0, 0);
+  reinterpret_cast<int4*>(dv)[c] = make_int4(0, 0, 0, 0);
   if (z.dscores && c == 0) {
     char* ds = static_cast<char*>(z.dscores) +
                (b * z.dscores_stride[0] + hk * z.dscores_stride[1] + j * z.dscores_stride[2]) * z.dscores_bytes;

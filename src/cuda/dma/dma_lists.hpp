@@ -97,7 +97,7 @@ cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const
                              cudaStream_t stream);
 
 // Zeroes the dk, dv rows and dscores entries of keys no query keeps (the dk/dv kernel only
-// visits kept keys), and every dscores entry when dscores_all. dscores may be null.
+// visits kept keys). dscores may be null.
 struct UnkeptZeroArgs {
   void *dk, *dv;
   int64_t dk_stride[3], dv_stride[3];  // (batch, seq, head), elements
@@ -105,7 +105,6 @@ struct UnkeptZeroArgs {
   void* dscores;
   int64_t dscores_stride[3];
   int dscores_bytes;
-  bool dscores_all;
 };
 cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream,
                               bool overlap = false);

@@ -23,18 +23,17 @@ void set_split_partials(AttentionBwdParams& k, int splits, void* partial) {
   k.dscores_partial = k.dkdv_partial + size_t(splits) * size_t(int64_t(f.B) * f.Hk * f.Sk) * size_t(2 * f.D);
 }
 
-void run_gathered_backward(const char* op, const AttentionBwdParams& k, const DmaListShape& s, const GatheredGrads& g,
-                           DType dtype, cudaStream_t stream, bool overlap) {
+void run_gathered_backward(const char* op, const AttentionBwdParams& k, const DmaListShape& s, const fdma_tensor& dk,
+                           const fdma_tensor& dv, DType dtype, cudaStream_t stream, bool overlap) {
   const AttentionFwdParams& f = k.f;
   UnkeptZeroArgs z{};
-  z.dk = g.dk.data, z.dv = g.dv.data;
-  for (int i = 0; i < 3; ++i) z.dk_stride[i] = g.dk.stride[i], z.dv_stride[i] = g.dv.stride[i];
+  z.dk = dk.data, z.dv = dv.data;
+  for (int i = 0; i < 3; ++i) z.dk_stride[i] = dk.stride[i], z.dv_stride[i] = dv.stride[i];
   z.D = f.D;
   z.elem_bytes = int(dtype_size(dtype));
-  z.dscores = g.dscores;
-  for (int i = 0; i < 3; ++i) z.dscores_stride[i] = g.dscores_stride[i];
-  z.dscores_bytes = g.dscores_bytes;
-  z.dscores_all = g.dscores_all;
+  z.dscores = f.lists.dscores;
+  for (int i = 0; i < 3; ++i) z.dscores_stride[i] = f.lists.dscores_stride[i];
+  z.dscores_bytes = f.lists.dscores_f32 ? 4 : z.elem_bytes;
   check_cuda(zero_unkept_grads(s, f.lists.info, z, stream, overlap), std::string(op) + " (CUDA): zero unkept keys");
   run_backward_kernels(k, dtype, stream);
   if (k.dkdv_splits <= 1) return;
@@ -42,8 +41,8 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& k, const Dm
   a.dkdv_partial = k.dkdv_partial, a.dscores_partial = k.dscores_partial;
   a.splits = k.dkdv_splits, a.B = f.B, a.Hk = f.Hk, a.Sk = f.Sk, a.D = f.D;
   a.kept = f.lists.kept, a.kept_count = f.lists.kept_count;
-  a.dk = g.dk.data, a.dv = g.dv.data;
-  for (int i = 0; i < 3; ++i) a.dk_stride[i] = g.dk.stride[i], a.dv_stride[i] = g.dv.stride[i];
+  a.dk = dk.data, a.dv = dv.data;
+  for (int i = 0; i < 3; ++i) a.dk_stride[i] = dk.stride[i], a.dv_stride[i] = dv.stride[i];
   a.bf16 = dtype == DType::bf16;
   a.dscores = f.lists.dscores, a.dscores_f32 = f.lists.dscores_f32;
   for (int i = 0; i < 3; ++i) a.dscores_stride[i] = f.lists.dscores_stride[i];

@@ -12,24 +12,16 @@
 
 namespace fdma::cuda {
 
-struct GatheredGrads {
-  fdma_tensor dk, dv;  // [B, Sk, Hk, D] views
-  // Optional: zeroed where no query keeps the key (everywhere when dscores_all); the kernels
-  // write the kept keys' entries through k.f.lists.dscores.
-  void* dscores = nullptr;
-  int64_t dscores_stride[3] = {0, 0, 0};
-  int dscores_bytes = 0;
-  bool dscores_all = false;
-};
-
 // Points k's delta and lse2 at `rows` (two arrays of row_bytes, B x H x Sq padded to the
 // backward's block rows, as float32), one (batch, head) a prepare CTA.
 void set_gathered_rows(AttentionBwdParams& k, char* rows, size_t row_bytes);
 // Points k's split partials into `partial` (dkdv_partial_bytes(splits, ...) bytes) when splits > 1.
 void set_split_partials(AttentionBwdParams& k, int splits, void* partial);
 
-// k: forward params with the lists, gradients, delta/lse2 rows and splits set.
-void run_gathered_backward(const char* op, const AttentionBwdParams& k, const DmaListShape& s, const GatheredGrads& g,
-                           DType dtype, cudaStream_t stream, bool overlap);
+// k: forward params with the lists, gradients, delta/lse2 rows and splits set; dk and dv its
+// [B, Sk, Hk, D] gradients. The kernels write the kept keys' rows and k.f.lists.dscores
+// entries; the others are zeroed here.
+void run_gathered_backward(const char* op, const AttentionBwdParams& k, const DmaListShape& s, const fdma_tensor& dk,
+                           const fdma_tensor& dv, DType dtype, cudaStream_t stream, bool overlap);
 
 }  // namespace fdma::cuda
