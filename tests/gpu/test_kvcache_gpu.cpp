@@ -462,3 +462,42 @@ TEST(KvCacheGpu, OverlappedLaunchesBothWays) {
     }
   }
 }
+
+// The select_state update with one, two and four rows a CTA (FDMA_STATE_ROWS_PER_CTA; more
+// rows than SMs take several): a loop of speculative steps over ragged rows, a row count that
+// leaves the last CTA's groups partly idle, and sets junked mid-loop so that some rows of a CTA
+// are rebuilt by the whole CTA while the others grow; against the reference and bit for bit
+// alike (state and output).
+TEST(KvCacheGpu, StateRowsPerCtaAgree) {
+  REQUIRE_GPU();
+  ScopedEnv env("FDMA_STATE_ROWS_PER_CTA");
+  for (int64_t Sq : {1, 3}) {
+    KvCase c;
+    c.B = 5, c.Sq = Sq, c.Snew = Sq, c.H = 6, c.Hk = 3, c.D = 64, c.w = 90, c.max_len = 1200, c.page_size = 16;
+    c.dtype = DType::bf16, c.state = true, c.seed = 480 + uint64_t(Sq);
+    c.lens = {0, 50, 89, 700, 1100};
+    std::vector<std::vector<unsigned char>> outs[3], states[3];
+    for (int v = 0; v < 3; ++v) {
+      const char* rows = v == 0 ? "1" : v == 1 ? "2" : "4";
+      SCOPED_TRACE(std::string("rows a CTA ") + rows + " Sq " + std::to_string(Sq));
+      env.set(rows);
+      KvRun cpu(c), gpu(c);
+      for (int s = 0; s < 4; ++s) {
+        compare_step(cpu, gpu);
+        if (::testing::Test::HasFailure()) return;
+        outs[v].push_back(gpu.out.bytes());
+        states[v].push_back(gpu.state.bytes());
+        for (KvRun* r : {&cpu, &gpu}) {
+          r->advance();
+          r->next_tokens(c.seed * 100 + uint64_t(s));
+          if (s == 1) {  // rows 1, 5 and 9 of 15 start over; their neighbours in the CTA grow
+            const int64_t n = r->state.shape()[2];
+            for (int64_t row : {1, 5, 9}) r->state.set(row * n, 0.0);
+          }
+        }
+      }
+    }
+    EXPECT_TRUE(outs[0] == outs[1] && outs[0] == outs[2]) << "outputs differ across rows a CTA";
+    EXPECT_TRUE(states[0] == states[1] && states[0] == states[2]) << "states differ across rows a CTA";
+  }
+}

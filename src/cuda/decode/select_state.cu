@@ -6,9 +6,14 @@
 // new key in place of the worst one when it ranks above it. A decode step whose state
 // describes the cache up to its new keys therefore reads w scores and the new keys' instead of
 // the whole row (the state keeps the w scores beside their positions, so reading them back is
-// one contiguous read, not a gather across the cache): one CTA per row holds the set in shared memory, lets the new keys arrive in
-// position order (each query's set is the one after its own key arrived), writes the kept
-// list with each key's interval of queries, and writes the set back for the next step.
+// one contiguous read, not a gather across the cache): a group of threads per row holds the set
+// in shared memory, lets the new keys arrive in position order (each query's set is the one
+// after its own key arrived), writes the kept list with each key's interval of queries, and
+// writes the set back for the next step.
+//
+// A row's update is a chain of dependent steps, not bandwidth: with more rows than SMs, a CTA
+// takes two or four rows, a group of its threads each, so that every row runs in the first wave
+// (the B64 step's 512 rows took four waves of one row a CTA).
 //
 // Chunked prefill (prefill.cu) asks for the set of the keys before its queries instead
 // (StateMode::prefix): grown from the state where it can be, rebuilt otherwise, written out in
@@ -22,8 +27,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/decode/score_bits.cuh"
 #include "cuda/primitives/launch.cuh"
+#include "cuda/primitives/path_switches.hpp"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
 
@@ -35,23 +43,40 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kItems = 16;  // keys per thread and tile of the rebuild
 constexpr int kTile = kThreads * kItems;
 constexpr int kMaxGrowth = 64;  // keys a state may be behind the cache and still be grown
+constexpr int kMaxGroups = 4;   // rows a CTA takes at most
 
 struct Shared {
   uint32_t rep[kSelectBins * 4];  // first-digit counters, 4 replicas (decode_select.cu's reason)
   uint32_t hist[kSelectBins];
   uint32_t part[kThreads];
   int strict_scan[kItems * kWarps], eq_scan[kItems * kWarps];  // per (item, warp), then scanned
-  uint64_t warp_rank[kWarps];
+  uint64_t warp_rank[kWarps];  // by warp of the CTA: a group's warps are its own
   int warp_arg[kWarps];
   int tile_strict, tile_eq, strict_run, eq_run;
   RadixThreshold t;
-  int ok;
-  uint64_t worst_rank;
-  int worst;
+  // Per group (row of the CTA).
+  int ok[kMaxGroups];
+  int rebuilt_size[kMaxGroups];
+  int dropped[kMaxGroups][kMaxGrowth];  // the set's gaps, per group
+  uint64_t worst_rank[kMaxGroups];
+  int worst[kMaxGroups];
 };
-// Followed by the set: pos[slots], score[slots], since[slots] (its first query).
+// Followed by each group's set: pos[cap], score[cap], since[cap] (its first query), with room
+// for the keys a call may add: cap = slots + kMaxGrowth.
 
-size_t shared_bytes(int slots) { return sizeof(Shared) + size_t(slots) * 12; }
+size_t shared_bytes(int slots, int groups) {
+  return sizeof(Shared) + size_t(groups) * size_t(slots + kMaxGrowth) * 12;
+}
+
+// The threads of a CTA that work on one row. The rebuild runs on the whole CTA, one row at a
+// time; everything else per group, under a barrier of its own.
+struct Group {
+  int index, threads, tid, first_warp, warps;
+  __device__ void sync() const {
+    if (threads == kThreads) __syncthreads();
+    else ptx::named_barrier_sync(1 + index, threads);
+  }
+};
 
 // One digit's histogram over keys [0, V) of the row, then its resolution.
 template <int kPass>
@@ -150,12 +175,14 @@ __device__ int rebuild(const CacheView& c, Shared& sh, int w, int b, int hk, int
   return sh.strict_run + min(sh.eq_run, need);
 }
 
-// The set's worst entry (lowest rank) into sh.worst_rank / sh.worst.
-__device__ void find_worst(const CacheView& c, Shared& sh, const int* pos, const float* score, int size) {
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+// The set's worst entry (lowest rank) into the group's sh.worst_rank / sh.worst.
+__device__ void find_worst(const CacheView& c, Shared& sh, const Group& g, const int* pos, const float* score,
+                           int size) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   uint64_t best = ~uint64_t(0);
   int arg = -1;
-  for (int i = tid; i < size; i += kThreads) {
+  for (int i = g.tid; i < size; i += g.threads) {
+    if (pos[i] < 0) continue;  // a gap left by a key that was dropped
     const uint64_t r = rank_of(order_bits(c, score[i]), pos[i]);
     if (r < best) best = r, arg = i;
   }
@@ -165,15 +192,15 @@ __device__ void find_worst(const CacheView& c, Shared& sh, const int* pos, const
     if (ob < best) best = ob, arg = oa;
   }
   if (lane == 0) sh.warp_rank[warp] = best, sh.warp_arg[warp] = arg;
-  __syncthreads();
-  if (tid == 0) {
+  g.sync();
+  if (g.tid == 0) {
     uint64_t b = ~uint64_t(0);
     int s = -1;
-    for (int k = 0; k < kWarps; ++k)
+    for (int k = g.first_warp; k < g.first_warp + g.warps; ++k)
       if (sh.warp_rank[k] < b) b = sh.warp_rank[k], s = sh.warp_arg[k];
-    sh.worst_rank = b, sh.worst = s;
+    sh.worst_rank[g.index] = b, sh.worst[g.index] = s;
   }
-  __syncthreads();
+  g.sync();
 }
 
 __device__ __forceinline__ void write_kept(const CacheView& c, KeptKey* list, int slot, int cap, int b, int pos,
@@ -183,44 +210,73 @@ __device__ __forceinline__ void write_kept(const CacheView& c, KeptKey* list, in
   if (slot < cap) list[slot] = KeptKey{pos, outer, uint32_t(begin) | (uint32_t(end) << 16), score};
 }
 
-__global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectArgs a) {
+// Where row r of the call stands: its length, the keys before this call's appends, and the
+// range of keys its set grows over.
+struct RowSpan {
+  int b, hk, L, old, first, last;
+};
+
+__device__ RowSpan row_span(const StateSelectArgs& a, int row) {
+  const CacheView& c = a.cache;
+  RowSpan r;
+  r.b = row / c.Hk, r.hk = row - r.b * c.Hk;
+  r.L = cache_length(c, r.b);
+  r.old = max(0, r.L - c.Snew);  // keys that predate this call's appends
+  // The set describes [0, first) before keys arrive one by one up to `last`: emitting, what
+  // the first query sees, then the rest; refreshing, all of the cache; for a prefix, the keys
+  // before the call's queries and no arrivals.
+  const bool emit = a.mode == StateMode::emit, prefix = a.mode == StateMode::prefix;
+  r.last = prefix ? max(0, r.L - a.Sq) : r.L;
+  r.first = prefix || !emit ? r.last : a.causal ? max(0, r.L - a.Sq + 1) : r.L;
+  return r;
+}
+
+// grid: rows / groups CTAs; the CTA's group j takes row blockIdx.x * groups + j.
+__global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectArgs a, int rows, int groups) {
   extern __shared__ __align__(16) unsigned char smem[];
   Shared& sh = *reinterpret_cast<Shared*>(smem);
-  int* pos = reinterpret_cast<int*>(smem + sizeof(Shared));
-  float* score = reinterpret_cast<float*>(pos + a.slots);
-  int* since = reinterpret_cast<int*>(score + a.slots);
+  const int group_threads = kThreads / groups;
+  const Group g{int(threadIdx.x) / group_threads, group_threads, int(threadIdx.x) % group_threads,
+                int(threadIdx.x) / group_threads * (group_threads / 32), group_threads / 32};
+  auto set_of = [&](int j, int*& pos, float*& score, int*& since) {
+    const int cap = a.slots + kMaxGrowth;
+    pos = reinterpret_cast<int*>(smem + sizeof(Shared)) + size_t(j) * 3 * cap;
+    score = reinterpret_cast<float*>(pos + cap);
+    since = pos + 2 * cap;
+  };
+  int *pos, *since;
+  float* score;
+  set_of(g.index, pos, score, since);
   const CacheView& c = a.cache;
-  const int row = blockIdx.x, b = row / c.Hk, hk = row - b * c.Hk, tid = threadIdx.x;
+  const int row = blockIdx.x * groups + g.index;
+  const bool active = row < rows;
   // The attention may get its CTAs placed: it waits for this kernel before reading the list.
   ptx::griddep_launch_dependents();
   // Until griddep_wait below, only what the call's append (the kernel this one may overlap)
   // never writes is read: lengths, the state, and keys below the state's prefix n <= old.
-  const int L = cache_length(c, b);
-  const int old = max(0, L - c.Snew);  // keys that predate this call's appends
   const bool emit = a.mode == StateMode::emit, prefix = a.mode == StateMode::prefix;
-  // The set describes [0, first) before keys arrive one by one up to `last`: emitting, what
-  // the first query sees, then the rest; refreshing, all of the cache; for a prefix, the keys
-  // before the call's queries and no arrivals.
-  const int last = prefix ? max(0, L - a.Sq) : L;
-  const int first = prefix || !emit ? last : a.causal ? max(0, L - a.Sq + 1) : L;
+  const RowSpan r = row_span(a, active ? row : 0);
+  const int b = r.b, hk = r.hk, L = r.L, first = r.first, last = r.last;
   int32_t* st = a.state ? a.state + b * a.state_stride[0] + hk * a.state_stride[1] : nullptr;
-  const int n = st ? st[0] : -1;
-  const bool usable = n >= 0 && n <= old && n <= first && last - n <= kMaxGrowth;
-  if (tid == 0) sh.ok = usable;
-  __syncthreads();
   int size = 0, grown_from = first;
+  // Every group passes the same four barriers up to the CTA-wide rebuild, active or not, so
+  // that racecheck can order the rebuild's accesses (docs/hardening.md).
+  const int n = active && st ? st[0] : -1;
+  const bool usable = active && n >= 0 && n <= r.old && n <= first && last - n <= kMaxGrowth;
+  if (g.tid == 0) sh.ok[g.index] = usable;
+  g.sync();
   if (usable) {
     size = min(a.w, n);
     // kLoads entries a thread at a time, positions and their scores (the state's copy: the
     // cache's scores sit at scattered positions, a DRAM burst each) all in flight at once.
     // A key counts as present where its page is one of the cache's.
     constexpr int kLoads = 4;
-    for (int base = 0; base < size; base += kLoads * kThreads) {
+    for (int base = 0; base < size; base += kLoads * g.threads) {
       int p[kLoads], prev[kLoads];
       float sc[kLoads];
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
-        const int i = base + k * kThreads + tid;
+        const int i = base + k * g.threads + g.tid;
         p[k] = i < size ? st[1 + i] : 0;
         prev[k] = i < size && i > 0 ? st[i] : -1;
         sc[k] = i < size ? __int_as_float(st[1 + a.slots + i]) : 0.f;
@@ -228,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
       KeyRead key[kLoads];
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
-        const int i = base + k * kThreads + tid;
+        const int i = base + k * g.threads + g.tid;
         const bool ordered = i < size && p[k] > prev[k] && p[k] < n;
         int inner;
         key[k] = KeyRead{0u, 0, 0.f};
@@ -236,86 +292,104 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
       }
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
-        const int i = base + k * kThreads + tid;
+        const int i = base + k * g.threads + g.tid;
         if (i >= size) continue;
-        if (key[k].bits == 0) sh.ok = 0;  // out of order or range, or now absent
+        if (key[k].bits == 0) sh.ok[g.index] = 0;  // out of order or range, or now absent
         pos[i] = p[k], score[i] = key[k].score, since[i] = 0;
       }
     }
-    __syncthreads();
     grown_from = n;
   }
-  // The worst kept key of a full set read from the state does not depend on the append: found
-  // here, it is off the path that waits for the new keys.
-  bool worst_known = false;
-  if (sh.ok && size == a.w && grown_from < last) {
-    find_worst(c, sh, pos, score, size);
-    worst_known = true;
-  }
+  g.sync();
+  // The worst kept key of a full set read from the state does not depend on the append:
+  // found here, it is off the path that waits for the new keys.
+  const bool worst_known_early = sh.ok[g.index] && size == a.w && grown_from < last;
+  find_worst(c, sh, g, pos, score, worst_known_early ? size : 0);
+  bool worst_known = worst_known_early;
   ptx::griddep_wait();  // the appended keys are in place from here
-  if (!sh.ok) {
-    size = rebuild(c, sh, a.w, b, hk, first, pos, score);
-    for (int i = tid; i < size; i += kThreads) since[i] = 0;
-    grown_from = first;
-  }
+  // Sets that cannot be grown are rebuilt by the whole CTA, one row at a time.
   __syncthreads();
+  for (int j = 0; j < groups; ++j) {
+    const int rj = blockIdx.x * groups + j;
+    if (rj >= rows || sh.ok[j]) continue;
+    const RowSpan s = row_span(a, rj);
+    int *pj, *since_j;
+    float* sj;
+    set_of(j, pj, sj, since_j);
+    const int n_kept = rebuild(c, sh, a.w, s.b, s.hk, s.first, pj, sj);
+    for (int i = threadIdx.x; i < n_kept; i += kThreads) since_j[i] = 0;
+    if (threadIdx.x == 0) sh.rebuilt_size[j] = n_kept;
+    __syncthreads();
+  }
+  if (!active) return;
+  if (!sh.ok[g.index]) size = sh.rebuilt_size[g.index], grown_from = first;
 
   // Keys arrive in position order. Causal, key p is first seen by query p - (L - Sq).
   KeptKey* list = a.list + size_t(row) * a.list_cap;
   const int off = L - a.Sq;
-  int evicted = 0;  // list entries of keys that left the set (the same count in every thread)
+  // A key that leaves the set becomes a gap (position -1) and the one that takes its place goes
+  // to the end (the highest position so far), so the arrays stay in position order without
+  // shifting w entries per arrival; the gaps close on the way out.
+  int count = size;   // entries, gaps included
+  int dropped = 0;    // gaps, in sh.dropped (the same counts in every thread of the group)
+  int evicted = 0;    // list entries of keys that left the set
   for (int p = grown_from; p < last; ++p) {
     const KeyRead k = read_key(c, b, hk, p);
     if (k.bits == 0) continue;  // absent: never kept
     const int q0 = a.causal ? max(0, p - off) : 0;
-    if (size < a.w) {
-      if (tid == 0) pos[size] = p, score[size] = k.score, since[size] = q0;
-      ++size;
-      __syncthreads();
+    if (count - dropped < a.w) {
+      if (g.tid == 0) pos[count] = p, score[count] = k.score, since[count] = q0;
+      ++count;
+      g.sync();
       continue;
     }
-    if (!worst_known) find_worst(c, sh, pos, score, size);
+    if (!worst_known) find_worst(c, sh, g, pos, score, count);
     worst_known = true;
-    if (rank_of(k.bits, p) < sh.worst_rank) continue;  // never kept by any query: the set stays
+    if (rank_of(k.bits, p) < sh.worst_rank[g.index]) continue;  // never kept by any query: the set stays
     worst_known = false;
-    const int x = sh.worst;
-    if (emit && q0 > since[x]) {  // the evicted key served queries [since, q0)
-      if (tid == 0) write_kept(c, list, evicted, a.list_cap, b, pos[x], score[x], since[x], q0);
-      ++evicted;
+    const int x = sh.worst[g.index];
+    const bool served = emit && q0 > since[x];  // the evicted key served queries [since, q0)
+    g.sync();  // every thread has read since[x]
+    if (g.tid == 0) {
+      if (served) write_kept(c, list, evicted, a.list_cap, b, pos[x], score[x], since[x], q0);
+      sh.dropped[g.index][dropped] = x;
+      pos[x] = -1;
+      pos[count] = p, score[count] = k.score, since[count] = q0;
     }
-    // Close the gap at x, then append the new key (the highest position so far).
-    for (int base = x + 1; base < size; base += kThreads) {
-      const int i = base + tid;
-      int pv = 0, cv = 0;
-      float sv = 0.f;
-      if (i < size) pv = pos[i], sv = score[i], cv = since[i];
-      __syncthreads();
-      if (i < size) pos[i - 1] = pv, score[i - 1] = sv, since[i - 1] = cv;
-    }
-    __syncthreads();
-    if (tid == 0) pos[size - 1] = p, score[size - 1] = k.score, since[size - 1] = q0;
-    __syncthreads();
+    evicted += served;
+    ++dropped, ++count;
+    g.sync();
   }
+  size = count - dropped;
+  // Entry i's place once the gaps before it close.
+  auto place = [&](int i) {
+    int before = 0;
+    for (int d = 0; d < dropped; ++d) before += sh.dropped[g.index][d] < i;
+    return i - before;
+  };
 
   if (prefix) {
-    for (int i = tid; i < size; i += kThreads) a.prefix_pos[size_t(row) * a.slots + i] = pos[i];
-    if (tid == 0) a.prefix_len[row] = size;
+    for (int i = g.tid; i < count; i += g.threads)
+      if (pos[i] >= 0) a.prefix_pos[size_t(row) * a.slots + place(i)] = pos[i];
+    if (g.tid == 0) a.prefix_len[row] = size;
     return;
   }
   if (emit) {
-    for (int i = tid; i < size; i += kThreads)
-      write_kept(c, list, evicted + i, a.list_cap, b, pos[i], score[i], since[i], a.Sq);
-    if (tid == 0) a.sel[row].listed = min(evicted + size, a.list_cap);
+    for (int i = g.tid; i < count; i += g.threads)
+      if (pos[i] >= 0) write_kept(c, list, evicted + place(i), a.list_cap, b, pos[i], score[i], since[i], a.Sq);
+    if (g.tid == 0) a.sel[row].listed = min(evicted + size, a.list_cap);
   }
   // A set short of min(w, L) (keys on pages outside the cache) is not the state of [0, L):
   // a prefix of 0 asks the next call to rebuild rather than trust entries left from before.
-  for (int i = tid; i < size; i += kThreads) st[1 + i] = pos[i], st[1 + a.slots + i] = state_score_bits(score[i]);
-  if (tid == 0) st[0] = size == min(a.w, L) ? L : 0;
+  for (int i = g.tid; i < count; i += g.threads)
+    if (pos[i] >= 0) {
+      const int o = place(i);
+      st[1 + o] = pos[i], st[1 + a.slots + o] = state_score_bits(score[i]);
+    }
+  if (g.tid == 0) st[0] = size == min(a.w, L) ? L : 0;
 }
 
-}  // namespace
-
-int select_state_max_slots() {
+int optin_shared_bytes() {
   static std::atomic<int> cached[kMaxDevices] = {};
   return cached_per_device(cached, [] {
     int device = 0, optin = 0;
@@ -324,15 +398,50 @@ int select_state_max_slots() {
       cudaGetLastError();
       return 0;
     }
-    return int((size_t(optin) - sizeof(Shared)) / 12);
+    return optin;
   });
 }
 
+int sm_count_here() {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return sms;
+  });
+}
+
+// Rows a CTA takes: the fewest that put every row in one wave (one CTA an SM), as far as the
+// sets fit in shared memory.
+int groups_for(int rows, int slots) {
+  const int sms = sm_count_here(), optin = optin_shared_bytes();
+  if (const int forced = forced_state_rows_per_cta(); forced && shared_bytes(slots, forced) <= size_t(optin))
+    return forced;
+  int groups = 1;
+  while (groups < kMaxGroups && (rows + groups - 1) / groups > sms &&
+         shared_bytes(slots, 2 * groups) <= size_t(optin))
+    groups *= 2;
+  return groups;
+}
+
+}  // namespace
+
+int select_state_max_slots() {
+  const int optin = optin_shared_bytes();
+  return std::max(0, (optin - int(sizeof(Shared))) / 12 - kMaxGrowth);
+}
+
 cudaError_t run_select_state(const StateSelectArgs& a, int rows, cudaStream_t stream, bool overlap) {
-  const size_t smem = shared_bytes(a.slots);
+  const int groups = groups_for(rows, a.slots);
+  const size_t smem = shared_bytes(a.slots, groups);
   static std::atomic<int> granted[kMaxDevices] = {};
   if (const cudaError_t err = grant_smem_once(select_state_kernel, int(smem), granted); err != cudaSuccess) return err;
-  return launch_kernel(overlap, select_state_kernel, dim3(unsigned(rows)), dim3(kThreads), smem, stream, a);
+  return launch_kernel(overlap, select_state_kernel, dim3(unsigned((rows + groups - 1) / groups)), dim3(kThreads),
+                       smem, stream, a, rows, groups);
 }
 
 }  // namespace fdma::cuda

@@ -68,6 +68,15 @@ inline int forced_decode_stages() {
   return env_is("FDMA_DECODE_STAGES", "2") ? 2 : env_is("FDMA_DECODE_STAGES", "3") ? 3 : 0;
 }
 
+// FDMA_STATE_ROWS_PER_CTA=1|2|4: rows a select_state update CTA takes (0: chosen per call,
+// select_state.cu).
+inline int forced_state_rows_per_cta() {
+  return env_is("FDMA_STATE_ROWS_PER_CTA", "1") ? 1
+         : env_is("FDMA_STATE_ROWS_PER_CTA", "2") ? 2
+         : env_is("FDMA_STATE_ROWS_PER_CTA", "4") ? 4
+                                                 : 0;
+}
+
 // FDMA_DMA_DECODE=0: dynamic_mask_attention's small inference calls stay on the training kernels.
 inline bool dma_decode_allowed() { return !env_is("FDMA_DMA_DECODE", "0"); }
 

@@ -35,6 +35,12 @@ __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// The same with the id and thread count known at run time only (kernels whose groups of
+// threads are sized per launch).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ldmatrix: four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m. Each
 // thread receives, per matrix, the pair (row lane/4, cols 2*(lane%4) .. +1).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
