@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
   // Launched overlapping the selection (or the append), the kernel has read only what
   // predates the call so far: q and the lengths. The kept list and appended rows come after.
   ptx::griddep_wait();
-  const int n = a.list ? min(a.state[row].listed, a.list_cap) : L;
+  const int n = a.list || a.kept_state ? min(a.state[row].listed, a.list_cap) : L;
   const int k_begin = split * a.split_keys, k_end = min(n, k_begin + a.split_keys);
   // The queries of this thread's two accumulator rows (g, g + 8); -1 for padding rows.
   int qi[2];
@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
     qi[h] = rr < rows_total ? rr % a.Sq : -1;
   }
 
-  // Block blk's key records (threads < 64, one key each): the kept list's entry, or dense, the
-  // position itself. They are fetched one block ahead of their K/V rows, into registers, so
+  // Block blk's key records (threads < 64, one key each): the kept list's entry, the state's,
+  // or dense, the position itself. They are fetched one block ahead of their K/V rows, into registers, so
   // that a block's K/V loads never wait on its records' latency.
   const T* kc = static_cast<const T*>(c.k);
   const T* vc = static_cast<const T*>(c.v);
@@ -114,6 +114,12 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
     if (tid < 64 && idx < k_end) {
       if (a.list) {
         rec = a.list[size_t(row) * a.list_cap + idx];
+      } else if (a.kept_state) {  // one query, which keeps every key of the set
+        const int32_t* st = a.kept_state + b * a.kept_state_stride[0] + hk * a.kept_state_stride[1];
+        const int pos = st[1 + idx];
+        const float score = __int_as_float(st[1 + a.kept_state_slots + idx]);
+        int outer, inner;
+        if (locate(c, b, pos, outer, inner)) rec = KeptKey{pos, outer, 1u << 16, score};
       } else {
         int outer, inner;
         if (locate(c, b, idx, outer, inner)) {

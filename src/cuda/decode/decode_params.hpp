@@ -87,8 +87,14 @@ struct DecodeAttentionArgs {
   int Sq, H, G, D;
   bool causal, add_scores;
   float scale, softcap;  // softcap 0 = off
-  const KeptKey* list;  // null: dense, every cached key
-  const SelectState* state;
+  const KeptKey* list;  // null: the select_state below, or dense (every cached key)
+  // A decode step of one query with a select_state reads its kept keys from the state the
+  // selection just wrote (positions at [1, 1 + slots), their scores' bits after them) instead
+  // of a list: for one query the list would hold the same keys, twice the bytes.
+  const int32_t* kept_state;
+  int64_t kept_state_stride[2];  // b, hk
+  int kept_state_slots;
+  const SelectState* state;  // .listed: the keys in the list or the state
   int list_cap;
   int splits, split_keys;  // keys per split, a multiple of 64
   float* part_out;         // [B * H * Sq][splits][D] when splits > 1

@@ -317,13 +317,21 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
       g.state_stride[0] = p.select_state.stride[0], g.state_stride[1] = p.select_state.stride[1];
       g.list_cap = pl.list_cap, g.sel = s.state, g.list = s.list;
     }
+    // One query keeps every key of the grown set: the attention reads the state itself.
+    const bool state_is_list = prob.state_slots && g.mode == StateMode::emit && d.Sq == 1;
+    if (state_is_list) g.list = nullptr;
     if (prob.state_slots && g.mode == StateMode::emit) {
       check(run_select_state(g, pl.rows, stream, overlap && prob.append), "selection");
     } else {
       check(run_decode_select(s, pl.rows, ws, pl.select.zeroed_bytes, stream), "selection");
       if (prob.state_slots) check(run_select_state(g, pl.rows, stream), "select_state update");
     }
-    a.list = s.list;
+    a.list = state_is_list ? nullptr : s.list;
+    if (state_is_list) {
+      a.kept_state = g.state;
+      a.kept_state_stride[0] = g.state_stride[0], a.kept_state_stride[1] = g.state_stride[1];
+      a.kept_state_slots = g.slots;
+    }
     a.state = s.state;
     a.list_cap = pl.list_cap;
   }

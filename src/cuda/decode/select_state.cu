@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   if (!sh.ok[g.index]) size = sh.rebuilt_size[g.index], grown_from = first;
 
   // Keys arrive in position order. Causal, key p is first seen by query p - (L - Sq).
-  KeptKey* list = a.list + size_t(row) * a.list_cap;
+  KeptKey* list = a.list ? a.list + size_t(row) * a.list_cap : nullptr;
   const int off = L - a.Sq;
   // A key that leaves the set becomes a gap (position -1) and the one that takes its place goes
   // to the end (the highest position so far), so the arrays stay in position order without
@@ -351,12 +351,12 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
     const bool served = emit && q0 > since[x];  // the evicted key served queries [since, q0)
     g.sync();  // every thread has read since[x]
     if (g.tid == 0) {
-      if (served) write_kept(c, list, evicted, a.list_cap, b, pos[x], score[x], since[x], q0);
+      if (served && a.list) write_kept(c, list, evicted, a.list_cap, b, pos[x], score[x], since[x], q0);
       sh.dropped[g.index][dropped] = x;
       pos[x] = -1;
       pos[count] = p, score[count] = k.score, since[count] = q0;
     }
-    evicted += served;
+    evicted += served && a.list;  // never for one query (its only query sees every arrival)
     ++dropped, ++count;
     g.sync();
   }
@@ -375,8 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
     return;
   }
   if (emit) {
-    for (int i = g.tid; i < count; i += g.threads)
-      if (pos[i] >= 0) write_kept(c, list, evicted + place(i), a.list_cap, b, pos[i], score[i], since[i], a.Sq);
+    if (a.list)
+      for (int i = g.tid; i < count; i += g.threads)
+        if (pos[i] >= 0) write_kept(c, list, evicted + place(i), a.list_cap, b, pos[i], score[i], since[i], a.Sq);
     if (g.tid == 0) a.sel[row].listed = min(evicted + size, a.list_cap);
   }
   // A set short of min(w, L) (keys on pages outside the cache) is not the state of [0, L):

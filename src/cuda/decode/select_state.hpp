@@ -28,7 +28,7 @@ struct StateSelectArgs {
   int64_t state_stride[2];    // b, hk
   int list_cap;
   SelectState* sel;  // [rows]: .listed
-  KeptKey* list;     // [rows][list_cap]
+  KeptKey* list;     // [rows][list_cap]; null: only .listed (one query reads the state itself)
   int32_t* prefix_pos;  // prefix: [rows][slots], ascending
   int32_t* prefix_len;  // prefix: [rows]
 };
