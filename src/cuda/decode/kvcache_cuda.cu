@@ -71,15 +71,6 @@ void check_inputs(const fdma_kvcache_params& p, const detail::KvCacheProblem& pr
     detail::fail(Status::workspace, std::string(kOp) + ": the workspace must be CUDA device memory");
 }
 
-int sm_count() {
-  static std::atomic<int> cached[kMaxDevices] = {};
-  return cached_per_device(cached, [] {
-    int device = 0, sms = 132;
-    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaGetLastError();
-    return sms;
-  });
-}
 
 // Blocks in flight per CTA of the decode attention (decode_attention.cuh): three (two CTAs an
 // SM) for dense calls, whose rows lie in position order, two (three CTAs an SM) over kept
@@ -145,7 +136,7 @@ Plan plan_of(const detail::KvCacheProblem& prob) {
   int64_t per_sm = attention_ctas_per_sm(prob, pl.stages);
   if (const int forced = forced_decode_ctas_per_sm()) per_sm = forced;
   const int64_t blocks = std::max<int64_t>(1, (n_max + 63) / 64);
-  const int splits = choose_splits(int64_t(pl.rows) * pl.m_tiles, blocks, per_sm * sm_count());
+  const int splits = choose_splits(int64_t(pl.rows) * pl.m_tiles, blocks, per_sm * std::max(device_sm_count(), 1));
   pl.split_keys = int((blocks + splits - 1) / splits * 64);
   pl.splits = splits;
   auto up = [](size_t x) { return (x + 255) / 256 * 256; };

@@ -390,36 +390,10 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   if (g.tid == 0) st[0] = size == min(a.w, L) ? L : 0;
 }
 
-int optin_shared_bytes() {
-  static std::atomic<int> cached[kMaxDevices] = {};
-  return cached_per_device(cached, [] {
-    int device = 0, optin = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return optin;
-  });
-}
-
-int sm_count_here() {
-  static std::atomic<int> cached[kMaxDevices] = {};
-  return cached_per_device(cached, [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return sms;
-  });
-}
-
 // Rows a CTA takes: the fewest that put every row in one wave (one CTA an SM), as far as the
 // sets fit in shared memory.
 int groups_for(int rows, int slots) {
-  const int sms = sm_count_here(), optin = optin_shared_bytes();
+  const int sms = device_sm_count(), optin = device_smem_optin();
   if (const int forced = forced_state_rows_per_cta(); forced && shared_bytes(slots, forced) <= size_t(optin))
     return forced;
   int groups = 1;
@@ -432,7 +406,7 @@ int groups_for(int rows, int slots) {
 }  // namespace
 
 int select_state_max_slots() {
-  const int optin = optin_shared_bytes();
+  const int optin = device_smem_optin();
   return std::max(0, (optin - int(sizeof(Shared))) / 12 - kMaxGrowth);
 }
 

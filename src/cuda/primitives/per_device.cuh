@@ -37,6 +37,26 @@ int cached_per_device(std::atomic<int> (&cache)[kMaxDevices], F&& compute) {
   return v;
 }
 
+// The current device's attribute `attr`, 0 where the query fails.
+inline int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return value;
+}
+
+// The current device's SM count and opt-in shared memory per block, queried once per device.
+inline int device_sm_count() {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] { return device_attribute(cudaDevAttrMultiProcessorCount); });
+}
+inline int device_smem_optin() {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); });
+}
+
 // Raises a kernel's shared-memory limit once per device and size, not per call (the caller's
 // device guard has made the tensors' device current); granted holds the largest size granted.
 template <class Kernel>
