@@ -1,7 +1,8 @@
 """Property tests (hypothesis): random shapes, heads, broadcast patterns of mask and bias,
 dtypes, windows, causal flags, key padding and tied scores, each checked against the float64
 references this test suite writes (reference.py: dense masked attention and brute-force top-w,
-not the library's CPU backend), values and every gradient by autograd on the reference.
+not the library's CPU backend), values and every gradient by autograd on the reference; and
+generation loops against KV caches (paged or not, with or without a select_state), step by step.
 
 The CPU backend by default (float32 and float64); `--device cuda` runs them on the GPU
 (bfloat16, float16). The hypothesis profile in conftest.py: 30 fixed examples a test, or
@@ -184,3 +185,70 @@ def test_select_keys_against_brute_force(device, data):
     i = torch.arange(Sq, device=device).view(1, 1, -1, 1)
     got = (i >= sel.begin.unsqueeze(2)) & (i < sel.end.unsqueeze(2))
     assert torch.equal(got, select_ref(scores.float(), window, Sq, causal, padding))
+
+
+def logical_cache(kp, vp, sp, table, max_len):
+    """A paged cache's content per sequence: [B, max_len, Hk, D] twice and [B, Hk, max_len]."""
+    B, pages = table.shape
+    idx = table.long()
+    k = kp[idx].reshape(B, pages * kp.shape[1], *kp.shape[2:])[:, :max_len]
+    v = vp[idx].reshape(B, pages * vp.shape[1], *vp.shape[2:])[:, :max_len]
+    s = sp[idx].reshape(B, pages * sp.shape[1], sp.shape[2]).transpose(1, 2)[:, :, :max_len]
+    return k, v, s
+
+
+@given(data=st.data())
+def test_kvcache_decode_loop_against_the_reference(device, data):
+    """A few steps of a generation loop through dynamic_mask_attention_with_kvcache, each
+    appending Sq tokens (1..16: decode and speculative steps), with or without a select_state,
+    over ragged lengths from 0 to past the window, contiguous or shuffled pages, GQA, causal or
+    not, scores added or not, tied scores: every step's output against the float64 top-w
+    reference on each sequence's keys, the appended ones included."""
+    Hk = data.draw(st.integers(1, 2))
+    B, H, D = data.draw(st.integers(1, 3)), Hk * data.draw(st.integers(1, 4)), data.draw(st.sampled_from([32, 64]))
+    Sq, steps = data.draw(st.integers(1, 16)), data.draw(st.integers(1, 3))
+    page = data.draw(st.sampled_from([0, 16, 32]))
+    max_len = data.draw(st.integers(steps * Sq, steps * Sq + 80))
+    lens = [data.draw(st.integers(0, max_len - steps * Sq)) for _ in range(B)]
+    window = data.draw(st.integers(1, max_len + 2))
+    causal, add_scores, with_state = data.draw(st.booleans()), data.draw(st.booleans()), data.draw(st.booleans())
+    ties = data.draw(st.booleans())
+    dtype = torch.float32 if device.type == "cpu" else data.draw(st.sampled_from([torch.bfloat16, torch.float16]))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31)))
+
+    def make(*shape, lo=-1.0, hi=1.0, dt=dtype):
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(device, dt)
+
+    def scores(*shape):
+        s = make(*shape, lo=-2.0, hi=2.0, dt=torch.float32)
+        return (s * 2).round() / 2 if ties else s
+
+    if page:
+        pages = (max_len + page - 1) // page
+        n = B * pages + 1  # one page no sequence owns
+        table = torch.randperm(n, generator=gen)[: B * pages].to(torch.int32).view(B, pages).to(device)
+        cache = dict(k_cache=make(n, page, Hk, D), v_cache=make(n, page, Hk, D), score_cache=scores(n, page, Hk),
+                     block_table=table)
+    else:
+        cache = dict(k_cache=make(B, max_len, Hk, D), v_cache=make(B, max_len, Hk, D), score_cache=scores(B, Hk, max_len))
+    state = flash_dma.new_select_state(cache["k_cache"], window, cache.get("block_table")) if with_state else None
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    for t in range(steps):
+        q, kn, vn, sn = make(B, Sq, H, D), make(B, Sq, Hk, D), make(B, Sq, Hk, D), scores(B, Hk, Sq)
+        out = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=seqlens, window_size=window, k=kn, v=vn,
+                                                            scores=sn, is_causal=causal, add_scores=add_scores,
+                                                            select_state=state, **cache)
+        if page:
+            k, v, s = logical_cache(cache["k_cache"], cache["v_cache"], cache["score_cache"], table, max_len)
+        else:
+            k, v, s = cache["k_cache"], cache["v_cache"], cache["score_cache"]
+        for b in range(B):
+            L = lens[b] + Sq
+            sb = s[b:b + 1, :, :L]
+            keep = select_ref(sb, window, Sq, causal)
+            bias = sb.double().unsqueeze(2) if add_scores else None
+            ref = attention_ref(q[b:b + 1].double(), k[b:b + 1, :L].double(), v[b:b + 1, :L].double(), mask=keep,
+                                bias=bias)
+            close(out[b:b + 1], ref, dtype, f"out, step {t}, sequence {b}")
+        seqlens += Sq
+        lens = [x + Sq for x in lens]
