@@ -464,16 +464,19 @@ TEST(KvCacheGpu, OverlappedLaunchesBothWays) {
 }
 
 // The select_state update with one, two and four rows a CTA (FDMA_STATE_ROWS_PER_CTA; more
-// rows than SMs take several): a loop of speculative steps over ragged rows, a row count that
-// leaves the last CTA's groups partly idle, and sets junked mid-loop so that some rows of a CTA
-// are rebuilt by the whole CTA while the others grow; against the reference and bit for bit
-// alike (state and output).
+// rows than SMs take several), in each of its modes: decode and speculative steps (Sq 1, 3:
+// grown key by key), 20 queries (selected by the radix passes, the state refreshed) and a
+// prefill chunk of 64 (the state's prefix set); ragged rows, a row count that leaves the last
+// CTA's groups partly idle, and sets junked mid-loop so that some rows of a CTA are rebuilt by
+// the whole CTA while the others grow; against the reference and bit for bit alike (state and
+// output).
 TEST(KvCacheGpu, StateRowsPerCtaAgree) {
   REQUIRE_GPU();
   ScopedEnv env("FDMA_STATE_ROWS_PER_CTA");
-  for (int64_t Sq : {1, 3}) {
+  for (int64_t Sq : {1, 3, 20, 64}) {
     KvCase c;
-    c.B = 5, c.Sq = Sq, c.Snew = Sq, c.H = 6, c.Hk = 3, c.D = 64, c.w = 90, c.max_len = 1200, c.page_size = 16;
+    c.B = 5, c.Sq = Sq, c.Snew = Sq, c.H = 6, c.Hk = 3, c.D = 64, c.w = 90, c.max_len = 1200 + 4 * Sq;
+    c.page_size = 16;
     c.dtype = DType::bf16, c.state = true, c.seed = 480 + uint64_t(Sq);
     c.lens = {0, 50, 89, 700, 1100};
     std::vector<std::vector<unsigned char>> outs[3], states[3];
