@@ -199,11 +199,11 @@ def logical_cache(kp, vp, sp, table, max_len):
 
 @given(data=st.data())
 def test_kvcache_decode_loop_against_the_reference(device, data):
-    """A few steps of a generation loop through dynamic_mask_attention_with_kvcache, each
-    appending Sq tokens (1..16: decode and speculative steps), with or without a select_state,
-    over ragged lengths from 0 to past the window, contiguous or shuffled pages, GQA, causal or
-    not, scores added or not, tied scores: every step's output against the float64 top-w
-    reference on each sequence's keys, the appended ones included."""
+    """A few steps of a generation loop through dynamic_mask_attention_with_kvcache (or the dense
+    attention_with_kvcache), each appending Sq tokens (1..16: decode and speculative steps),
+    with or without a select_state, over ragged lengths from 0 to past the window, contiguous or
+    shuffled pages, GQA, causal or not, scores added or not, tied scores, softcap: every step's
+    output against the float64 reference on each sequence's keys, the appended ones included."""
     Hk = data.draw(st.integers(1, 2))
     B, H, D = data.draw(st.integers(1, 3)), Hk * data.draw(st.integers(1, 4)), data.draw(st.sampled_from([32, 64]))
     Sq, steps = data.draw(st.integers(1, 16)), data.draw(st.integers(1, 3))
@@ -211,8 +211,9 @@ def test_kvcache_decode_loop_against_the_reference(device, data):
     max_len = data.draw(st.integers(steps * Sq, steps * Sq + 80))
     lens = [data.draw(st.integers(0, max_len - steps * Sq)) for _ in range(B)]
     window = data.draw(st.integers(1, max_len + 2))
-    causal, add_scores, with_state = data.draw(st.booleans()), data.draw(st.booleans()), data.draw(st.booleans())
-    ties = data.draw(st.booleans())
+    dynamic, causal, add_scores = data.draw(st.booleans()), data.draw(st.booleans()), data.draw(st.booleans())
+    with_state, ties = dynamic and data.draw(st.booleans()), data.draw(st.booleans())
+    softcap = data.draw(st.sampled_from([0.0, 0.0, 3.0]))
     dtype = torch.float32 if device.type == "cpu" else data.draw(st.sampled_from([torch.bfloat16, torch.float16]))
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31)))
 
@@ -235,9 +236,15 @@ def test_kvcache_decode_loop_against_the_reference(device, data):
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     for t in range(steps):
         q, kn, vn, sn = make(B, Sq, H, D), make(B, Sq, Hk, D), make(B, Sq, Hk, D), scores(B, Hk, Sq)
-        out = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=seqlens, window_size=window, k=kn, v=vn,
-                                                            scores=sn, is_causal=causal, add_scores=add_scores,
-                                                            select_state=state, **cache)
+        if dynamic:
+            out = flash_dma.dynamic_mask_attention_with_kvcache(q, cache_seqlens=seqlens, window_size=window, k=kn,
+                                                                v=vn, scores=sn, is_causal=causal,
+                                                                add_scores=add_scores, softcap=softcap,
+                                                                select_state=state, **cache)
+        else:
+            dense_cache = {name: x for name, x in cache.items() if name != "score_cache"}
+            out = flash_dma.attention_with_kvcache(q, cache_seqlens=seqlens, k=kn, v=vn, is_causal=causal,
+                                                   softcap=softcap, **dense_cache)
         if page:
             k, v, s = logical_cache(cache["k_cache"], cache["v_cache"], cache["score_cache"], table, max_len)
         else:
@@ -245,10 +252,10 @@ def test_kvcache_decode_loop_against_the_reference(device, data):
         for b in range(B):
             L = lens[b] + Sq
             sb = s[b:b + 1, :, :L]
-            keep = select_ref(sb, window, Sq, causal)
-            bias = sb.double().unsqueeze(2) if add_scores else None
+            keep = select_ref(sb, window if dynamic else L, Sq, causal)
+            bias = sb.double().unsqueeze(2) if dynamic and add_scores else None
             ref = attention_ref(q[b:b + 1].double(), k[b:b + 1, :L].double(), v[b:b + 1, :L].double(), mask=keep,
-                                bias=bias)
+                                bias=bias, softcap=softcap)
             close(out[b:b + 1], ref, dtype, f"out, step {t}, sequence {b}")
         seqlens += Sq
         lens = [x + Sq for x in lens]
