@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
   }
 
   // Block blk's key records (threads < 64, one key each): the kept list's entry, the state's,
-  // or dense, the position itself. They are fetched one block ahead of their K/V rows, into registers, so
-  // that a block's K/V loads never wait on its records' latency.
+  // or dense, the position itself. They are fetched one block ahead of their K/V rows, into
+  // registers, so that a block's K/V loads never wait on its records' latency.
   const T* kc = static_cast<const T*>(c.k);
   const T* vc = static_cast<const T*>(c.v);
   auto fetch_record = [&](int blk) {

@@ -71,7 +71,6 @@ void check_inputs(const fdma_kvcache_params& p, const detail::KvCacheProblem& pr
     detail::fail(Status::workspace, std::string(kOp) + ": the workspace must be CUDA device memory");
 }
 
-
 // Blocks in flight per CTA of the decode attention (decode_attention.cuh): three (two CTAs an
 // SM) for dense calls, whose rows lie in position order, two (three CTAs an SM) over kept
 // lists. Measured both ways on either kind (docs/performance.md, "Attention"): three took 4-5%
@@ -306,11 +305,11 @@ void kvcache_forward(const fdma_kvcache_params& p, const detail::KvCacheProblem&
       g.mode = d.Sq <= kStateMaxQueries ? StateMode::emit : StateMode::refresh;
       g.state = static_cast<int32_t*>(p.select_state.data);
       g.state_stride[0] = p.select_state.stride[0], g.state_stride[1] = p.select_state.stride[1];
-      g.list_cap = pl.list_cap, g.sel = s.state, g.list = s.list;
+      g.list_cap = pl.list_cap, g.sel = s.state;
     }
     // One query keeps every key of the grown set: the attention reads the state itself.
     const bool state_is_list = prob.state_slots && g.mode == StateMode::emit && d.Sq == 1;
-    if (state_is_list) g.list = nullptr;
+    g.list = state_is_list ? nullptr : s.list;
     if (prob.state_slots && g.mode == StateMode::emit) {
       check(run_select_state(g, pl.rows, stream, overlap && prob.append), "selection");
     } else {
