@@ -57,13 +57,14 @@ def _worker(rank, world, backend, store, fn, args, errors):
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
-        try:
-            fn(rank, world, *args)
-            dist.barrier()  # no rank tears its group down while a peer still talks to it
-        finally:
-            dist.destroy_process_group()
+        fn(rank, world, *args)
+        dist.barrier()  # no rank tears its group down while a peer still talks to it
     except BaseException:  # noqa: BLE001  (reported to the parent, which fails the test)
+        # Reported before any teardown: destroying an NCCL group while a peer waits in a
+        # collective blocks, and the report would never leave. The parent ends this process.
         errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        return
+    dist.destroy_process_group()
 
 
 def _problem(seed, B, N, H, Hk, D, dtype, device, bias_heads=None):
@@ -118,14 +119,17 @@ def _dma_case(rank, world, lengths, causal, padded, dtype_name, device_name):
     out2 = fd.dynamic_mask_attention(q2, k2, v2, s2, w, is_causal=causal,
                                      key_padding_mask=None if pad is None else pad[:, a:b].contiguous())
     out2.backward(dout[:, a:b])
-    # Half precision: the key gradients are sums over ranks rounded once more than the
-    # single-process ones, so a rounding step of the value (bf16: 2^-8 relative) is allowed.
-    tol = (2e-5, 0.0) if dtype == torch.float32 else (1e-2, 1e-2)
-    _close("out", out2, out1[:, a:b], rank, *tol)
-    _close("dq", q2.grad, q1.grad[:, a:b], rank, *tol)
-    _close("dk", k2.grad, k1.grad[:, a:b], rank, *tol)
-    _close("dv", v2.grad, v1.grad[:, a:b], rank, *tol)
-    _close("dkey_scores", s2.grad, s1.grad[:, :, a:b], rank, *tol)
+    # Half precision: a key gradient is the sum of the ranks' partial gradients, each rounded
+    # to half precision before the sum. Partials of opposite signs can be larger than their
+    # sum, so the error is bounded by a rounding step of the gradients' scale, not of each value.
+    def tol(want):
+        if dtype == torch.float32:
+            return 2e-5, 0.0
+        return 1e-2 + 2.0 ** -6 * want.float().abs().max().item(), 1e-2
+    for name, got, want in (("out", out2, out1[:, a:b]), ("dq", q2.grad, q1.grad[:, a:b]),
+                            ("dk", k2.grad, k1.grad[:, a:b]), ("dv", v2.grad, v1.grad[:, a:b]),
+                            ("dkey_scores", s2.grad, s1.grad[:, :, a:b])):
+        _close(name, got, want, rank, *tol(want))
 
 
 def _attention_case(rank, world, lengths, causal, bias_heads):
