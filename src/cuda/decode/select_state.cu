@@ -322,6 +322,8 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
     __syncthreads();
   }
   if (!active) return;
+  // Entries [0, unchanged) of a grown set are the state's own, in their places: not written back.
+  int unchanged = sh.ok[g.index] ? size : 0;
   if (!sh.ok[g.index]) size = sh.rebuilt_size[g.index], grown_from = first;
 
   // Keys arrive in position order. Causal, key p is first seen by query p - (L - Sq).
@@ -356,6 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
       pos[x] = -1;
       pos[count] = p, score[count] = k.score, since[count] = q0;
     }
+    unchanged = min(unchanged, x);
     evicted += served && a.list;  // never for one query (its only query sees every arrival)
     ++dropped, ++count;
     g.sync();
@@ -382,7 +385,8 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   }
   // A set short of min(w, L) (keys on pages outside the cache) is not the state of [0, L):
   // a prefix of 0 asks the next call to rebuild rather than trust entries left from before.
-  for (int i = g.tid; i < count; i += g.threads)
+  // Most decode steps keep the set as it was, so only the prefix length changes.
+  for (int i = unchanged + g.tid; i < count; i += g.threads)
     if (pos[i] >= 0) {
       const int o = place(i);
       st[1 + o] = pos[i], st[1 + a.slots + o] = state_score_bits(score[i]);
