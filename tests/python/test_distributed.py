@@ -272,3 +272,27 @@ def test_nccl_two_gpus(device):
     if device.type != "cuda" or torch.cuda.device_count() < 2:
         pytest.skip("needs --device cuda and two GPUs")
     _run(2, _dma_case, ([700, 540], True, False, "bfloat16", "cuda"), backend="nccl")
+
+
+def test_context_parallel_example_under_torchrun(device):
+    """examples/context_parallel.py as its docstring launches it (torchrun, gloo on the CPU
+    backend, or NCCL with --device cuda and two GPUs): it checks its ranks' output and
+    parameter gradients against one process and prints the differences."""
+    import re
+    import subprocess
+
+    cuda = device.type == "cuda"
+    if cuda and torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           os.path.join(root, "examples", "context_parallel.py"), "--tokens", "512"] + ([] if cuda else ["--cpu"])
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    m = re.search(r"2 ranks, 512 tokens: output max abs diff (\S+), parameter gradients max relative diff (\S+)",
+                  run.stdout)
+    assert m, run.stdout[-2000:]
+    out_diff, grad_diff = float(m.group(1)), float(m.group(2))
+    assert out_diff <= (2e-2 if cuda else 1e-5), out_diff
+    assert grad_diff <= (2e-2 if cuda else 1e-4), grad_diff
