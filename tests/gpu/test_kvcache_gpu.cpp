@@ -52,6 +52,8 @@ void run_gpu(KvRun& r) {
   const size_t bytes = kvcache_workspace_size(p);
   void* ws = nullptr;
   if (bytes) ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+  // The workspace's content is the caller's: whatever the call needs zeroed, it zeroes.
+  if (bytes) ASSERT_EQ(cudaMemset(ws, 0xff, bytes), cudaSuccess);
   p.workspace = ws, p.workspace_bytes = bytes;
   kvcache_forward(p);
   FDMA_CUDA_OK(cudaDeviceSynchronize());

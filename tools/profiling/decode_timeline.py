@@ -1,0 +1,83 @@
+"""Where a decode step's time goes, kernel by kernel, on the GPU's own clock: steady-state
+select_state steps (B8 H32 Hk8 128K and B64 32K, w2048, as bench_decode.py runs them), ten to
+a CUDA graph, replayed under the torch profiler. For each kernel of a step: when it started and
+ended, in us from the start of the step's first kernel (medians over the replayed steps), so
+that waits show up: a kernel launched overlapping its predecessor (programmatic dependent
+launch) starts before the predecessor ends and waits inside; what the step costs is the span.
+
+  python3 tools/profiling/decode_timeline.py [--switch VAR=VALUE ...]
+
+Each --switch runs the steps again with one environment switch set (path_switches.hpp)."""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import bench_decode  # noqa: E402
+
+STEPS = 10
+
+
+def short(name):
+    name = name.replace("(anonymous namespace)::", "").replace("void ", "").replace("fdma::cuda::", "")
+    return name.split("(")[0].split("<")[0]
+
+
+def timeline(B, K, label):
+    sets = bench_decode.make_sets(B, K + 4 * STEPS * 4, 8, 128, 0, 1, seed=5)
+    q = torch.randn(B, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    step = bench_decode.state_step(q, 2048, dict(sets[0], K=K), 1)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(STEPS):
+            step()
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
+    first = kernels[0][2]  # each step starts with the same kernel (the append)
+    steps, cur = [], []
+    for k in kernels:
+        if k[2] == first and cur:
+            steps.append(cur)
+            cur = []
+        cur.append(k)
+    steps.append(cur)
+    steps = [s for s in steps if len(s) == len(steps[0])]
+    starts = [s[0][0] for s in steps]
+    periods = [b - a for a, b in zip(starts, starts[1:])]
+    print(f"{label}: {len(steps)} steps, step period median {statistics.median(periods):.1f} us "
+          f"(start to start); per kernel, start .. end from the step's start, us:")
+    for i, (_, _, name) in enumerate(steps[0]):
+        begin = statistics.median(s[i][0] - s[0][0] for s in steps)
+        end = statistics.median(s[i][1] - s[0][0] for s in steps)
+        print(f"  {name:40s} {begin:7.1f} .. {end:7.1f}  ({end - begin:6.1f})")
+    return statistics.median(periods)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--switch", action="append", default=[])
+    args = ap.parse_args()
+    for setting in [""] + args.switch:
+        if setting:
+            var, value = setting.split("=", 1)
+            os.environ[var] = value
+        for B, K in ((8, 131072), (64, 32768)):
+            timeline(B, K, f"B{B} K{K}" + (f" with {setting}" if setting else ""))
+        if setting:
+            del os.environ[var]
+
+
+if __name__ == "__main__":
+    main()
