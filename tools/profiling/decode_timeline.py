@@ -4,6 +4,8 @@ a CUDA graph, replayed under the torch profiler. For each kernel of a step: when
 ended, in us from the start of the step's first kernel (medians over the replayed steps), so
 that waits show up: a kernel launched overlapping its predecessor (programmatic dependent
 launch) starts before the predecessor ends and waits inside; what the step costs is the span.
+The step periods' median, mean and maximum and each replay's span over its steps (what
+bench_decode.py's events measure) show whether some steps cost more than the typical one.
 
   python3 tools/profiling/decode_timeline.py [--switch VAR=VALUE ...]
 
@@ -55,9 +57,13 @@ def timeline(B, K, label):
     steps.append(cur)
     steps = [s for s in steps if len(s) == len(steps[0])]
     starts = [s[0][0] for s in steps]
-    periods = [b - a for a, b in zip(starts, starts[1:])]
-    print(f"{label}: {len(steps)} steps, step period median {statistics.median(periods):.1f} us "
-          f"(start to start); per kernel, start .. end from the step's start, us:")
+    # Periods within a replay (the gap between replays is the host's), and each replay's span
+    # over its steps: what bench_decode.py's events divide by the steps of a replay.
+    periods = [starts[j + 1] - starts[j] for j in range(len(starts) - 1) if (j + 1) % STEPS]
+    spans = [(steps[r + STEPS - 1][-1][1] - steps[r][0][0]) / STEPS for r in range(0, len(steps) - STEPS + 1, STEPS)]
+    print(f"{label}: {len(steps)} steps, step period (start to start) median {statistics.median(periods):.1f} us, "
+          f"mean {statistics.mean(periods):.1f}, max {max(periods):.1f}; replay span / steps "
+          f"{statistics.median(spans):.1f} us; per kernel, start .. end from the step's start, medians, us:")
     for i, (_, _, name) in enumerate(steps[0]):
         begin = statistics.median(s[i][0] - s[0][0] for s in steps)
         end = statistics.median(s[i][1] - s[0][0] for s in steps)
