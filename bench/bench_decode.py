@@ -234,6 +234,13 @@ def prefill_chunk(B, H, Hk, K, D, w, chunk, causal=True):
     return row
 
 
+def kernel_name(name):
+    """A profiler's kernel name without namespaces, return type and arguments; template
+    arguments kept only for the selection passes (their pass number)."""
+    name = name.replace("(anonymous namespace)::", "").replace("void ", "").replace("fdma::cuda::", "")
+    return name.split("(")[0].split("<")[0] + ("<" + name.split("<")[1].split(">")[0] + ">" if "pass" in name else "")
+
+
 def kernel_times(f, reps=10):
     """Device µs per call of each kernel f launches (profiler over `reps` calls)."""
     for _ in range(3):
@@ -248,8 +255,7 @@ def kernel_times(f, reps=10):
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-        name = e.name.replace("(anonymous namespace)::", "").replace("void ", "").replace("fdma::cuda::", "")
-        name = name.split("(")[0].split("<")[0] + ("<" + name.split("<")[1].split(">")[0] + ">" if "pass" in name else "")
+        name = kernel_name(e.name)
         per[name] = per.get(name, 0.0) + us / reps
     return per
 

@@ -20,19 +20,16 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import bench_decode  # noqa: E402
 
-STEPS = 10
-
-
-def short(name):
-    name = name.replace("(anonymous namespace)::", "").replace("void ", "").replace("fdma::cuda::", "")
-    return name.split("(")[0].split("<")[0]
+STEPS = 10  # a graph's steps
+WARMUP, REPLAYS = 3, 3
 
 
 def timeline(B, K, label):
-    sets = bench_decode.make_sets(B, K + 4 * STEPS * 4, 8, 128, 0, 1, seed=5)
+    # Room in the cache for every step's appended token: the warm-up, the first replay, the timed ones.
+    sets = bench_decode.make_sets(B, K + WARMUP + (1 + REPLAYS) * STEPS, 8, 128, 0, 1, seed=5)
     q = torch.randn(B, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     step = bench_decode.state_step(q, 2048, dict(sets[0], K=K), 1)
-    for _ in range(3):
+    for _ in range(WARMUP):
         step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -42,11 +39,11 @@ def timeline(B, K, label):
     graph.replay()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
+        for _ in range(REPLAYS):
             graph.replay()
         torch.cuda.synchronize()
-    kernels = sorted(((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
-                      if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
+    kernels = sorted((e.time_range.start, e.time_range.end, bench_decode.kernel_name(e.name)) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
     first = kernels[0][2]  # each step starts with the same kernel (the append)
     steps, cur = [], []
     for k in kernels:
@@ -55,7 +52,7 @@ def timeline(B, K, label):
             cur = []
         cur.append(k)
     steps.append(cur)
-    steps = [s for s in steps if len(s) == len(steps[0])]
+    assert len(steps) == REPLAYS * STEPS and all(len(s) == len(steps[0]) for s in steps), "unexpected kernels"
     starts = [s[0][0] for s in steps]
     # Periods within a replay (the gap between replays is the host's), and each replay's span
     # over its steps: what bench_decode.py's events divide by the steps of a replay.
@@ -68,7 +65,6 @@ def timeline(B, K, label):
         begin = statistics.median(s[i][0] - s[0][0] for s in steps)
         end = statistics.median(s[i][1] - s[0][0] for s in steps)
         print(f"  {name:40s} {begin:7.1f} .. {end:7.1f}  ({end - begin:6.1f})")
-    return statistics.median(periods)
 
 
 def main():
