@@ -26,6 +26,10 @@ L2_BYTES = 50 * 2 ** 20
 
 
 def make_sets(B, K, Hk, D, page_size, count, seed):
+    # Caches are allocated as a serving engine allocates its pool, from memory no earlier
+    # configuration's freed tensors fragment: a B64 cache allocated while freed blocks of an
+    # earlier configuration sat in torch's cache gathered 14% slower (docs/performance.md, "Decode").
+    torch.cuda.empty_cache()
     sets = []
     g = torch.Generator(device="cuda").manual_seed(seed)
     for _ in range(count):
