@@ -175,17 +175,10 @@ __device__ int rebuild(const CacheView& c, Shared& sh, int w, int b, int hk, int
   return sh.strict_run + min(sh.eq_run, need);
 }
 
-// The set's worst entry (lowest rank) into the group's sh.worst_rank / sh.worst.
-__device__ void find_worst(const CacheView& c, Shared& sh, const Group& g, const int* pos, const float* score,
-                           int size) {
+// The group's worst entry from each thread's own (lowest rank, its index) into
+// sh.worst_rank / sh.worst.
+__device__ void reduce_worst(Shared& sh, const Group& g, uint64_t best, int arg) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint64_t best = ~uint64_t(0);
-  int arg = -1;
-  for (int i = g.tid; i < size; i += g.threads) {
-    if (pos[i] < 0) continue;  // a gap left by a key that was dropped
-    const uint64_t r = rank_of(order_bits(c, score[i]), pos[i]);
-    if (r < best) best = r, arg = i;
-  }
   for (int off = 16; off > 0; off >>= 1) {
     const uint64_t ob = __shfl_xor_sync(0xffffffffu, best, off);
     const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
@@ -201,6 +194,19 @@ __device__ void find_worst(const CacheView& c, Shared& sh, const Group& g, const
     sh.worst_rank[g.index] = b, sh.worst[g.index] = s;
   }
   g.sync();
+}
+
+// The set's worst entry (lowest rank) into the group's sh.worst_rank / sh.worst.
+__device__ void find_worst(const CacheView& c, Shared& sh, const Group& g, const int* pos, const float* score,
+                           int size) {
+  uint64_t best = ~uint64_t(0);
+  int arg = -1;
+  for (int i = g.tid; i < size; i += g.threads) {
+    if (pos[i] < 0) continue;  // a gap left by a key that was dropped
+    const uint64_t r = rank_of(order_bits(c, score[i]), pos[i]);
+    if (r < best) best = r, arg = i;
+  }
+  reduce_worst(sh, g, best, arg);
 }
 
 __device__ __forceinline__ void write_kept(const CacheView& c, KeptKey* list, int slot, int cap, int b, int pos,
@@ -259,6 +265,9 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   const int b = r.b, hk = r.hk, L = r.L, first = r.first, last = r.last;
   int32_t* st = a.state ? a.state + b * a.state_stride[0] + hk * a.state_stride[1] : nullptr;
   int size = 0, grown_from = first;
+  // The thread's worst entry of those it reads (its rank, its index), for the set's worst.
+  uint64_t best = ~uint64_t(0);
+  int best_at = -1;
   // Every group passes the same four barriers up to the CTA-wide rebuild, active or not, so
   // that racecheck can order the rebuild's accesses (docs/hardening.md).
   const int n = active && st ? st[0] : -1;
@@ -296,6 +305,8 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
         if (i >= size) continue;
         if (key[k].bits == 0) sh.ok[g.index] = 0;  // out of order or range, or now absent
         pos[i] = p[k], score[i] = key[k].score, since[i] = 0;
+        const uint64_t r = rank_of(key[k].bits, p[k]);
+        if (r < best) best = r, best_at = i;
       }
     }
     grown_from = n;
@@ -303,8 +314,9 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   g.sync();
   // The worst kept key of a full set read from the state does not depend on the append:
   // found here, it is off the path that waits for the new keys.
+  // Each thread ranked its entries as it read them, so only the group's reduction is left.
   const bool worst_known_early = sh.ok[g.index] && size == a.w && grown_from < last;
-  find_worst(c, sh, g, pos, score, worst_known_early ? size : 0);
+  reduce_worst(sh, g, best, best_at);
   bool worst_known = worst_known_early;
   ptx::griddep_wait();  // the appended keys are in place from here
   // Sets that cannot be grown are rebuilt by the whole CTA, one row at a time.
