@@ -63,6 +63,9 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
   const bool db_scalar = db_key_sum && p.dbias_size[2] == 1 && f.Sq > 1;  // one value per block
   __shared__ float warp_sums[4];
   __shared__ typename Terms::Rows s_term_rows;  // the head's mask/bias bases (Terms::rows_of)
+  // The bias row's bytes a tile when a per-key bias is the only term (else 0): in shared
+  // memory, as a register live across the loop slowed the dense kernel.
+  __shared__ int s_key_row_bytes;
 
   for (int bi = 0; bi < p.rows_batches_per_block; ++bi)
     for (int hi = 0; hi < p.rows_heads_per_block; ++hi) {
@@ -87,7 +90,10 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
       }
       if (terms_bytes) {  // in shared memory: in registers across the loop they would add to its pressure
         __syncthreads();  // the previous head's loads have read it
-        if (tid == 0) s_term_rows = Terms::rows_of(f, b, h);
+        if (tid == 0) {
+          s_term_rows = Terms::rows_of(f, b, h);
+          s_key_row_bytes = !f.mask_tiled && Terms::bias_bcast(f) && Terms::bias_in_tiles(f) ? kBN * (f.bias_f32 ? 4 : 2) : 0;
+        }
         __syncthreads();
       }
       const int key_end = gather ? n_listed : f.causal ? min(f.Sk, row0 + Tile::kBlockM + f.Sk - f.Sq) : f.Sk;
@@ -102,9 +108,21 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
         } else {
           Mma::template load_rows<kBN>(sk, k, f.k_stride[1], nb * kBN, f.Sk, f.D, tid);
           Mma::template load_rows<kBN>(sv, v, f.v_stride[1], nb * kBN, f.Sk, f.D, tid);
-          if (terms_bytes)
-            Terms::template load<kBwdThreads>(s_terms + buf * terms_bytes, f, s_term_rows, row0, nb * kBN, tid,
-                                              mask_keeps_tile(f, active, nb * kBN / kBwdBlockN));
+          if (terms_bytes) {
+            // A per-key bias as the only term, on an interior tile: one row of whole 16-byte
+            // chunks, copied by the first threads with no clamping. The general copy's per-tile
+            // arithmetic held warp 0, and the warpgroup's wgmma with it, behind the other warps
+            // (docs/performance.md, "attention backward").
+            const int row_bytes = s_key_row_bytes;
+            if (row_bytes && (nb + 1) * kBN <= f.Sk) {
+              if (tid * 16 < row_bytes)
+                ptx::cp_async_16(ptx::smem_addr(s_terms + buf * terms_bytes + tid * 16),
+                                 s_term_rows.bias + (int64_t(nb) * row_bytes + tid * 16), 16);
+            } else {
+              Terms::template load<kBwdThreads>(s_terms + buf * terms_bytes, f, s_term_rows, row0, nb * kBN, tid,
+                                                mask_keeps_tile(f, active, nb * kBN / kBwdBlockN));
+            }
+          }
         }
       };
       int16_t* next_table = nullptr;
