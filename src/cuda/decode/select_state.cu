@@ -313,8 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1) select_state_kernel(StateSelectAr
   }
   g.sync();
   // The worst kept key of a full set read from the state does not depend on the append:
-  // found here, it is off the path that waits for the new keys.
-  // Each thread ranked its entries as it read them, so only the group's reduction is left.
+  // found here (each thread ranked its entries as it read them), it is off the path that
+  // waits for the new keys.
   const bool worst_known_early = sh.ok[g.index] && size == a.w && grown_from < last;
   reduce_worst(sh, g, best, best_at);
   bool worst_known = worst_known_early;
