@@ -461,6 +461,28 @@ struct DevicePlace {
 };
 }  // namespace
 
+// The warp-specialized forward (attention_fwd_ws.cuh; dense calls at D 64 and 128 on Hopper)
+// and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend: ragged and
+// multi-stage key walks, causal with more and fewer keys than queries (whole query tiles that
+// see no key), GQA, softcap, both dtypes and the strided layouts the copy engine describes.
+TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_FWD_WS");
+  uint64_t seed = 1500;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
+    ws.set(on);
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {127, 129}, {300, 100}, {200, 700}, {640, 1100}})
+      for (int64_t D : {64, 128})
+        for (bool causal : {false, true}) {
+          AttnCase c = base(Sq, Sk, 6, 2, D, causal, D == 64 ? DType::f16 : DType::bf16, seed++);
+          c.layout = int(seed % 3 == 0 ? 1 : seed % 3 == 1 ? 3 : 0);
+          c.softcap = seed % 4 == 0 ? 5.0 : 0.0;
+          run_gpu(c, false);
+        }
+  }
+}
+
 TEST(AttentionGpu, EmptyProblems) {
   REQUIRE_GPU();
   DevicePlace place;

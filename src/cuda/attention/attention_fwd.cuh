@@ -17,6 +17,7 @@
 
 #include "cuda/primitives/arch_dispatch.cuh"
 #include "cuda/attention/attention_fwd_params.hpp"
+#include "cuda/attention/attention_fwd_ws.cuh"
 #include "cuda/attention/cta_order.cuh"
 #include "cuda/attention/fwd_mma_sm80.cuh"
 #include "cuda/attention/fwd_mma_sm90.cuh"
@@ -407,6 +408,12 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    if constexpr (!kGather) {  // dense calls: the warp-specialized kernel (attention_fwd_ws.cuh)
+      FwdTensorMaps maps;
+      if (wgmma_path_available(attention_fwd_ws_kernel<T, kHeadDim>, device) &&
+          attention_fwd_ws_applies<T, kHeadDim>(p, maps))
+        return launch_attention_fwd_ws<T, kHeadDim>(p, maps, device, stream);
+    }
     using Sm90 = FwdMmaSm90<T, kHeadDim>;
     // The wgmma tiles are larger: a call whose mask/bias tiles would not fit takes the sm80 path,
     // and so does one whose mask or bias cannot be tiled (kGlobalScoreTerms).

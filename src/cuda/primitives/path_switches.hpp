@@ -22,6 +22,9 @@ inline bool wgmma_disabled() {
   return env && env[0] == '1';
 }
 
+// FDMA_FWD_WS=0: dense Hopper forwards on the cp.async wgmma kernel, not the warp-specialized one.
+inline bool fwd_ws_allowed() { return !env_is("FDMA_FWD_WS", "0"); }
+
 // FDMA_SELECT_PATH=cluster|shared|global|levels: the training selection's path ("" = per call).
 inline const char* forced_select_path() {
   const char* env = std::getenv("FDMA_SELECT_PATH");

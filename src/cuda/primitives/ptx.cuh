@@ -35,6 +35,13 @@ __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// Arrives at barrier kId without waiting: the other side of a bar.sync over kThreads (a
+// producer/consumer hand-off between warp groups).
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
 // The same with the id and thread count known at run time only (kernels whose groups of
 // threads are sized per launch).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

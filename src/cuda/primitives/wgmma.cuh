@@ -95,6 +95,23 @@ __device__ __forceinline__ void fence_operands(float (&d)[kTiles][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
+// --- warpgroup registers ------------------------------------------------------------------
+// setmaxnreg: a warp-specialized kernel moves registers from its producer warpgroup (which
+// only issues copies) to its consumer warpgroups. Takes effect only in a kernel with a
+// register cap at entry (__launch_bounds__(threads, 1)), every warp of the group executing it.
+template <int kRegs>
+__device__ __forceinline__ void regs_grow() {
+#if FDMA_SM90_ENABLED
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_shrink() {
+#if FDMA_SM90_ENABLED
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
 // --- the MMAs ----------------------------------------------------------------------------
 // d (64 x N) = A * B (+ d when accumulate), A and B K-major in shared memory.
 template <class T, int N>

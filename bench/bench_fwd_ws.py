@@ -1,0 +1,84 @@
+"""Dense attention forward on Hopper: the warp-specialized kernel (the default for dense calls
+at D 64 and 128) against the cp.async wgmma kernel (FDMA_FWD_WS=0), SDPA flash (FlashAttention-2)
+and SDPA cuDNN, in one process. Each round times every system once per problem, the order
+rotated each round; the table gives medians over rounds of per-round medians of CUDA events.
+
+Usage: python3 bench/bench_fwd_ws.py [--seqlens 8192,16384] [--headdims 64,128] [--rounds 3]
+bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*S*D / t, halved for causal. Also checks each
+flash-dma output against SDPA flash (max |diff|).
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from bench_attention import median_ms  # noqa: E402
+import flash_dma  # noqa: E402
+
+
+def with_env(value, fn):
+    def run():
+        if value is None:
+            os.environ.pop("FDMA_FWD_WS", None)
+        else:
+            os.environ["FDMA_FWD_WS"] = value
+        return fn()
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqlens", default="8192,16384")
+    ap.add_argument("--headdims", default="64,128")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    dev, B, H = torch.device("cuda"), args.batch, args.heads
+    rows = []
+    for D in [int(d) for d in args.headdims.split(",")]:
+        for S in [int(s) for s in args.seqlens.split(",")]:
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            for causal in (False, True):
+                def sdpa(backend):
+                    def run():
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    return run
+
+                def ours():
+                    return flash_dma.attention(q, k, v, is_causal=causal)
+
+                systems = {"flash-dma ws": with_env(None, ours), "flash-dma cp.async": with_env("0", ours),
+                           "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION), "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)}
+                with torch.no_grad():
+                    ref = systems["SDPA flash"]().transpose(1, 2).float()
+                    errs = {n: (systems[n]().float() - ref).abs().max().item() for n in ("flash-dma ws", "flash-dma cp.async")}
+                    times = {n: [] for n in systems}
+                    names = list(systems)
+                    for r in range(args.rounds):
+                        for n in names[r % len(names):] + names[:r % len(names)]:
+                            times[n].append(median_ms(systems[n], warmup=2, iters=10))
+                os.environ.pop("FDMA_FWD_WS", None)
+                flops = 4 * B * H * S * S * D / (2 if causal else 1)
+                med = {n: statistics.median(t) for n, t in times.items()}
+                rows.append((D, S, causal, med, flops, errs))
+                print(D, S, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H}, forward; ms (TF/s), medians of {args.rounds} rotated rounds")
+    print("| D | S | causal | flash-dma ws | flash-dma cp.async | SDPA flash | SDPA cuDNN | max abs diff ws / cp.async |")
+    print("|---|---|---|---|---|---|---|---|")
+    for D, S, causal, med, flops, errs in rows:
+        cells = " | ".join(f"{med[n]:.3f} ({flops / med[n] / 1e9:.0f})" for n in med)
+        print(f"| {D} | {S} | {int(causal)} | {cells} | {errs['flash-dma ws']:.3g} / {errs['flash-dma cp.async']:.3g} |")
+
+
+if __name__ == "__main__":
+    main()

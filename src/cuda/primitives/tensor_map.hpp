@@ -1,0 +1,48 @@
+// Host side of tma.cuh: the CUtensorMaps the copy engine reads. The driver's encoder is found
+// once through the runtime, so the library still links only against cudart.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace fdma::cuda {
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // no encoder is an answer (no TMA path), not the caller's error
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// A map over a (batch, seq, head, D) tensor of 16-bit elements with element strides `stride`
+// (batch, seq, head; D contiguous), as 4-D (D, seq, head, batch). Its box is 64 columns (128
+// bytes, the 128-byte swizzle's row) by box_rows rows of one head. False when the driver
+// has no encoder or rejects the layout: the caller takes a path without TMA.
+inline bool encode_rows_map(CUtensorMap& map, const void* base, bool bf16, int D, int seq, int heads, int batch,
+                            const int64_t (&stride)[3], int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode || seq <= 0) return false;
+  // A dim of size 1 never moves its coordinate; its stride only has to be a legal one.
+  auto bytes = [](int64_t elements, int size) { return cuuint64_t(size == 1 ? 16 : elements * 2); };
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(seq), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {bytes(stride[1], seq), bytes(stride[2], heads), bytes(stride[0], batch)};
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace fdma::cuda
