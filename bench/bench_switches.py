@@ -4,10 +4,13 @@ CUDA events, each configuration timed in turn per round (the order rotated each 
 drift hits all alike.
 
 Configurations (environment switches, read by the library per call):
-  default                   the library's defaults: on Hopper a list's last key tile 32 or 64 keys
-                            wide where it holds no more, launches overlapping their predecessors
-                            (programmatic dependent launch), CTAs in grid order
-  full                      FDMA_FWD_LAST_TILE=full: every key tile 128 keys wide
+  default                   the library's defaults: on Hopper the warp-specialized forward (TMA or
+                            gathering producer warps, ping-pong consumers), launches overlapping
+                            their predecessors (programmatic dependent launch), CTAs in grid order
+  cpasync                   FDMA_FWD_WS=0: the cp.async wgmma forward, whose list's last key tile
+                            runs 32 or 64 keys wide where it holds no more
+  full                      FDMA_FWD_WS=0 FDMA_FWD_LAST_TILE=full: the cp.async forward with every
+                            key tile 128 keys wide
   serial                    FDMA_OVERLAP_LAUNCHES=0: every kernel waits for the previous one to end
   full+serial               both switches off: full-width last tiles and serial launches
   dkdv1, dkdv2              FDMA_DKDV_GROUPS=1 or 2: one or two warp groups per dk/dv CTA, forced
@@ -38,9 +41,10 @@ from flash_dma import _abi  # noqa: E402
 
 CONFIGS = {
     "default": {},
-    "full": {"FDMA_FWD_LAST_TILE": "full"},
+    "cpasync": {"FDMA_FWD_WS": "0"},
+    "full": {"FDMA_FWD_WS": "0", "FDMA_FWD_LAST_TILE": "full"},
     "serial": {"FDMA_OVERLAP_LAUNCHES": "0"},
-    "full+serial": {"FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
+    "full+serial": {"FDMA_FWD_WS": "0", "FDMA_FWD_LAST_TILE": "full", "FDMA_OVERLAP_LAUNCHES": "0"},
     "dkdv1": {"FDMA_DKDV_GROUPS": "1"},
     "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
     "split1": {"FDMA_DKDV_SPLITS": "1"},
@@ -48,7 +52,7 @@ CONFIGS = {
 
 
 def set_config(name):
-    for var in ("FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS"):
+    for var in ("FDMA_FWD_WS", "FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS"):
         os.environ.pop(var, None)
     os.environ.update(CONFIGS[name])
 

@@ -547,14 +547,16 @@ std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
 
 }  // namespace
 
-// The narrow last tile (Hopper, the default: a list's last key tile run 32 or 64 keys wide when
-// it holds no more) against the CPU, and bitwise against the full-width tile
-// (FDMA_FWD_LAST_TILE=full): the keys it leaves out are the zero rows and -inf scores that add
-// exact zeros. Off Hopper both runs take the mma.sync kernel and the comparison holds
-// trivially. The cases are checked to contain lists ending in tiles of both narrow widths.
+// The narrow last tile of the cp.async wgmma forward (FDMA_FWD_WS=0 on Hopper: a list's last
+// key tile run 32 or 64 keys wide when it holds no more) against the CPU, and bitwise against
+// the full-width tile (FDMA_FWD_LAST_TILE=full): the keys it leaves out are the zero rows and
+// -inf scores that add exact zeros. Off Hopper both runs take the mma.sync kernel and the
+// comparison holds trivially. The cases are checked to contain lists ending in tiles of both
+// narrow widths.
 TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
   REQUIRE_GPU();
-  const ScopedEnv last_tile("FDMA_FWD_LAST_TILE");
+  const ScopedEnv last_tile("FDMA_FWD_LAST_TILE"), ws("FDMA_FWD_WS");
+  ws.set("0");
   uint64_t seed = 1100;
   int tails32 = 0, tails64 = 0;
   for (auto [S, w] : {std::pair<int64_t, int64_t>{700, 150}, {1200, 200}, {2000, 500}, {2500, 1000}})
@@ -580,6 +582,31 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
     }
   EXPECT_GT(tails32, 0) << "no list ended in a tile of 32 keys or fewer";
   EXPECT_GT(tails64, 0) << "no list ended in a tile of 33-64 keys";
+}
+
+// The gathered forward on the warp-specialized kernel (the default on Hopper at D 64 and 128)
+// and on the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU: causal and not,
+// lists over several stages of the producer's ring, GQA/MQA, padding, ties, softcap, head
+// dims below the kernel's (D 40 and 112 run on the 64 and 128 kernels).
+TEST(DmaGpu, WarpSpecializedForwardEitherPath) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_FWD_WS");
+  uint64_t seed = 1700;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
+    ws.set(on);
+    for (auto [S, w] : {std::pair<int64_t, int64_t>{300, 40}, {1100, 700}, {2000, 1500}})
+      for (int variant = 0; variant < 4; ++variant) {
+        DmaCase c;
+        c.B = 2, c.Sq = S, c.Sk = S + 37 * variant, c.w = w, c.causal = variant % 2 == 0, c.seed = seed++;
+        c.H = 4, c.Hk = variant == 0 ? 4 : variant == 1 ? 2 : 1;
+        c.D = variant == 0 ? 128 : variant == 1 ? 64 : variant == 2 ? 40 : 112;
+        c.dtype = variant == 1 ? DType::f16 : DType::bf16;
+        c.ties = variant == 2, c.padding = variant != 0, c.softcap = variant == 3 ? 4.0 : 0.0;
+        DmaRun r(c);
+        run_gpu_dma(r, false);
+      }
+  }
 }
 
 // The switches that change only when and where kernels run, not what they compute, give

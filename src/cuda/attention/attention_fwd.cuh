@@ -408,11 +408,11 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    if constexpr (!kGather) {  // dense calls: the warp-specialized kernel (attention_fwd_ws.cuh)
-      FwdTensorMaps maps;
-      if (wgmma_path_available(attention_fwd_ws_kernel<T, kHeadDim>, device) &&
-          attention_fwd_ws_applies<T, kHeadDim>(p, maps))
-        return launch_attention_fwd_ws<T, kHeadDim>(p, maps, device, stream);
+    {  // dense and gathered calls: the warp-specialized kernel where it applies (attention_fwd_ws.cuh)
+      FwdTensorMaps maps{};
+      if (wgmma_path_available(attention_fwd_ws_kernel<T, kHeadDim, kGather>, device) &&
+          attention_fwd_ws_applies<T, kHeadDim, kGather>(p, maps))
+        return launch_attention_fwd_ws<T, kHeadDim, kGather>(p, maps, device, stream);
     }
     using Sm90 = FwdMmaSm90<T, kHeadDim>;
     // The wgmma tiles are larger: a call whose mask/bias tiles would not fit takes the sm80 path,

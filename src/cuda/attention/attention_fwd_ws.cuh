@@ -1,18 +1,21 @@
-// Warp-specialized attention forward for Hopper (sm_90a): dense calls (no mask, no bias;
-// causal and softcap allowed) at D = 64 and 128 whose q, k and v the copy engine can read.
+// Warp-specialized attention forward for Hopper (sm_90a), D = 64 and 128: dense calls (no
+// mask, no bias; causal and softcap allowed) whose q, k and v the copy engine can read, and
+// the gathered forward of dynamic-mask mode (key lists, attention_fwd_params.hpp).
 //
 // Three warp groups per CTA of 128 query rows. The producer group gives most of its registers
-// away (setmaxnreg) and one of its threads issues every copy: Q once, then K and V tiles of
-// 128 keys with the bulk tensor copy engine (TMA) into a ring of kStages buffers, each with a
-// "full" mbarrier the copy completes and an "empty" one the consumers arrive on. The two
-// consumer groups own 64 rows each and run the wgmma forward of FwdMmaSm90 (S = Q K^T, the
-// softmax, O += P V) with the softmax of tile j under the P V of tile j - 1, never waiting on
-// each other: no CTA-wide barrier after the start. A pair of named barriers hands the tensor
-// core back and forth (ping-pong): a group issues its step's matmuls only after the other has
-// issued its own, so one group's softmax runs under the other's matmuls.
+// away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier
+// the copies complete and an "empty" one the consumers arrive on. Dense calls: one thread
+// issues every copy with the bulk tensor copy engine (TMA). Gathered calls: the group's 128
+// threads gather the listed keys' rows (and their KeyInfo records) with cp.async, each thread
+// arriving on the full barrier when its copies land. The two consumer groups own 64 rows
+// each and run the wgmma forward of FwdMmaSm90 (S = Q K^T, the softmax, O += P V) with the
+// softmax of tile j under the P V of tile j - 1, never waiting on each other: no CTA-wide
+// barrier after the start. A pair of named barriers hands the tensor core back and forth
+// (ping-pong): a group issues its step's matmuls only after the other has issued its own, so
+// one group's softmax runs under the other's matmuls.
 //
 // The other forward (attention_fwd.cuh) loads tiles with cp.async from every thread and meets
-// at a CTA barrier per key tile; it stays for masks, biases, key lists and other head dims.
+// at a CTA barrier per key tile; it stays for masks, biases and the other head dims.
 #pragma once
 
 #include <cuda.h>
@@ -33,6 +36,7 @@
 #include "cuda/primitives/softmax_sm80.cuh"
 #include "cuda/primitives/tensor_map.hpp"
 #include "cuda/primitives/tile_io_sm80.cuh"
+#include "cuda/primitives/tile_io_sm90.cuh"
 #include "cuda/primitives/tma.cuh"
 #include "cuda/primitives/wgmma.cuh"
 
@@ -44,23 +48,30 @@ struct FwdTensorMaps {
 };
 
 // The CTA's shape and shared memory: Q, then kStages K buffers, kStages V buffers (each
-// 1024-byte aligned for the swizzle), then the mbarriers.
-template <class T, int kHeadDim>
+// 1024-byte aligned for the swizzle), the gathered keys' KeyInfo records per stage (gathered
+// calls), then the mbarriers.
+template <class T, int kHeadDim, bool kGather>
 struct FwdWsShape {
   using Mma = FwdMmaSm90<T, kHeadDim>;
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // 24 x 128 + 240 x 256 registers fit the SM's 64 K.
+  // Registers a thread, with 168 a thread at launch: 24 x 128 + 240 x 256 fit the SM's 64 K.
+  // The gathering producer fits 24 too: one list index a lane a tile, passed by shuffles.
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static constexpr int kColBlocks = kHeadDim / 64;  // copies per tile: one per 128-byte column block
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the register file holds the split");
+  static constexpr int kColBlocks = kHeadDim / 64;  // TMA copies per tile: one per 128-byte column block
+  static constexpr int kInfoBytes = kGather ? kBlockN * int(sizeof(KeyInfo)) : 0;
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
-  static constexpr int kBars = kV + kStages * Mma::kKVBytes;
+  static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
+  static constexpr int kBars = kInfo + kStages * kInfoBytes;
   // q_full, then per stage k_full, k_empty, v_full, v_empty.
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
+  // Arrivals that fill a buffer: the TMA thread's one, or one per gathering thread.
+  static constexpr int kFillArrivals = kGather ? 128 : 1;
 
   __device__ static uint32_t q_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t k_full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
@@ -69,12 +80,13 @@ struct FwdWsShape {
   __device__ static uint32_t v_empty(uint32_t base, int s) { return base + kBars + 8 * (1 + 3 * kStages + s); }
   __device__ static uint32_t k_tile(uint32_t base, int s) { return base + kK + s * Mma::kKVBytes; }
   __device__ static uint32_t v_tile(uint32_t base, int s) { return base + kV + s * Mma::kKVBytes; }
+  __device__ static int info_offset(int s) { return kInfo + s * kInfoBytes; }
 };
 
-// The copy-issuing thread: Q, then K(j) and V(j) for every key tile, each into its stage once
-// the consumers have released what it held.
+// The copy-issuing thread of a dense call: Q, then K(j) and V(j) for every key tile, each into
+// its stage once the consumers have released what it held.
 template <class Shape>
-__device__ __forceinline__ void fwd_ws_produce(const FwdTensorMaps& maps, uint32_t base, int n_blocks, int row0,
+__device__ __forceinline__ void fwd_ws_produce_tma(const FwdTensorMaps& maps, uint32_t base, int n_blocks, int row0,
                                                int h, int hk, int b) {
   using Mma = typename Shape::Mma;
   tma::prefetch_map(&maps.q);
@@ -104,11 +116,80 @@ __device__ __forceinline__ void fwd_ws_produce(const FwdTensorMaps& maps, uint32
   }
 }
 
+// Gathered rows into a swizzled tile of kRows = 128 rows, by the producer group: warp w copies
+// rows 32w .. 32w + 31, and lane l holds the list index of row 32w + l (-1 past the list), so
+// each index is one coalesced load per tile, handed to the lanes copying its row by shuffles.
+template <int kHeadDim, int kRows, class T>
+__device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int64_t row_stride, int32_t row_idx,
+                                                    int warp, int lane, int D) {
+  static_assert(kRows == 128, "four producer warps of 32 rows");
+  constexpr int kChunks = kHeadDim / 8, kRowsPerPass = 32 / kChunks;
+  const int ch = lane % kChunks;
+#pragma unroll 4
+  for (int i = 0; i < 32 / kRowsPerPass; ++i) {
+    const int rl = i * kRowsPerPass + lane / kChunks;
+    const int32_t idx = __shfl_sync(0xffffffffu, row_idx, rl);
+    const bool ok = idx >= 0 && ch * 8 < D;
+    ptx::cp_async_16(smem + wgmma::sw128_offset(kRows, warp * 32 + rl, ch),
+                     ok ? base + int64_t(idx) * row_stride + ch * 8 : base, ok ? 16 : 0);
+  }
+}
+
+// The gathering producer group (128 threads, `tid` 0..127): Q's rows, then for every key tile
+// the listed keys' K rows with their KeyInfo records, and their V rows, with cp.async; each
+// thread arrives on a buffer's full barrier when its own copies have landed.
+template <class T, int kHeadDim, class Shape>
+__device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& p, uint32_t base, const int32_t* list,
+                                                      int n_listed, int n_blocks, int row0, int h, int hk, int b,
+                                                      int tid) {
+  if (n_blocks == 0) return;
+  constexpr int kN = Shape::kBlockN;
+  const int warp = tid / 32, lane = tid % 32;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[2];
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[2];
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + hk * p.v_stride[2];
+  const KeyInfo* info = p.lists.info + (int64_t(b) * p.Hk + hk) * p.Sk;
+  load_rows_sw128_async<128, kHeadDim, Shape::kBlockM>(base + Shape::kQ, q, p.q_stride[1], row0, p.Sq, p.D, tid);
+  mbar::arrive_on_cp_async(Shape::q_full(base));
+  for (int j = 0; j < n_blocks; ++j) {
+    const int s = j % Shape::kStages;
+    const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;
+    const int key = j * kN + tid;  // the list entry of this thread's row
+    const int32_t idx = key < n_listed ? list[key] : -1;
+    mbar::wait(Shape::k_empty(base, s), free_parity);
+    gather_rows_by_warp<kHeadDim, kN>(Shape::k_tile(base, s), k, p.k_stride[1], idx, warp, lane, p.D);
+    ptx::cp_async_16(base + Shape::info_offset(s) + tid * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
+    mbar::arrive_on_cp_async(Shape::k_full(base, s));
+    mbar::wait(Shape::v_empty(base, s), free_parity);
+    gather_rows_by_warp<kHeadDim, kN>(Shape::v_tile(base, s), v, p.v_stride[1], idx, warp, lane, p.D);
+    mbar::arrive_on_cp_async(Shape::v_full(base, s));
+  }
+}
+
+// The score modification of the key tile at key0 in stage st: causality, bounds and softcap
+// (dense), or the gathered keys' intervals and biases from their KeyInfo records. Gathered
+// calls hand the K buffer back once the records are read; dense ones at once, S being done.
+// Each consumer thread arrives on the stage's empty barrier itself (initialised to 256): no
+// thread's reads rely on another's arrival.
+template <class T, bool kGather, class Shape, int kCols>
+__device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const AttentionFwdParams& p,
+                                              const unsigned char* smem, uint32_t base, int st, int key0, int b, int h,
+                                              int warp_row0, int lane) {
+  if constexpr (kGather) {
+    apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
+    mbar::arrive(Shape::k_empty(base, st));
+  } else {
+    mbar::arrive(Shape::k_empty(base, st));
+    apply_score_mod<T, false, kCols>(s, p, b, h, warp_row0, key0, lane, ScoreTiles{});
+  }
+}
+
 // One consumer warp group: 64 query rows against every key tile, then the epilogue.
 // `warp` counts the consumer warps (0..7): group `group` holds warps 4 * group .. + 3.
-template <class T, int kHeadDim, class Shape>
-__device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint32_t base, int n_blocks, int row0,
-                                               int h, int b, int group, int warp, int lane) {
+template <class T, int kHeadDim, bool kGather, class Shape>
+__device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint32_t base, const unsigned char* smem,
+                                               int n_listed, int n_blocks, int row0, int h, int b, int group, int warp,
+                                               int lane) {
   using Mma = typename Shape::Mma;
   constexpr int kN = Mma::kTilesN, kDT = Mma::kTilesD;
   const int warp_row0 = row0 + Mma::warp_row_offset(warp);
@@ -132,55 +213,85 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
     else if (!last)
       ptx::named_barrier_arrive<1, 256>();
   };
-  // One arrival per consumer warp on a stage's empty barrier (initialised to 8) once this
-  // warp's matmuls reading it are done.
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) mbar::arrive(bar);
+  // Waits for a filled buffer. cp.async writes through the generic proxy and wgmma reads
+  // through the async proxy: gathered tiles need the proxy fence once they are seen.
+  auto wait_full = [&](uint32_t bar, uint32_t parity) {
+    mbar::wait(bar, parity);
+    if constexpr (kGather) wgmma::fence_proxy_async_smem();
   };
-  auto modify_scores = [&](float (&s)[1][kN][4], int j) {
-    apply_score_mod<T, false, kN>(s[0], p, b, h, warp_row0, j * Shape::kBlockN, lane, ScoreTiles{});
-  };
+  // Every consumer thread hands a V buffer back itself once its P V is done (fwd_ws_scores).
+  auto release = [&](uint32_t bar) { mbar::arrive(bar); };
 
   if (n_blocks > 0) {
     const uint32_t s_q = base + Shape::kQ;
     typename Mma::PFrag pf;
-    if (group == 1) ptx::named_barrier_arrive<1, 256>();
-    mbar::wait(Shape::q_full(base), 0);
-    {  // key tile 0: S only (O is zero, nothing to rescale)
+    // A gathered list's last tile runs 32 or 64 keys wide where it holds no more, as in the
+    // other forward (attention_fwd.cuh); the first tile stays full width.
+    int last_keys = Shape::kBlockN;
+    if constexpr (kGather) {
+      const int tail = n_listed - (n_blocks - 1) * Shape::kBlockN;
+      if (p.narrow_last_tile && n_blocks >= 2) last_keys = tail <= 32 ? 32 : tail <= 64 ? 64 : Shape::kBlockN;
+    }
+    // Key tile 0: S only (O is zero, nothing to rescale).
+    auto first_step = [&] {
       float s[1][kN][4], alpha[2];
-      mbar::wait(Shape::k_full(base, 0), 0);
+      wait_full(Shape::k_full(base, 0), 0);
       take_turn();
       Mma::qk_issue(s, s_q, Shape::k_tile(base, 0), warp);
       pass_turn(n_blocks == 1);
       Mma::template wait_qk<false>(s);
-      release(Shape::k_empty(base, 0));
-      modify_scores(s, 0);
+      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, 0, 0, b, h, warp_row0, lane);
       softmax.scale_scores(s[0], alpha);
       Mma::pack_p(pf, s);
-    }
-    for (int j = 1; j < n_blocks; ++j) {
+    };
+    // Key tile j >= 1, kKeys wide: S(j) and P(j-1) V(j-1) issued together; the softmax of S(j)
+    // runs while P V does. Every wgmma a step issues is waited on within it (one in flight
+    // across a branch makes ptxas serialise them all, warning C7514).
+    auto step = [&](auto keys_tag, int j) {
+      constexpr int kKeys = decltype(keys_tag)::value;
       const int s_now = j % Shape::kStages, s_prev = (j - 1) % Shape::kStages;
-      float s[1][kN][4], alpha[2];
-      mbar::wait(Shape::k_full(base, s_now), (j / Shape::kStages) & 1);
-      mbar::wait(Shape::v_full(base, s_prev), ((j - 1) / Shape::kStages) & 1);
+      float s[1][kKeys / 8][4], alpha[2];
+      wait_full(Shape::k_full(base, s_now), (j / Shape::kStages) & 1);
+      wait_full(Shape::v_full(base, s_prev), ((j - 1) / Shape::kStages) & 1);
       take_turn();
-      Mma::qk_issue(s, s_q, Shape::k_tile(base, s_now), warp);
+      Mma::template qk_issue<kKeys>(s, s_q, Shape::k_tile(base, s_now), warp);
       Mma::pv_issue(o, pf, Shape::v_tile(base, s_prev));
       pass_turn(j == n_blocks - 1);
       Mma::template wait_qk<true>(s);
-      release(Shape::k_empty(base, s_now));
-      modify_scores(s, j);
+      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, s_now, j * Shape::kBlockN, b, h, warp_row0, lane);
       softmax.scale_scores(s[0], alpha);
       Mma::wait_pv(o, pf);
       release(Shape::v_empty(base, s_prev));
       softmax.rescale(o[0], alpha);
       Mma::pack_p(pf, s);
+    };
+    // The last tile's P V over its kKeys keys.
+    auto last_pv = [&](auto keys_tag) {
+      constexpr int kKeys = decltype(keys_tag)::value;
+      const int last = n_blocks - 1;
+      wait_full(Shape::v_full(base, last % Shape::kStages), (last / Shape::kStages) & 1);
+      Mma::template pv_issue<kKeys>(o, pf, Shape::v_tile(base, last % Shape::kStages));
+      Mma::wait_pv(o, pf);
+    };
+    using Full = std::integral_constant<int, Shape::kBlockN>;
+    if (group == 1) ptx::named_barrier_arrive<1, 256>();
+    wait_full(Shape::q_full(base), 0);
+    const int full_end = last_keys < Shape::kBlockN ? n_blocks - 1 : n_blocks;
+    first_step();
+    for (int j = 1; j < full_end; ++j) step(Full{}, j);
+    if constexpr (kGather) {
+      if (last_keys == 32) {
+        step(std::integral_constant<int, 32>{}, n_blocks - 1);
+        last_pv(std::integral_constant<int, 32>{});
+      } else if (last_keys == 64) {
+        step(std::integral_constant<int, 64>{}, n_blocks - 1);
+        last_pv(std::integral_constant<int, 64>{});
+      } else {
+        last_pv(Full{});
+      }
+    } else {
+      last_pv(Full{});
     }
-    const int last = n_blocks - 1;
-    mbar::wait(Shape::v_full(base, last % Shape::kStages), (last / Shape::kStages) & 1);
-    Mma::pv_issue(o, pf, Shape::v_tile(base, last % Shape::kStages));
-    Mma::wait_pv(o, pf);
   }
 
   // Epilogue: normalise, store O (two elements per store) and lse, as the other forward.
@@ -194,72 +305,89 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
     const float inv = l == 0.f ? 0.f : 1.f / l;
     T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-      *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * t) = ptx::pack2<T>(o[0][dt][2 * r] * inv, o[0][dt][2 * r + 1] * inv);
+    for (int dt = 0; dt < kDT; ++dt) {
+      const int d = dt * 8 + 2 * t;
+      if (d < p.D)
+        *reinterpret_cast<uint32_t*>(out + d) = ptx::pack2<T>(o[0][dt][2 * r] * inv, o[0][dt][2 * r + 1] * inv);
+    }
     if (p.lse && t == 0)
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
           l == 0.f ? -INFINITY : softmax.m[r] + logf(l);
   }
 }
 
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(FwdWsShape<T, kHeadDim>::kThreads, 1)
+template <class T, int kHeadDim, bool kGather>
+__global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
     attention_fwd_ws_kernel(const AttentionFwdParams p, const __grid_constant__ FwdTensorMaps maps) {
 #if FDMA_SM90_ENABLED
-  using Shape = FwdWsShape<T, kHeadDim>;
+  using Shape = FwdWsShape<T, kHeadDim, kGather>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t base = ptx::smem_addr(aligned_smem<1024>(smem_raw));
+  unsigned char* smem = aligned_smem<1024>(smem_raw);
+  const uint32_t base = ptx::smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
-    mbar::init(Shape::q_full(base), 1);
+    mbar::init(Shape::q_full(base), Shape::kFillArrivals);
     for (int s = 0; s < Shape::kStages; ++s) {
-      mbar::init(Shape::k_full(base, s), 1);
-      mbar::init(Shape::v_full(base, s), 1);
-      mbar::init(Shape::k_empty(base, s), 4 * Shape::kConsumers);
-      mbar::init(Shape::v_empty(base, s), 4 * Shape::kConsumers);
+      mbar::init(Shape::k_full(base, s), Shape::kFillArrivals);
+      mbar::init(Shape::v_full(base, s), Shape::kFillArrivals);
+      mbar::init(Shape::k_empty(base, s), 128 * Shape::kConsumers);
+      mbar::init(Shape::v_empty(base, s), 128 * Shape::kConsumers);
     }
     mbar::fence_init();
   }
   __syncthreads();
-  ptx::griddep_wait();  // launched overlapping its predecessor: its writes (launch.cuh)
+  ptx::griddep_wait();  // launched overlapping its predecessor (the list kernels): its writes
 
-  const QueryTileCta cta = query_tile_cta(p.causal);  // causal: the longest tiles first
+  // Causal: the longest tiles first. Gathered CTAs keep grid order (attention_fwd.cuh).
+  const QueryTileCta cta = query_tile_cta(!kGather && p.causal);
   const int h = cta.y, b = blockIdx.z, hk = h / p.G;
   const int row0 = cta.m_block * Shape::kBlockM;
-  const int key_end = p.causal ? min(p.Sk, row0 + Shape::kBlockM + p.Sk - p.Sq) : p.Sk;
+  int n_listed = 0;
+  const int32_t* list =
+      kGather ? tile_key_list(p.lists, int64_t(b) * p.Hk + hk, cta.m_block, n_listed) : nullptr;
+  const int key_end = kGather ? n_listed : p.causal ? min(p.Sk, row0 + Shape::kBlockM + p.Sk - p.Sq) : p.Sk;
   const int n_blocks = key_end > 0 ? (key_end + Shape::kBlockN - 1) / Shape::kBlockN : 0;
 
   if (warp < 4) {
     wgmma::regs_shrink<Shape::kProducerRegs>();
-    if (warp == 0 && lane == 0) fwd_ws_produce<Shape>(maps, base, n_blocks, row0, h, hk, b);
+    if constexpr (kGather)
+      fwd_ws_produce_gather<T, kHeadDim, Shape>(p, base, list, n_listed, n_blocks, row0, h, hk, b, tid);
+    else if (warp == 0 && lane == 0)
+      fwd_ws_produce_tma<Shape>(maps, base, n_blocks, row0, h, hk, b);
   } else {
     wgmma::regs_grow<Shape::kConsumerRegs>();
     const int consumer_warp = warp - 4;
-    fwd_ws_consume<T, kHeadDim, Shape>(p, base, n_blocks, row0, h, b, consumer_warp / 4, consumer_warp, lane);
+    fwd_ws_consume<T, kHeadDim, kGather, Shape>(p, base, smem, n_listed, n_blocks, row0, h, b, consumer_warp / 4,
+                                                consumer_warp, lane);
   }
 #else
   __trap();  // dispatch launches it only on sm_90a code (arch_dispatch.cuh)
 #endif
 }
 
-// Whether the warp-specialized forward takes this call: a dense call (no mask, bias or key
-// lists) at exactly this head dim whose q, k and v the copy engine can describe (maps filled
-// here). The caller checks the device.
-template <class T, int kHeadDim>
+// Whether the warp-specialized forward takes this call (the caller checks the device):
+// gathered calls always; dense calls (no mask or bias) at exactly this head dim whose q, k
+// and v the copy engine can describe (maps filled here).
+template <class T, int kHeadDim, bool kGather>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
-  if (p.mask || p.bias || p.lists.keys || p.D != kHeadDim || !fwd_ws_allowed()) return false;
-  using Shape = FwdWsShape<T, kHeadDim>;
-  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-  return encode_rows_map(maps.q, p.q, bf16, p.D, p.Sq, p.H, p.B, p.q_stride, Shape::kBlockM) &&
-         encode_rows_map(maps.k, p.k, bf16, p.D, p.Sk, p.Hk, p.B, p.k_stride, Shape::kBlockN) &&
-         encode_rows_map(maps.v, p.v, bf16, p.D, p.Sk, p.Hk, p.B, p.v_stride, Shape::kBlockN);
+  if (!fwd_ws_allowed()) return false;
+  if constexpr (kGather) {
+    return true;
+  } else {
+    if (p.mask || p.bias || p.D != kHeadDim) return false;
+    using Shape = FwdWsShape<T, kHeadDim, false>;
+    constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    return encode_rows_map(maps.q, p.q, bf16, p.D, p.Sq, p.H, p.B, p.q_stride, Shape::kBlockM) &&
+           encode_rows_map(maps.k, p.k, bf16, p.D, p.Sk, p.Hk, p.B, p.k_stride, Shape::kBlockN) &&
+           encode_rows_map(maps.v, p.v, bf16, p.D, p.Sk, p.Hk, p.B, p.v_stride, Shape::kBlockN);
+  }
 }
 
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, bool kGather>
 cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& p, const FwdTensorMaps& maps, int device,
                                     cudaStream_t stream) {
-  using Shape = FwdWsShape<T, kHeadDim>;
-  auto kernel = attention_fwd_ws_kernel<T, kHeadDim>;
+  using Shape = FwdWsShape<T, kHeadDim, kGather>;
+  auto kernel = attention_fwd_ws_kernel<T, kHeadDim, kGather>;
   static std::atomic<int> granted[kMaxDevices] = {};
   cudaError_t err = grant_smem_once(kernel, Shape::kSmemBytes, device < kMaxDevices ? granted : nullptr, device);
   if (err != cudaSuccess) return err;

@@ -28,6 +28,11 @@ __device__ __forceinline__ void arrive_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// One arrival once every cp.async this thread has issued so far has landed, counted against
+// the barrier's init count (a producer whose copies are not tensor copies).
+__device__ __forceinline__ void arrive_on_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // Whether the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
 // parity 1 reads as completed: a producer's first wait on an empty buffer passes at once.
 __device__ __forceinline__ bool try_wait(uint32_t bar, uint32_t parity) {
