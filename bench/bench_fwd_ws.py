@@ -1,9 +1,10 @@
-"""Dense attention forward on Hopper: the warp-specialized kernel (the default for dense calls
-at D 64 and 128) against the cp.async wgmma kernel (FDMA_FWD_WS=0), SDPA flash (FlashAttention-2)
-and SDPA cuDNN, in one process. Each round times every system once per problem, the order
+"""Attention forward on Hopper without a mask: the warp-specialized kernel (the default at D 64
+and 128) against the cp.async wgmma kernel (FDMA_FWD_WS=0), SDPA flash (FlashAttention-2) and
+SDPA cuDNN (dense cases only), in one process; with --cases per-key, a bias [B, H, 1, S] too. Each round times every system once per problem, the order
 rotated each round; the table gives medians over rounds of per-round medians of CUDA events.
 
 Usage: python3 bench/bench_fwd_ws.py [--seqlens 8192,16384] [--headdims 64,128] [--rounds 3]
+                                     [--cases dense,per-key]
 bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*S*D / t, halved for causal. Also checks each
 flash-dma output against SDPA flash (max |diff|).
 """
@@ -39,6 +40,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cases", default="dense", help="dense and/or per-key (a bias [B, H, 1, S])")
     args = ap.parse_args()
     dev, B, H = torch.device("cuda"), args.batch, args.heads
     rows = []
@@ -47,7 +49,10 @@ def main():
             torch.manual_seed(0)
             q, k, v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            for causal in (False, True):
+            key_bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16)
+            for case, causal in [(c, cz) for c in args.cases.split(",") for cz in (False, True)]:
+                bias = key_bias if case == "per-key" else None
+
                 def sdpa(backend):
                     def run():
                         with sdpa_kernel(backend):
@@ -55,12 +60,15 @@ def main():
                     return run
 
                 def ours():
-                    return flash_dma.attention(q, k, v, is_causal=causal)
+                    return flash_dma.attention(q, k, v, attn_bias=bias, is_causal=causal)
 
-                systems = {"flash-dma ws": with_env(None, ours), "flash-dma cp.async": with_env("0", ours),
-                           "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION), "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)}
+                systems = {"flash-dma ws": with_env(None, ours), "flash-dma cp.async": with_env("0", ours)}
+                if bias is None:
+                    systems.update({"SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
+                                    "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)})
                 with torch.no_grad():
-                    ref = systems["SDPA flash"]().transpose(1, 2).float()
+                    # the reference: SDPA flash, or with a bias the cp.async kernel
+                    ref = (systems["SDPA flash"]().transpose(1, 2) if bias is None else with_env("0", ours)()).float()
                     errs = {n: (systems[n]().float() - ref).abs().max().item() for n in ("flash-dma ws", "flash-dma cp.async")}
                     times = {n: [] for n in systems}
                     names = list(systems)
@@ -70,14 +78,16 @@ def main():
                 os.environ.pop("FDMA_FWD_WS", None)
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 med = {n: statistics.median(t) for n, t in times.items()}
-                rows.append((D, S, causal, med, flops, errs))
-                print(D, S, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
+                rows.append((case, D, S, causal, med, flops, errs))
+                print(case, D, S, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H}, forward; ms (TF/s), medians of {args.rounds} rotated rounds")
-    print("| D | S | causal | flash-dma ws | flash-dma cp.async | SDPA flash | SDPA cuDNN | max abs diff ws / cp.async |")
-    print("|---|---|---|---|---|---|---|---|")
-    for D, S, causal, med, flops, errs in rows:
-        cells = " | ".join(f"{med[n]:.3f} ({flops / med[n] / 1e9:.0f})" for n in med)
-        print(f"| {D} | {S} | {int(causal)} | {cells} | {errs['flash-dma ws']:.3g} / {errs['flash-dma cp.async']:.3g} |")
+    print("| case | D | S | causal | flash-dma ws | flash-dma cp.async | SDPA flash | SDPA cuDNN | max abs diff ws / cp.async |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    names = ["flash-dma ws", "flash-dma cp.async", "SDPA flash", "SDPA cuDNN"]
+    for case, D, S, causal, med, flops, errs in rows:
+        cells = " | ".join(f"{med[n]:.3f} ({flops / med[n] / 1e9:.0f})" if n in med else "-" for n in names)
+        print(f"| {case} | {D} | {S} | {int(causal)} | {cells} | "
+              f"{errs['flash-dma ws']:.3g} / {errs['flash-dma cp.async']:.3g} |")
 
 
 if __name__ == "__main__":

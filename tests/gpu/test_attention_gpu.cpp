@@ -461,10 +461,11 @@ struct DevicePlace {
 };
 }  // namespace
 
-// The warp-specialized forward (attention_fwd_ws.cuh; dense calls at D 64 and 128 on Hopper)
-// and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend: ragged and
-// multi-stage key walks, causal with more and fewer keys than queries (whole query tiles that
-// see no key), GQA, softcap, both dtypes and the strided layouts the copy engine describes.
+// The warp-specialized forward (attention_fwd_ws.cuh; calls without a mask at D 64 and 128 on
+// Hopper) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend: ragged
+// and multi-stage key walks, causal with more and fewer keys than queries (whole query tiles
+// that see no key), GQA, softcap, both dtypes, the strided layouts the copy engine describes,
+// and per-key biases ([B or 1, H or Hk or 1, 1, Sk], q's dtype or fp32, expanded or not).
 TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_FWD_WS");
@@ -480,6 +481,17 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
           c.softcap = seed % 4 == 0 ? 5.0 : 0.0;
           run_gpu(c, false);
         }
+    for (int heads : {0, 1, 2})
+      for (int variant = 0; variant < 4; ++variant) {
+        AttnCase c = base(variant < 2 ? 200 : 333, variant < 2 ? 300 : 290, 4, 2, variant % 2 ? 64 : 128, variant >= 2,
+                          variant == 1 ? DType::f16 : DType::bf16, seed++);
+        c.bias.present = true;
+        c.bias.q = false, c.bias.b = variant != 3, c.bias.heads = heads;
+        c.bias.dtype = variant == 2 ? DType::f32 : DType::unset;
+        c.bias.expanded = variant == 1;
+        c.softcap = variant == 3 ? 4.0 : 0.0;
+        run_gpu(c, false);
+      }
   }
 }
 

@@ -1,11 +1,12 @@
-// Warp-specialized attention forward for Hopper (sm_90a), D = 64 and 128: dense calls (no
-// mask, no bias; causal and softcap allowed) whose q, k and v the copy engine can read, and
-// the gathered forward of dynamic-mask mode (key lists, attention_fwd_params.hpp).
+// Warp-specialized attention forward for Hopper (sm_90a), D = 64 and 128: calls without a mask
+// (causal, softcap and a per-key bias allowed) whose q, k, v and bias the copy engine can
+// read, and the gathered forward of dynamic-mask mode (key lists, attention_fwd_params.hpp).
 //
 // Three warp groups per CTA of 128 query rows. The producer group gives most of its registers
 // away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier
 // the copies complete and an "empty" one the consumers arrive on. Dense calls: one thread
-// issues every copy with the bulk tensor copy engine (TMA). Gathered calls: the group's 128
+// issues every copy with the bulk tensor copy engine (TMA), a key tile's bias row with its K.
+// Gathered calls: the group's 128
 // threads gather the listed keys' rows (and their KeyInfo records) with cp.async, each thread
 // arriving on the full barrier when its copies land. The two consumer groups own 64 rows
 // each and run the wgmma forward of FwdMmaSm90 (S = Q K^T, the softmax, O += P V) with the
@@ -15,7 +16,8 @@
 // one group's softmax runs under the other's matmuls.
 //
 // The other forward (attention_fwd.cuh) loads tiles with cp.async from every thread and meets
-// at a CTA barrier per key tile; it stays for masks, biases and the other head dims.
+// at a CTA barrier per key tile; it stays for masks, biases with a query dim and the other head
+// dims.
 #pragma once
 
 #include <cuda.h>
@@ -42,14 +44,15 @@
 
 namespace fdma::cuda {
 
-// Copy-engine descriptors of q, k and v: boxes of 64 columns by 128 rows of one head.
+// Copy-engine descriptors of q, k and v (boxes of 64 columns by 128 rows of one head) and of a
+// per-key bias (boxes of 128 keys).
 struct FwdTensorMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, bias;
 };
 
 // The CTA's shape and shared memory: Q, then kStages K buffers, kStages V buffers (each
-// 1024-byte aligned for the swizzle), the gathered keys' KeyInfo records per stage (gathered
-// calls), then the mbarriers.
+// 1024-byte aligned for the swizzle), per stage the gathered keys' KeyInfo records (gathered
+// calls) or the key tile's bias row (dense calls), then the mbarriers.
 template <class T, int kHeadDim, bool kGather>
 struct FwdWsShape {
   using Mma = FwdMmaSm90<T, kHeadDim>;
@@ -62,7 +65,7 @@ struct FwdWsShape {
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the register file holds the split");
   static constexpr int kColBlocks = kHeadDim / 64;  // TMA copies per tile: one per 128-byte column block
-  static constexpr int kInfoBytes = kGather ? kBlockN * int(sizeof(KeyInfo)) : 0;
+  static constexpr int kInfoBytes = kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4;  // fp32 bias at most
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
   static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;
@@ -81,17 +84,22 @@ struct FwdWsShape {
   __device__ static uint32_t k_tile(uint32_t base, int s) { return base + kK + s * Mma::kKVBytes; }
   __device__ static uint32_t v_tile(uint32_t base, int s) { return base + kV + s * Mma::kKVBytes; }
   __device__ static int info_offset(int s) { return kInfo + s * kInfoBytes; }
+  __device__ static int bias_offset(int s) { return info_offset(s); }
 };
 
 // The copy-issuing thread of a dense call: Q, then K(j) and V(j) for every key tile, each into
 // its stage once the consumers have released what it held.
+// With a per-key bias (bias_bytes > 0), each K copy brings the tile's bias row along: row
+// (bias_batch, bias_head) of the bias map.
 template <class Shape>
 __device__ __forceinline__ void fwd_ws_produce_tma(const FwdTensorMaps& maps, uint32_t base, int n_blocks, int row0,
-                                               int h, int hk, int b) {
+                                                   int h, int hk, int b, int bias_bytes, int bias_head,
+                                                   int bias_batch) {
   using Mma = typename Shape::Mma;
   tma::prefetch_map(&maps.q);
   tma::prefetch_map(&maps.k);
   tma::prefetch_map(&maps.v);
+  if (bias_bytes) tma::prefetch_map(&maps.bias);
   if (n_blocks == 0) return;  // the consumers wait for nothing: no copy may outlive the CTA
   mbar::arrive_expect_tx(Shape::q_full(base), Mma::kQBytes);
 #pragma unroll
@@ -102,7 +110,9 @@ __device__ __forceinline__ void fwd_ws_produce_tma(const FwdTensorMaps& maps, ui
     const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
     const int key0 = j * Shape::kBlockN;
     mbar::wait(Shape::k_empty(base, s), free_parity);
-    mbar::arrive_expect_tx(Shape::k_full(base, s), Mma::kKVBytes);
+    mbar::arrive_expect_tx(Shape::k_full(base, s), Mma::kKVBytes + bias_bytes);
+    if (bias_bytes)
+      tma::load_3d(base + Shape::bias_offset(s), &maps.bias, Shape::k_full(base, s), key0, bias_head, bias_batch);
 #pragma unroll
     for (int c = 0; c < Shape::kColBlocks; ++c)
       tma::load_4d(Shape::k_tile(base, s) + c * Mma::kBlockBytesKV, &maps.k, Shape::k_full(base, s), c * 64, key0, hk,
@@ -166,9 +176,10 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
   }
 }
 
-// The score modification of the key tile at key0 in stage st: causality, bounds and softcap
-// (dense), or the gathered keys' intervals and biases from their KeyInfo records. Gathered
-// calls hand the K buffer back once the records are read; dense ones at once, S being done.
+// The score modification of the key tile at key0 in stage st: causality, bounds, softcap and
+// the bias row from the stage (dense), or the gathered keys' intervals and biases from their
+// KeyInfo records. The K buffer goes back once S is done and the stage's bias row or records
+// are read.
 // Each consumer thread arrives on the stage's empty barrier itself (initialised to 256): no
 // thread's reads rely on another's arrival.
 template <class T, bool kGather, class Shape, int kCols>
@@ -177,6 +188,10 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
                                               int warp_row0, int lane) {
   if constexpr (kGather) {
     apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
+    mbar::arrive(Shape::k_empty(base, st));
+  } else if (p.bias) {
+    const ScoreTiles tiles{nullptr, smem + Shape::bias_offset(st), 0, Shape::kBlockN, 0, false, true, false};
+    apply_score_mod<T, false, kCols>(s, p, b, h, warp_row0, key0, lane, tiles);
     mbar::arrive(Shape::k_empty(base, st));
   } else {
     mbar::arrive(Shape::k_empty(base, st));
@@ -353,7 +368,9 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
     if constexpr (kGather)
       fwd_ws_produce_gather<T, kHeadDim, Shape>(p, base, list, n_listed, n_blocks, row0, h, hk, b, tid);
     else if (warp == 0 && lane == 0)
-      fwd_ws_produce_tma<Shape>(maps, base, n_blocks, row0, h, hk, b);
+      fwd_ws_produce_tma<Shape>(maps, base, n_blocks, row0, h, hk, b,
+                                p.bias ? Shape::kBlockN * (p.bias_f32 ? 4 : 2) : 0,
+                                int(head_index(p.bias_head_mode, h, p.G)), p.bias_stride[0] == 0 ? 0 : b);
   } else {
     wgmma::regs_grow<Shape::kConsumerRegs>();
     const int consumer_warp = warp - 4;
@@ -366,17 +383,27 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
 }
 
 // Whether the warp-specialized forward takes this call (the caller checks the device):
-// gathered calls always; dense calls (no mask or bias) at exactly this head dim whose q, k
-// and v the copy engine can describe (maps filled here).
+// gathered calls always; calls without a mask at exactly this head dim, with no bias or a
+// per-key one ([.., 1, Sk], tiled), whose tensors the copy engine can describe (maps filled
+// here).
 template <class T, int kHeadDim, bool kGather>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
   if (!fwd_ws_allowed()) return false;
   if constexpr (kGather) {
     return true;
   } else {
-    if (p.mask || p.bias || p.D != kHeadDim) return false;
+    if (p.mask || p.D != kHeadDim || (p.bias && (!p.bias_tiled || p.bias_stride[2] != 0))) return false;
     using Shape = FwdWsShape<T, kHeadDim, false>;
     constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    if (p.bias) {
+      const CUtensorMapDataType dtype = p.bias_f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                        : bf16     ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+      const int heads = p.bias_head_mode == 2 ? p.H : p.bias_head_mode == 1 ? p.Hk : 1;
+      if (!encode_key_rows_map(maps.bias, p.bias, dtype, p.bias_f32 ? 4 : 2, p.Sk, heads,
+                               p.bias_stride[0] == 0 ? 1 : p.B, p.bias_stride[0], p.bias_stride[1], Shape::kBlockN))
+        return false;
+    }
     return encode_rows_map(maps.q, p.q, bf16, p.D, p.Sq, p.H, p.B, p.q_stride, Shape::kBlockM) &&
            encode_rows_map(maps.k, p.k, bf16, p.D, p.Sk, p.Hk, p.B, p.k_stride, Shape::kBlockN) &&
            encode_rows_map(maps.v, p.v, bf16, p.D, p.Sk, p.Hk, p.B, p.v_stride, Shape::kBlockN);

@@ -45,4 +45,21 @@ inline bool encode_rows_map(CUtensorMap& map, const void* base, bool bf16, int D
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A map over rows of keys, a (batch, head, key) tensor of `esize`-byte elements with element
+// strides (batch, head; keys contiguous), as 3-D (key, head, batch), unswizzled. Its box is
+// box_keys keys of one head: a per-key bias row per key tile. False as encode_rows_map.
+inline bool encode_key_rows_map(CUtensorMap& map, const void* base, CUtensorMapDataType dtype, int esize, int keys,
+                                int heads, int batch, int64_t batch_stride, int64_t head_stride, int box_keys) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode || keys <= 0) return false;
+  auto bytes = [&](int64_t elements, int size) { return cuuint64_t(size == 1 ? 16 : elements * esize); };
+  const cuuint64_t dims[3] = {cuuint64_t(keys), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[2] = {bytes(head_stride, heads), bytes(batch_stride, batch)};
+  const cuuint32_t box[3] = {cuuint32_t(box_keys), 1, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(&map, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace fdma::cuda

@@ -23,6 +23,17 @@ __device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, ui
 #endif
 }
 
+// Box at coordinates (c0 innermost .. c2) of a 3-D map into shared memory at `dst`.
+__device__ __forceinline__ void load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+#endif
+}
+
 // Brings the map's 128 bytes into the copy engine's cache ahead of the first copy.
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
