@@ -1,8 +1,8 @@
 """Runs the attention forward once per case for a profiler (ncu) to capture.
 
-python3 tools/profiling/profile_fwd.py --lib build/libfdma.so [--seqlen 8192]
-Cases: dense, per-key bias [B,H,1,Sk]; B1 H16 D128 bf16, non-causal; each launched twice
-(warm-up, then the one to read).
+python3 tools/profiling/profile_fwd.py --lib build/libfdma.so [--seqlen 8192] [--headdim 128]
+Cases: dense, per-key bias [B,H,1,Sk]; B1 H16 bf16, non-causal; each launched twice (warm-up,
+then the one to read).
 """
 import argparse
 import ctypes
@@ -21,9 +21,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfdma.so")
     ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--headdim", type=int, default=128)
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
-    B, H, D, S = 1, 16, 128, args.seqlen
+    B, H, D, S = 1, 16, args.headdim, args.seqlen
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     bias = torch.randn(B, H, 1, S, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)

@@ -178,14 +178,15 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
 
 // The score modification of the key tile at key0 in stage st: causality, bounds, softcap and
 // the bias row from the stage (dense), or the gathered keys' intervals and biases from their
-// KeyInfo records. The K buffer goes back once S is done and the stage's bias row or records
-// are read.
+// KeyInfo records. `raw` (dense, no bias or softcap, scale > 0): causality and bounds only, the
+// scores left unscaled for the softmax to scale in its exponent. The K buffer goes back once S
+// is done and the stage's bias row or records are read.
 // Each consumer thread arrives on the stage's empty barrier itself (initialised to 256): no
 // thread's reads rely on another's arrival.
 template <class T, bool kGather, class Shape, int kCols>
 __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const AttentionFwdParams& p,
                                               const unsigned char* smem, uint32_t base, int st, int key0, int b, int h,
-                                              int warp_row0, int lane) {
+                                              int warp_row0, int lane, bool raw) {
   if constexpr (kGather) {
     apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
     mbar::arrive(Shape::k_empty(base, st));
@@ -193,6 +194,12 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
     const ScoreTiles tiles{nullptr, smem + Shape::bias_offset(st), 0, Shape::kBlockN, 0, false, true, false};
     apply_score_mod<T, false, kCols>(s, p, b, h, warp_row0, key0, lane, tiles);
     mbar::arrive(Shape::k_empty(base, st));
+  } else if (raw) {
+    mbar::arrive(Shape::k_empty(base, st));
+    if (!interior_tile<kCols>(p, warp_row0, key0)) {
+      const int rows[2] = {warp_row0 + lane / 4, warp_row0 + lane / 4 + 8};
+      hide_out_of_range(s, p, rows, key0, lane % 4);
+    }
   } else {
     mbar::arrive(Shape::k_empty(base, st));
     apply_score_mod<T, false, kCols>(s, p, b, h, warp_row0, key0, lane, ScoreTiles{});
@@ -212,6 +219,9 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
   OnlineSoftmax<kN, kDT> softmax;
+  // Unscaled scores where only the scale applies: the exponent's multiply-add scales them.
+  const bool raw = !kGather && !p.bias && p.softcap == 0.f && p.scale > 0.f;
+  const float log2_scale = (raw ? p.scale : 1.f) * 1.4426950408889634f;
 
   // The ping-pong: barrier 1 + g is group g's turn to issue; it takes 256 threads, its own
   // group waiting and the other arriving. Group 0 starts; each group passes the turn after
@@ -255,8 +265,8 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
       Mma::qk_issue(s, s_q, Shape::k_tile(base, 0), warp);
       pass_turn(n_blocks == 1);
       Mma::template wait_qk<false>(s);
-      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, 0, 0, b, h, warp_row0, lane);
-      softmax.scale_scores(s[0], alpha);
+      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, 0, 0, b, h, warp_row0, lane, raw);
+      softmax.scale_scores_log2(s[0], alpha, log2_scale);
       Mma::pack_p(pf, s);
     };
     // Key tile j >= 1, kKeys wide: S(j) and P(j-1) V(j-1) issued together; the softmax of S(j)
@@ -273,8 +283,8 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
       Mma::pv_issue(o, pf, Shape::v_tile(base, s_prev));
       pass_turn(j == n_blocks - 1);
       Mma::template wait_qk<true>(s);
-      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, s_now, j * Shape::kBlockN, b, h, warp_row0, lane);
-      softmax.scale_scores(s[0], alpha);
+      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, s_now, j * Shape::kBlockN, b, h, warp_row0, lane, raw);
+      softmax.scale_scores_log2(s[0], alpha, log2_scale);
       Mma::wait_pv(o, pf);
       release(Shape::v_empty(base, s_prev));
       softmax.rescale(o[0], alpha);
@@ -327,7 +337,7 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
     }
     if (p.lse && t == 0)
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-          l == 0.f ? -INFINITY : softmax.m[r] + logf(l);
+          l == 0.f ? -INFINITY : (raw ? softmax.m[r] * p.scale : softmax.m[r]) + logf(l);
   }
 }
 

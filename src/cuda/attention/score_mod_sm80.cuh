@@ -177,20 +177,18 @@ __device__ __forceinline__ void add_bias_and_mask(float (&s)[kTilesN][4], const 
   }
 }
 
-// s[nt][e]: n-tile nt (8 keys) of a 16-row fragment; element e covers row g + 8 * (e >= 2) and
-// key 2t + (e & 1) within the tile (g = lane / 4, t = lane % 4). Scores become
-// softcap(scale * qk) + bias where visible, -inf elsewhere. Interior tiles, where no bound or
-// causal check can fail, skip those checks.
-template <class T, bool kGlobalTerms, int kTilesN>
-__device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int b, int h,
-                                                int row0, int key0, int lane, const ScoreTiles& tiles) {
-  const int g = lane / 4, t = lane % 4;
-  const bool interior = row0 + 16 <= p.Sq && key0 + 8 * kTilesN <= p.Sk &&
-                        (!p.causal || key0 + 8 * kTilesN - 1 <= row0 + p.Sk - p.Sq);
-  cap_scores(s, p);
-  const int rows[2] = {row0 + g, row0 + g + 8};
-  if (p.mask || p.bias) add_bias_and_mask<T, kGlobalTerms>(s, p, tiles, b, h, rows, key0, t);
-  if (interior) return;
+// Whether no bound or causal check can fail on the tile of 16 rows from row0 and 8 * kTilesN
+// keys from key0.
+template <int kTilesN>
+__device__ __forceinline__ bool interior_tile(const AttentionFwdParams& p, int row0, int key0) {
+  return row0 + 16 <= p.Sq && key0 + 8 * kTilesN <= p.Sk && (!p.causal || key0 + 8 * kTilesN - 1 <= row0 + p.Sk - p.Sq);
+}
+
+// Sets s to -inf where (rows[r], key) is out of range or hidden by causality (layout as
+// apply_score_mod's; t = lane % 4).
+template <int kTilesN>
+__device__ __forceinline__ void hide_out_of_range(float (&s)[kTilesN][4], const AttentionFwdParams& p,
+                                                  const int (&rows)[2], int key0, int t) {
   const int last_key_of_row0 = rows[0] + p.Sk - p.Sq;  // causal: j <= i + Sk - Sq
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
@@ -200,6 +198,22 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
       const bool visible = rows[r] < p.Sq && j < p.Sk && (!p.causal || j <= last_key_of_row0 + 8 * r);
       if (!visible) s[nt][e] = -INFINITY;
     }
+}
+
+// s[nt][e]: n-tile nt (8 keys) of a 16-row fragment; element e covers row g + 8 * (e >= 2) and
+// key 2t + (e & 1) within the tile (g = lane / 4, t = lane % 4). Scores become
+// softcap(scale * qk) + bias where visible, -inf elsewhere. Interior tiles, where no bound or
+// causal check can fail, skip those checks.
+template <class T, bool kGlobalTerms, int kTilesN>
+__device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int b, int h,
+                                                int row0, int key0, int lane, const ScoreTiles& tiles) {
+  const int g = lane / 4, t = lane % 4;
+  const bool interior = interior_tile<kTilesN>(p, row0, key0);
+  cap_scores(s, p);
+  const int rows[2] = {row0 + g, row0 + g + 8};
+  if (p.mask || p.bias) add_bias_and_mask<T, kGlobalTerms>(s, p, tiles, b, h, rows, key0, t);
+  if (interior) return;
+  hide_out_of_range(s, p, rows, key0, t);
 }
 
 // Dynamic-mask mode: the list of kept keys of query tile m_block of (b, hk) (bh = b * Hk + hk),

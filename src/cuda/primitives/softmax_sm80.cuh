@@ -28,7 +28,15 @@ struct OnlineSoftmax {
   // the tile's n-tiles, fewer than kTilesN on a narrow last tile (attention_fwd.cuh).
   template <int kCols>
   __device__ __forceinline__ void scale_scores(float (&s)[kCols][4], float (&alpha)[2]) {
-    constexpr float kLog2e = 1.4426950408889634f;
+    scale_scores_log2(s, alpha, 1.4426950408889634f);
+  }
+
+  // The same where the scores are c / log2(e) times the natural ones (c = log2_scale): raw
+  // q.k products with log2_scale = scale * log2(e), which saves the kernel scaling each score
+  // before the softmax (the exponent's multiply-add does it). m is then in the scores' units.
+  template <int kCols>
+  __device__ __forceinline__ void scale_scores_log2(float (&s)[kCols][4], float (&alpha)[2], float log2_scale) {
+    const float kLog2e = log2_scale;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
