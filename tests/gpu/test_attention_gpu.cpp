@@ -461,8 +461,8 @@ struct DevicePlace {
 };
 }  // namespace
 
-// The warp-specialized forward (attention_fwd_ws.cuh; calls without a mask at D 64 and 128 on
-// Hopper) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend: ragged
+// The warp-specialized forward (attention_fwd_ws.cuh; calls without a mask at D 64, 128 and
+// 256 on Hopper) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend: ragged
 // and multi-stage key walks, causal with more and fewer keys than queries (whole query tiles
 // that see no key), GQA, softcap, both dtypes, the strided layouts the copy engine describes,
 // and per-key biases ([B or 1, H or Hk or 1, 1, Sk], q's dtype or fp32, expanded or not).
@@ -474,16 +474,17 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
     SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
     ws.set(on);
     for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {127, 129}, {300, 100}, {200, 700}, {640, 1100}})
-      for (int64_t D : {64, 128})
+      for (int64_t D : {64, 128, 256})
         for (bool causal : {false, true}) {
-          AttnCase c = base(Sq, Sk, 6, 2, D, causal, D == 64 ? DType::f16 : DType::bf16, seed++);
+          AttnCase c = base(Sq, Sk, 6, 2, D, causal, D == 128 ? DType::bf16 : DType::f16, seed++);
           c.layout = int(seed % 3 == 0 ? 1 : seed % 3 == 1 ? 3 : 0);
           c.softcap = seed % 4 == 0 ? 5.0 : 0.0;
           run_gpu(c, false);
         }
     for (int heads : {0, 1, 2})
       for (int variant = 0; variant < 4; ++variant) {
-        AttnCase c = base(variant < 2 ? 200 : 333, variant < 2 ? 300 : 290, 4, 2, variant % 2 ? 64 : 128, variant >= 2,
+        const int64_t D = variant == 1 ? 64 : variant == 3 ? 256 : 128;
+        AttnCase c = base(variant < 2 ? 200 : 333, variant < 2 ? 300 : 290, 4, 2, D, variant >= 2,
                           variant == 1 ? DType::f16 : DType::bf16, seed++);
         c.bias.present = true;
         c.bias.q = false, c.bias.b = variant != 3, c.bias.heads = heads;

@@ -407,13 +407,14 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
+  if constexpr (kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kGather)) {
+    // The warp-specialized kernel where it applies (attention_fwd_ws.cuh).
+    FwdTensorMaps maps{};
+    if (wgmma_path_available(attention_fwd_ws_kernel<T, kHeadDim, kGather>, device) &&
+        attention_fwd_ws_applies<T, kHeadDim, kGather>(p, maps))
+      return launch_attention_fwd_ws<T, kHeadDim, kGather>(p, maps, device, stream);
+  }
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    {  // dense and gathered calls: the warp-specialized kernel where it applies (attention_fwd_ws.cuh)
-      FwdTensorMaps maps{};
-      if (wgmma_path_available(attention_fwd_ws_kernel<T, kHeadDim, kGather>, device) &&
-          attention_fwd_ws_applies<T, kHeadDim, kGather>(p, maps))
-        return launch_attention_fwd_ws<T, kHeadDim, kGather>(p, maps, device, stream);
-    }
     using Sm90 = FwdMmaSm90<T, kHeadDim>;
     // The wgmma tiles are larger: a call whose mask/bias tiles would not fit takes the sm80 path,
     // and so does one whose mask or bias cannot be tiled (kGlobalScoreTerms).

@@ -1,8 +1,10 @@
-// Warp-specialized attention forward for Hopper (sm_90a), D = 64 and 128: calls without a mask
-// (causal, softcap and a per-key bias allowed) whose q, k, v and bias the copy engine can
-// read, and the gathered forward of dynamic-mask mode (key lists, attention_fwd_params.hpp).
+// Warp-specialized attention forward for Hopper (sm_90a): calls without a mask (causal,
+// softcap and a per-key bias allowed) whose q, k, v and bias the copy engine can read, at D =
+// 64, 128 and 256, and the gathered forward of dynamic-mask mode (key lists,
+// attention_fwd_params.hpp) at D = 64 and 128.
 //
-// Three warp groups per CTA of 128 query rows. The producer group gives most of its registers
+// Three warp groups per CTA of 128 query rows and key tiles of 128 keys (64 at D = 256, where
+// O takes 128 registers a thread). The producer group gives most of its registers
 // away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier
 // the copies complete and an "empty" one the consumers arrive on. Dense calls: one thread
 // issues every copy with the bulk tensor copy engine (TMA), a key tile's bias row with its K.
@@ -55,7 +57,8 @@ struct FwdTensorMaps {
 // calls) or the key tile's bias row (dense calls), then the mbarriers.
 template <class T, int kHeadDim, bool kGather>
 struct FwdWsShape {
-  using Mma = FwdMmaSm90<T, kHeadDim>;
+  static_assert(kHeadDim <= 128 || !kGather, "gathered calls: D = 64 and 128 (lists of 128-row query tiles)");
+  using Mma = FwdMmaSm90<T, kHeadDim, kHeadDim == 256 ? 64 : 128>;
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows

@@ -16,14 +16,16 @@
 
 namespace fdma::cuda {
 
-template <class T, int kHeadDim>
+// kKeyTile: keys per tile, 128; 64 at D = 256 (the warp-specialized forward's dense calls
+// only), where O alone takes 128 registers a thread.
+template <class T, int kHeadDim, int kKeyTile = 128>
 struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma forward tiles: D = 64 or 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "wgmma forward tiles: D = 64, 128 or 256");
   static constexpr int kMTiles = 1;  // per warp: 16 rows of its warpgroup's 64
   static constexpr int kThreads = 256;
-  static constexpr int kBlockM = 128;  // = fwd_block_m(D): key lists and mask summaries use it
-  static constexpr int kBlockN = 128;
-  static_assert(kBlockM == fwd_block_m(kHeadDim), "query tiles match the lists built for the forward");
+  static constexpr int kBlockM = 128;  // = fwd_block_m(D) up to D 128: key lists and mask summaries use it
+  static constexpr int kBlockN = kKeyTile;
+  static_assert(kHeadDim > 128 || kBlockM == fwd_block_m(kHeadDim), "query tiles match the lists built for the forward");
   static constexpr int kQBytes = wgmma::sw128_tile_bytes(kBlockM, kHeadDim);
   static constexpr int kKVBytes = wgmma::sw128_tile_bytes(kBlockN, kHeadDim);
   static constexpr int kTilesN = kBlockN / 8, kTilesD = kHeadDim / 8;

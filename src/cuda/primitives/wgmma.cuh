@@ -134,6 +134,12 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
   "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,"   \
   "%57,%58,%59,%60,%61,%62,%63}"
 
+#define FDMA_WG_D128 \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63," \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95," \
+  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
+
 // SS form: operands after the accumulators are a_desc, b_desc, accumulate.
 #define FDMA_WG_SS(CTYPE, PTXTYPE, N, DLIST, A, B, S, ACCS)                                                   \
   template <>                                                                                                 \
@@ -163,6 +169,7 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
 #define FDMA_WG_ACC16(d) FDMA_WG_ACC4(d, 0), FDMA_WG_ACC4(d, 1), FDMA_WG_ACC4(d, 2), FDMA_WG_ACC4(d, 3)
 #define FDMA_WG_ACC32(d) FDMA_WG_ACC8X4(d, 0)
 #define FDMA_WG_ACC64(d) FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC8X4(d, 8)
+#define FDMA_WG_ACC128(d) FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC8X4(d, 8), FDMA_WG_ACC8X4(d, 16), FDMA_WG_ACC8X4(d, 24)
 FDMA_WG_SS(__nv_bfloat16, "bf16", 32, FDMA_WG_D16, 16, 17, 18, FDMA_WG_ACC16(d))
 FDMA_WG_SS(__half, "f16", 32, FDMA_WG_D16, 16, 17, 18, FDMA_WG_ACC16(d))
 FDMA_WG_SS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
@@ -173,9 +180,13 @@ FDMA_WG_RS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_
 FDMA_WG_RS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_WG_ACC32(d))
 FDMA_WG_RS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, 67, 68, 69, FDMA_WG_ACC64(d))
 FDMA_WG_RS(__half, "f16", 128, FDMA_WG_D64, 64, 65, 66, 67, 68, 69, FDMA_WG_ACC64(d))
+// O += P V at D = 256 (the warp-specialized forward).
+FDMA_WG_RS(__nv_bfloat16, "bf16", 256, FDMA_WG_D128, 128, 129, 130, 131, 132, 133, FDMA_WG_ACC128(d))
+FDMA_WG_RS(__half, "f16", 256, FDMA_WG_D128, 128, 129, 130, 131, 132, 133, FDMA_WG_ACC128(d))
 #undef FDMA_WG_ACC16
 #undef FDMA_WG_ACC32
 #undef FDMA_WG_ACC64
+#undef FDMA_WG_ACC128
 #else
 // Other targets never run these (dispatch checks the device); they compile to a trap.
 template <class T, int N>
@@ -192,6 +203,7 @@ __device__ __forceinline__ void mma_rs_n_major(float (&)[N / 8][4], const uint32
 #undef FDMA_WG_D16
 #undef FDMA_WG_D32
 #undef FDMA_WG_D64
+#undef FDMA_WG_D128
 #undef FDMA_WG_ACC8X4
 #undef FDMA_WG_ACC4
 
