@@ -182,8 +182,9 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
 // The score modification of the key tile at key0 in stage st: causality, bounds, softcap and
 // the bias row from the stage (dense), or the gathered keys' intervals and biases from their
 // KeyInfo records. `raw` (dense, no bias or softcap, scale > 0): causality and bounds only, the
-// scores left unscaled for the softmax to scale in its exponent. The K buffer goes back once S
-// is done and the stage's bias row or records are read.
+// scores left unscaled for the softmax to scale in its exponent; with a bias and no softcap,
+// scale and bias in one multiply-add. The K buffer goes back once S is done and the stage's
+// bias row or records are read.
 // Each consumer thread arrives on the stage's empty barrier itself (initialised to 256): no
 // thread's reads rely on another's arrival.
 template <class T, bool kGather, class Shape, int kCols>
@@ -193,6 +194,17 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
   if constexpr (kGather) {
     apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
     mbar::arrive(Shape::k_empty(base, st));
+  } else if (p.bias && p.softcap == 0.f) {  // scale and bias in one multiply-add a score
+    const bool interior = interior_tile<kCols>(p, warp_row0, key0);
+    if (p.bias_f32)
+      scale_add_key_row(s, reinterpret_cast<const float*>(smem + Shape::bias_offset(st)), lane % 4, p.scale);
+    else
+      scale_add_key_row(s, reinterpret_cast<const T*>(smem + Shape::bias_offset(st)), lane % 4, p.scale);
+    mbar::arrive(Shape::k_empty(base, st));
+    if (!interior) {
+      const int rows[2] = {warp_row0 + lane / 4, warp_row0 + lane / 4 + 8};
+      hide_out_of_range(s, p, rows, key0, lane % 4);
+    }
   } else if (p.bias) {
     const ScoreTiles tiles{nullptr, smem + Shape::bias_offset(st), 0, Shape::kBlockN, 0, false, true, false};
     apply_score_mod<T, false, kCols>(s, p, b, h, warp_row0, key0, lane, tiles);

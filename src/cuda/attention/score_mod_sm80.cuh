@@ -115,6 +115,20 @@ __device__ __forceinline__ void add_key_row(float (&s)[kTilesN][4], const E* row
   }
 }
 
+// s = scale * s + bias of each key, for a bias row shared by all rows: one multiply-add per
+// score where capping the scores first and adding the bias after take two.
+template <class E, int kTilesN>
+__device__ __forceinline__ void scale_add_key_row(float (&s)[kTilesN][4], const E* row, int t, float scale) {
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt) {
+    const float2 pair = load_pair(row + nt * 8 + 2 * t);
+    s[nt][0] = fmaf(s[nt][0], scale, pair.x);
+    s[nt][1] = fmaf(s[nt][1], scale, pair.y);
+    s[nt][2] = fmaf(s[nt][2], scale, pair.x);
+    s[nt][3] = fmaf(s[nt][3], scale, pair.y);
+  }
+}
+
 // Two adjacent mask bytes (an even offset into a 16-byte aligned tile row) in one load.
 __device__ __forceinline__ uint32_t mask_pair(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 
