@@ -25,6 +25,16 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
+// The encoder's own requirements on a tensor, checked first so that it is only called where
+// it succeeds (its refusals show up as API errors under compute-sanitizer): a 16-byte
+// aligned base and strides that are multiples of 16 bytes below 2^40.
+inline bool tma_layout_ok(const void* base, const cuuint64_t* strides, int n) {
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  for (int i = 0; i < n; ++i)
+    if (strides[i] % 16 != 0 || strides[i] >= (cuuint64_t(1) << 40)) return false;
+  return true;
+}
+
 // A map over a (batch, seq, head, D) tensor of 16-bit elements with element strides `stride`
 // (batch, seq, head; D contiguous), as 4-D (D, seq, head, batch). Its box is 64 columns (128
 // bytes, the 128-byte swizzle's row) by box_rows rows of one head. False when the driver
@@ -37,6 +47,7 @@ inline bool encode_rows_map(CUtensorMap& map, const void* base, bool bf16, int D
   auto bytes = [](int64_t elements, int size) { return cuuint64_t(size == 1 ? 16 : elements * 2); };
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(seq), cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {bytes(stride[1], seq), bytes(stride[2], heads), bytes(stride[0], batch)};
+  if (!tma_layout_ok(base, strides, 3)) return false;
   const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   return encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
@@ -55,6 +66,7 @@ inline bool encode_key_rows_map(CUtensorMap& map, const void* base, CUtensorMapD
   auto bytes = [&](int64_t elements, int size) { return cuuint64_t(size == 1 ? 16 : elements * esize); };
   const cuuint64_t dims[3] = {cuuint64_t(keys), cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[2] = {bytes(head_stride, heads), bytes(batch_stride, batch)};
+  if (!tma_layout_ok(base, strides, 2)) return false;
   const cuuint32_t box[3] = {cuuint32_t(box_keys), 1, 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   return encode(&map, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
