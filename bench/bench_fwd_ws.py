@@ -1,12 +1,13 @@
-"""Attention forward on Hopper without a mask: the warp-specialized kernel (the default at D 64
-and 128) against the cp.async wgmma kernel (FDMA_FWD_WS=0), SDPA flash (FlashAttention-2) and
-SDPA cuDNN (dense cases only), in one process; with --cases per-key, a bias [B, H, 1, S] too. Each round times every system once per problem, the order
+"""Attention forward on Hopper without a mask: the warp-specialized kernel (the default at D 64,
+128 and 256) against the cp.async wgmma kernel (FDMA_FWD_WS=0; mma.sync at D 256), SDPA flash
+(FlashAttention-2) and SDPA cuDNN (dense cases only), in one process; with --cases per-key, a
+bias [B, H, 1, S] too. Each round times every system once per problem, the order
 rotated each round; the table gives medians over rounds of per-round medians of CUDA events.
 
 Usage: python3 bench/bench_fwd_ws.py [--seqlens 8192,16384] [--headdims 64,128] [--rounds 3]
                                      [--cases dense,per-key]
 bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*S*D / t, halved for causal. Also checks each
-flash-dma output against SDPA flash (max |diff|).
+flash-dma output against SDPA flash (dense) or the cp.async kernel (per-key): max |diff|.
 """
 import argparse
 import os
@@ -23,12 +24,15 @@ from bench_attention import median_ms  # noqa: E402
 import flash_dma  # noqa: E402
 
 
-def with_env(value, fn):
+SWITCHES = ("FDMA_FWD_WS",)
+
+
+def with_env(env, fn):
+    """fn run with exactly the switches in `env` set (None: the defaults)."""
     def run():
-        if value is None:
-            os.environ.pop("FDMA_FWD_WS", None)
-        else:
-            os.environ["FDMA_FWD_WS"] = value
+        for name in SWITCHES:
+            os.environ.pop(name, None)
+        os.environ.update(env or {})
         return fn()
     return run
 
@@ -62,30 +66,32 @@ def main():
                 def ours():
                     return flash_dma.attention(q, k, v, attn_bias=bias, is_causal=causal)
 
-                systems = {"flash-dma ws": with_env(None, ours), "flash-dma cp.async": with_env("0", ours)}
+                systems = {"flash-dma ws": with_env(None, ours),
+                           "flash-dma cp.async": with_env({"FDMA_FWD_WS": "0"}, ours)}
                 if bias is None:
                     systems.update({"SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
                                     "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)})
                 with torch.no_grad():
                     # the reference: SDPA flash, or with a bias the cp.async kernel
-                    ref = (systems["SDPA flash"]().transpose(1, 2) if bias is None else with_env("0", ours)()).float()
+                    ref = (systems["SDPA flash"]().transpose(1, 2) if bias is None else
+                           systems["flash-dma cp.async"]()).float()
                     errs = {n: (systems[n]().float() - ref).abs().max().item() for n in ("flash-dma ws", "flash-dma cp.async")}
                     times = {n: [] for n in systems}
                     names = list(systems)
                     for r in range(args.rounds):
                         for n in names[r % len(names):] + names[:r % len(names)]:
                             times[n].append(median_ms(systems[n], warmup=2, iters=10))
-                os.environ.pop("FDMA_FWD_WS", None)
+                with_env(None, lambda: None)()
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 med = {n: statistics.median(t) for n, t in times.items()}
                 rows.append((case, D, S, causal, med, flops, errs))
                 print(case, D, S, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H}, forward; ms (TF/s), medians of {args.rounds} rotated rounds")
-    print("| case | D | S | causal | flash-dma ws | flash-dma cp.async | SDPA flash | SDPA cuDNN | max abs diff ws / cp.async |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    names = ["flash-dma ws", "flash-dma cp.async", "SDPA flash", "SDPA cuDNN"]
+    columns = ["flash-dma ws", "flash-dma cp.async", "SDPA flash", "SDPA cuDNN"]
+    print("| case | D | S | causal | " + " | ".join(columns) + " | max abs diff ws / cp.async |")
+    print("|---" * (len(columns) + 5) + "|")
     for case, D, S, causal, med, flops, errs in rows:
-        cells = " | ".join(f"{med[n]:.3f} ({flops / med[n] / 1e9:.0f})" if n in med else "-" for n in names)
+        cells = " | ".join(f"{med[n]:.3f} ({flops / med[n] / 1e9:.0f})" if n in med else "-" for n in columns)
         print(f"| {case} | {D} | {S} | {int(causal)} | {cells} | "
               f"{errs['flash-dma ws']:.3g} / {errs['flash-dma cp.async']:.3g} |")
 

@@ -69,6 +69,7 @@ struct FwdWsShape {
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the register file holds the split");
   static constexpr int kColBlocks = kHeadDim / 64;  // TMA copies per tile: one per 128-byte column block
   static constexpr int kInfoBytes = kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4;  // fp32 bias at most
+  static_assert(kInfoBytes % 128 == 0, "the copy engine writes bias rows to 128-byte aligned addresses");
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
   static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;
