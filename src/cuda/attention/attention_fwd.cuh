@@ -19,6 +19,7 @@
 #include "cuda/attention/attention_fwd_params.hpp"
 #include "cuda/attention/attention_fwd_ws.cuh"
 #include "cuda/attention/cta_order.cuh"
+#include "cuda/attention/fwd_epilogue.cuh"
 #include "cuda/attention/fwd_mma_sm80.cuh"
 #include "cuda/attention/fwd_mma_sm90.cuh"
 #include "cuda/attention/kernel_table.hpp"
@@ -348,28 +349,12 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
     }
   }
 
-  // Epilogue: normalise, store O (two elements per store) and lse.
+  // Epilogue: normalise, store O and lse.
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
     softmax[mt].finish();
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = warp_row0 + mt * 16 + g + 8 * r;
-      if (i >= p.Sq) continue;
-      const float l = softmax[mt].l[r];
-      const float inv = l == 0.f ? 0.f : 1.f / l;  // a NaN l stays NaN
-      T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        const int d = dt * 8 + 2 * t;
-        if (d < p.D)
-          *reinterpret_cast<uint32_t*>(out + d) = ptx::pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-      }
-      if (p.lse && t == 0)
-        p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-            l == 0.f ? -INFINITY : softmax[mt].m[r] + logf(l);
-    }
+    store_output_rows<T>(o[mt], softmax[mt], p, b, h, warp_row0 + mt * 16, g, t);
   }
 }
 

@@ -30,6 +30,7 @@
 
 #include "cuda/attention/attention_fwd_params.hpp"
 #include "cuda/attention/cta_order.cuh"
+#include "cuda/attention/fwd_epilogue.cuh"
 #include "cuda/attention/fwd_mma_sm90.cuh"
 #include "cuda/attention/score_mod_sm80.cuh"
 #include "cuda/primitives/launch.cuh"
@@ -335,26 +336,9 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
     }
   }
 
-  // Epilogue: normalise, store O (two elements per store) and lse, as the other forward.
-  const int g = lane / 4, t = lane % 4;
+  // Epilogue: normalise, store O and lse.
   softmax.finish();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = warp_row0 + g + 8 * r;
-    if (i >= p.Sq) continue;
-    const float l = softmax.l[r];
-    const float inv = l == 0.f ? 0.f : 1.f / l;
-    T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      const int d = dt * 8 + 2 * t;
-      if (d < p.D)
-        *reinterpret_cast<uint32_t*>(out + d) = ptx::pack2<T>(o[0][dt][2 * r] * inv, o[0][dt][2 * r + 1] * inv);
-    }
-    if (p.lse && t == 0)
-      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-          l == 0.f ? -INFINITY : (raw ? softmax.m[r] * p.scale : softmax.m[r]) + logf(l);
-  }
+  store_output_rows<T, true>(o[0], softmax, p, b, h, warp_row0, lane / 4, lane % 4, raw ? p.scale : 1.f);
 }
 
 template <class T, int kHeadDim, bool kGather>
