@@ -15,11 +15,12 @@ STAGES=${STAGES:-"build gtest pytest memcheck racecheck initcheck synccheck"}
 mkdir -p "$OUT"
 
 # Sanitizer filters: the kernels of every path (training forward and backward, masks, the
-# selection, lists, decode, prefill, empty problems) on problems small enough for the tools.
-MEMCHECK='KvCacheGpu.OutOfRange*:KvCacheGpu.ChunkedPrefillLoop*:KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.Overlapped*:DmaGpu.FewQueriesEitherPath:DmaGpu.BackwardIsBitwiseDeterministic:DmaGpu.MadeUp*:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BlockSparseMaskSkipsEmptyTiles:AttentionGpu.EmptyProblems:MaskSummaryGpu.*:NextActiveGpu.*'
-RACECHECK='KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic'
+# selection, lists, decode, prefill, empty problems, the warp-specialized forward and the copy
+# primitives) on problems small enough for the tools.
+MEMCHECK='KvCacheGpu.OutOfRange*:KvCacheGpu.ChunkedPrefillLoop*:KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.Overlapped*:DmaGpu.FewQueriesEitherPath:DmaGpu.BackwardIsBitwiseDeterministic:DmaGpu.MadeUp*:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BlockSparseMaskSkipsEmptyTiles:AttentionGpu.EmptyProblems:MaskSummaryGpu.*:NextActiveGpu.*:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*:TmaGpu.*'
+RACECHECK='KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*'
 INITCHECK='DmaGpu.HeadDims:AttentionGpu.HeadDims:KvCacheGpu.SelectStateDecodeLoops'
-SYNCCHECK='KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic'
+SYNCCHECK='KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*'
 
 rows=()
 row() { rows+=("| $1 | $2 | $3 s |"); }
