@@ -1,6 +1,7 @@
 // attention forward (FlashAttention-2 class), one kernel for every path, with the matmuls
 // as a policy: FwdMmaSm80 (mma.sync, any sm80+ GPU) or FwdMmaSm90 (wgmma, Hopper, D = 64 and
-// 128), chosen per launch.
+// 128), chosen per launch. On Hopper the warp-specialized forward (attention_fwd_ws.cuh)
+// takes the calls it applies to first (launch_attention_fwd_path, below).
 //
 // One CTA = kBlockM query rows of one (batch, head). Key tiles of kBlockN stream through
 // shared memory, double-buffered with cp.async: the next tile loads while this one computes,
