@@ -3,19 +3,18 @@
 // 64, 128 and 256, and the gathered forward of dynamic-mask mode (key lists,
 // attention_fwd_params.hpp) at D = 64 and 128.
 //
-// Three warp groups per CTA of 128 query rows and key tiles of 128 keys (64 at D = 256, where
-// O takes 128 registers a thread). The producer group gives most of its registers
-// away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier
-// the copies complete and an "empty" one the consumers arrive on. Dense calls: one thread
-// issues every copy with the bulk tensor copy engine (TMA), a key tile's bias row with its K.
-// Gathered calls: the group's 128
-// threads gather the listed keys' rows (and their KeyInfo records) with cp.async, each thread
-// arriving on the full barrier when its copies land. The two consumer groups own 64 rows
-// each and run the wgmma forward of FwdMmaSm90 (S = Q K^T, the softmax, O += P V) with the
-// softmax of tile j under the P V of tile j - 1, never waiting on each other: no CTA-wide
-// barrier after the start. A pair of named barriers hands the tensor core back and forth
-// (ping-pong): a group issues its step's matmuls only after the other has issued its own, so
-// one group's softmax runs under the other's matmuls.
+// Three warp groups per CTA of 128 query rows, key tiles of 128 keys (64 at D = 256, where O
+// takes 128 registers a thread). The producer group gives most of its registers away
+// (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier the
+// copies complete and an "empty" one the consumers arrive on. Dense calls: one thread issues
+// every copy with the bulk tensor copy engine (TMA), a key tile's bias row with its K.
+// Gathered calls: the group's 128 threads gather the listed keys' rows (and their KeyInfo
+// records) with cp.async, each thread arriving on the full barrier when its copies land. The
+// two consumer groups own 64 rows each and run the wgmma forward of FwdMmaSm90 (S = Q K^T, the
+// softmax, O += P V) with the softmax of tile j under the P V of tile j - 1, never waiting on
+// each other: no CTA-wide barrier after the start. A pair of named barriers hands the tensor
+// core back and forth (ping-pong): a group issues its step's matmuls only after the other has
+// issued its own, so one group's softmax runs under the other's matmuls.
 //
 // The other forward (attention_fwd.cuh) loads tiles with cp.async from every thread and meets
 // at a CTA barrier per key tile; it stays for masks, biases with a query dim and the other head
