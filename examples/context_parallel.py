@@ -53,10 +53,15 @@ def main():
     layer.zero_grad()
     ref = layer(q, k, v)
     ref.float().square().sum().backward()
-    diff_out = (out.float() - ref[:, a:b].float()).abs().max()
-    diff_grad = max((g.float() - p.grad.float()).abs().max() / p.grad.float().abs().max().clamp_min(1e-12)
-                    for g, p in zip(grads, layer.parameters()))
-    t = torch.stack([diff_out, diff_grad.float()]).to(device)
+    with torch.no_grad():
+        diff_out = (out.float() - ref[:, a:b].float()).abs().max()
+        diff_grad = max((g.float() - p.grad.float()).abs().max() / p.grad.float().abs().max().clamp_min(1e-12)
+                        for g, p in zip(grads, layer.parameters()))
+        t = torch.stack([diff_out, diff_grad.float()]).to(device)
+    # The autograd graph of `out` holds the process group (its backward needs it): free it, so
+    # that destroying the group joins its threads now. Left alive, a gloo thread can still be
+    # releasing tensors while the interpreter exits, and the process aborts.
+    del out, ref
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank == 0:
         print(f"{world} ranks, {N} tokens: output max abs diff {t[0].item():.3g}, "
