@@ -47,6 +47,7 @@ struct AttentionProblem {
   Broadcast mask, bias;
   bool has_dbias = false;
   bool causal = false;
+  bool deterministic = false;  // backward: bitwise reproducible (no atomics)
   double scale = 0, softcap = 0;
   DType dtype = DType::unset;  // q's dtype
   Backend backend = Backend::cpu;

@@ -534,6 +534,7 @@ AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass
   prob.scale = resolve_scale(p.scale, d.D);
   prob.softcap = p.softcap;
   prob.causal = p.causal != 0;
+  prob.deterministic = p.deterministic != 0;
   check_attention_io(c, p, pass, d, prob.dtype, io);
   if (pass == Pass::backward && present(p.dbias)) {
     if (!present(p.bias)) c.bad("dbias is given but bias is not");

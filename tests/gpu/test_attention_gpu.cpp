@@ -21,6 +21,7 @@ struct GpuAttention {
   DeviceTensor q, k, v, out, lse, dout, dq, dk, dv;
   std::unique_ptr<DeviceTensor> mask, bias, dbias;
   void* ws = nullptr;
+  bool deterministic = false;
   explicit GpuAttention(AttnRun& run)
       : r(run), q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse), dout(r.dout), dq(r.dq), dk(r.dk), dv(r.dv) {
     if (r.c.mask.present) mask = std::make_unique<DeviceTensor>(r.mask);
@@ -39,6 +40,7 @@ struct GpuAttention {
     p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view();
     if (mask) p.mask = mask->view();
     if (bias) p.bias = bias->view(), p.dbias = dbias->view();
+    p.deterministic = deterministic;
     p.stream = stream;
     return p;
   }
@@ -64,9 +66,10 @@ struct GpuAttention {
 
 // Forward then backward on the GPU with path switch `sw` at "0", then at "1": paths that only
 // reorder when or where the same arithmetic runs give out, lse, dq, dk, dv and dbias bitwise
-// equal.
+// equal (a deterministic backward: the fused dq's atomics sum in any order).
 void expect_switch_bitwise(GpuAttention& gpu, const ScopedEnv& sw) {
   AttnRun& r = gpu.r;
+  gpu.deterministic = true;
   std::vector<std::vector<unsigned char>> off;
   for (int on = 0; on < 2; ++on) {
     sw.set(on ? "1" : "0");
@@ -263,7 +266,8 @@ TEST(AttentionGpu, ClearErrorsForWhatTheGpuPathRejects) {
 }
 
 TEST(AttentionGpu, BackwardIsBitwiseDeterministic) {
-  // dbias reduced over queries and heads, GQA and causal: every reduction the backward does.
+  // dbias reduced over queries and heads, GQA and causal: every reduction the backward does,
+  // with `deterministic` set (without it, Hopper sums dq with atomics).
   REQUIRE_GPU();
   AttnCase c = base(300, 333, 8, 2, 64, true, DType::bf16, 800);
   c.bias.present = true;
@@ -272,6 +276,7 @@ TEST(AttentionGpu, BackwardIsBitwiseDeterministic) {
   r.forward();
   GpuAttention gpu(r);
   ASSERT_TRUE(gpu.ok());
+  gpu.deterministic = true;
   std::vector<std::vector<unsigned char>> first;
   for (int run = 0; run < 3; ++run) {
     gpu.run(Pass::backward, nullptr);
@@ -415,6 +420,58 @@ TEST(AttentionGpu, DkdvWarpGroupsMatchTheCpu) {
       }
     run_gpu(base(1000, 1000, 8, 2, 128, true, DType::bf16, seed++));
   }
+}
+
+// The fused dq (non-deterministic backwards on Hopper; attention_bwd_params.hpp): the dk/dv
+// kernel reduces dS K into an fp32 temporary and no dq kernel runs. Against the CPU backend at
+// D 64 and 128, bf16 and fp16: ragged lengths (Sq < Sk and Sq > Sk), causal and not, GQA, a
+// block mask, a per-key bias (dbias summed by the dk/dv kernel), softcap. Then dk and dv
+// bitwise against the two-kernel path (FDMA_BWD_FUSED_DQ=0: the same arithmetic), and a
+// deterministic call needing no temporary. Elsewhere both paths are the two kernels.
+TEST(AttentionGpu, FusedDqBackwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 1400;
+  for (int64_t D : {64, 128})
+    for (int variant = 0; variant < 5; ++variant) {
+      const bool causal = variant % 2 == 1;
+      const DType dtype = variant == 3 ? DType::f16 : DType::bf16;
+      AttnCase c = base(variant == 2 ? 777 : 333, variant == 2 ? 459 : 517, 8, 2, D, causal, dtype, seed++);
+      if (variant == 1 || variant == 4) {  // a per-key bias: dbias [B, H, 1, Sk]
+        c.bias.present = true;
+        c.bias.q = false;
+      }
+      if (variant == 3) c.softcap = 20.0;
+      if (variant == 4) {
+        c.mask.present = true;
+        c.mask.b = false, c.mask.heads = 0;
+      }
+      AttnRun r(c);
+      if (variant == 4) fill_block_mask(r, seed, 64, 1.0 / 3, 0.6);
+      run_gpu(r, true);
+    }
+  const ScopedEnv fused("FDMA_BWD_FUSED_DQ");
+  AttnCase c = base(600, 700, 8, 2, 128, true, DType::bf16, seed++);
+  c.bias.present = true;
+  c.bias.q = false;
+  SCOPED_TRACE(c.str());
+  AttnRun r(c);
+  r.forward();
+  GpuAttention gpu(r);  // with the CPU forward's out and lse
+  ASSERT_TRUE(gpu.ok());
+  std::vector<std::vector<unsigned char>> grads[2];
+  size_t bytes[2];
+  for (int on = 0; on < 2; ++on) {
+    fused.set(on ? "1" : "0");
+    bytes[on] = gpu.run(Pass::backward, nullptr);
+    for (auto [dev, host] : {std::pair{&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {gpu.dbias.get(), &r.dbias}}) {
+      dev->download();
+      grads[on].push_back(host->bytes());
+    }
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(grads[0][i] == grads[1][i]) << "gradient " << i << " differs";
+  gpu.deterministic = true;
+  EXPECT_EQ(gpu.run(Pass::backward, nullptr), bytes[0]);  // the two kernels, no temporary
+  EXPECT_GE(bytes[1], bytes[0]);
 }
 
 // Overlapped launches (the default; FDMA_OVERLAP_LAUNCHES=0 turns them off): the forward kernel

@@ -10,13 +10,17 @@
 //                          broadcasts over queries.
 // Both recompute S = QK^T and dP = dO V^T (seven matmuls against the five of a single-kernel
 // backward with dq atomics): the price of determinism without a B*H*Sq*D fp32 temporary.
-// attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish).
+// A call that does not ask for determinism takes the fused dq where it applies (sm_90a tiles,
+// keys not gathered, no dbias with a query dim; AttentionBwdParams::dq_acc): no dq kernel,
+// the dk/dv kernel reduces each step's dS K into the temporary, and a convert kernel writes dq.
+// attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
+#include "cuda/attention/attention_bwd_aux.hpp"
 #include "cuda/attention/attention_bwd_dkdv.cuh"
 #include "cuda/attention/attention_bwd_dq.cuh"
 
@@ -37,6 +41,13 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   auto dq_kernel = gather ? attention_bwd_dq_kernel<T, kHeadDim, true, Mma> : attention_bwd_dq_kernel<T, kHeadDim, false, Mma>;
   auto dkdv_kernel =
       gather ? attention_bwd_dkdv_kernel<T, kHeadDim, true, Mma> : attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma>;
+  // The fused dq where the caller gave its temporary and these tiles have it (params.dq_acc).
+  const bool fused = Mma::kHopperOnly && !gather && params.dq_acc && params.dbias_owner != DbiasOwner::rows;
+  if constexpr (Mma::kHopperOnly)
+    if (fused) dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma, true>;
+  auto dkdv_smem_bytes = [&](int groups, const AttentionFwdParams& f) {
+    return fused ? Dkdv::fused_smem_bytes(groups, f) : Dkdv::smem_bytes(groups, f);
+  };
   // Warp groups per dk/dv CTA: bwd_dkdv_groups, or FDMA_DKDV_GROUPS=1 or 2 (A/B runs and tests).
   const int forced_groups = forced_dkdv_groups();
   const bool forced = forced_groups != 0;
@@ -48,7 +59,7 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   cudaError_t err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
   AttentionBwdParams p = params;
-  auto fits = [&] { return Dq::smem_bytes(p.f) <= max_smem && Dkdv::smem_bytes(dkdv_groups, p.f) <= max_smem; };
+  auto fits = [&] { return (fused || Dq::smem_bytes(p.f) <= max_smem) && dkdv_smem_bytes(dkdv_groups, p.f) <= max_smem; };
   auto shrink = [&] {
     if (!fits()) p.f.next_active_table = false;
     if (!fits()) p.f.bias_tiled = false;
@@ -57,28 +68,32 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   shrink();
   if (dkdv_groups == 1 && !forced) {  // one group pays only where two CTAs share an SM
     int per_sm = 0;
-    err = allow_smem(dkdv_kernel, Dkdv::smem_bytes(1, p.f));
+    err = allow_smem(dkdv_kernel, dkdv_smem_bytes(1, p.f));
     if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dkdv_kernel, kBwdThreads, Dkdv::smem_bytes(1, p.f));
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dkdv_kernel, kBwdThreads, dkdv_smem_bytes(1, p.f));
     if (err != cudaSuccess) return err;
     if (per_sm < 2) dkdv_groups = 2, shrink();
   }
   const AttentionFwdParams& f = p.f;
   if (gather && p.dbias_owner != DbiasOwner::none) return cudaErrorInvalidValue;  // the gathered kernels have no dbias
-  const int dq_smem = Dq::smem_bytes(f), dkdv_smem = Dkdv::smem_bytes(dkdv_groups, f);
-  err = allow_smem(dq_kernel, dq_smem);
+  const int dq_smem = Dq::smem_bytes(f), dkdv_smem = dkdv_smem_bytes(dkdv_groups, f);
+  err = fused ? cudaSuccess : allow_smem(dq_kernel, dq_smem);
   if (err == cudaSuccess) err = allow_smem(dkdv_kernel, dkdv_smem);
   if (err != cudaSuccess) return err;
-  const dim3 dq_grid((f.Sq + Dq::kBlockM - 1) / Dq::kBlockM, f.H / p.rows_heads_per_block,
-                     f.B / p.rows_batches_per_block);
-  err = launch_kernel(f.overlap_previous, dq_kernel, dq_grid, kBwdThreads, dq_smem, stream, p);
-  if (err != cudaSuccess) return err;
+  if (!fused) {
+    const dim3 dq_grid((f.Sq + Dq::kBlockM - 1) / Dq::kBlockM, f.H / p.rows_heads_per_block,
+                       f.B / p.rows_batches_per_block);
+    err = launch_kernel(f.overlap_previous, dq_kernel, dq_grid, kBwdThreads, dq_smem, stream, p);
+    if (err != cudaSuccess) return err;
+  }
   // Dynamic-mask mode: kBwdWindow / 64 groups per window of kept keys (at most Sk of them).
   const int dkdv_x = f.lists.keys ? (f.Sk + kBwdWindow - 1) / kBwdWindow * (kBwdWindow / Dkdv::kBlockN)
                                   : (f.Sk + Dkdv::kBlockN - 1) / Dkdv::kBlockN;
   if (!gather && p.dkdv_splits > 1) return cudaErrorInvalidValue;  // only gathered walks split
   const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B * std::max(1, p.dkdv_splits));
-  return launch_kernel(f.overlap_previous, dkdv_kernel, dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream, p);
+  err = launch_kernel(f.overlap_previous, dkdv_kernel, dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream, p);
+  if (err != cudaSuccess || !fused) return err;
+  return launch_bwd_dq_convert<T>(p, stream);
 }
 
 // The wgmma kernels on Hopper for D = 64 and 128 (arch_dispatch.cuh), the mma.sync kernels

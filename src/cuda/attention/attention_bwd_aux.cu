@@ -2,7 +2,8 @@
 //   prepare: per query row, delta = rowsum(dO * O) in fp32 and lse2 = lse * log2(e) (+inf for
 //            a row that saw nothing, and for the padding rows up to Sq_pad), so the main
 //            kernels get P = exp2(s * log2(e) - lse2) with no special cases;
-//   finish:  dbias = the fp32 reduction slots summed in slot order, converted to its dtype.
+//   finish:  dbias = the fp32 reduction slots summed in slot order, converted to its dtype;
+//   convert: dq from the fused backward's fp32 sums.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -94,7 +95,39 @@ __global__ void dbias_finish_kernel(const AttentionBwdParams p) {
     static_cast<T*>(p.dbias)[off] = T(sum);
 }
 
+// Eight elements of one row a thread (D % 8 == 0, rows 16-byte aligned: validated); rows of
+// a (batch, head) from blockIdx.x, heads and batches from the grid's y and z.
+constexpr int kConvertThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kConvertThreads) bwd_dq_convert_kernel(const AttentionBwdParams p) {
+  ptx::griddep_wait();  // the dk/dv kernel's sums
+  ptx::griddep_launch_dependents();
+  const AttentionFwdParams& f = p.f;
+  const int per_row = f.D / 8;
+  const int64_t e = int64_t(blockIdx.x) * kConvertThreads + threadIdx.x;
+  if (e >= int64_t(f.Sq) * per_row) return;
+  const int i = int(e / per_row), d = int(e % per_row) * 8;
+  for (int b = blockIdx.z; b < f.B; b += gridDim.z)
+    for (int h = blockIdx.y; h < f.H; h += gridDim.y) {
+      const float* acc = p.dq_acc + ((int64_t(b) * f.H + h) * p.Sq_pad + i) * f.D + d;
+      const float4 lo = *reinterpret_cast<const float4*>(acc), hi = *reinterpret_cast<const float4*>(acc + 4);
+      const uint4 out = make_uint4(ptx::pack2<T>(lo.x, lo.y), ptx::pack2<T>(lo.z, lo.w), ptx::pack2<T>(hi.x, hi.y),
+                                   ptx::pack2<T>(hi.z, hi.w));
+      *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + b * p.dq_stride[0] + i * p.dq_stride[1] + h * p.dq_stride[2] +
+                                d) = out;
+    }
+}
+
 }  // namespace
+
+template <class T>
+cudaError_t launch_bwd_dq_convert(const AttentionBwdParams& p, cudaStream_t stream) {
+  const int64_t n = int64_t(p.f.Sq) * (p.f.D / 8);
+  const dim3 grid(unsigned((n + kConvertThreads - 1) / kConvertThreads), unsigned(std::min(p.f.H, 65535)),
+                  unsigned(std::min(p.f.B, 65535)));
+  return launch_kernel(p.f.overlap_previous, bwd_dq_convert_kernel<T>, grid, kConvertThreads, 0, stream, p);
+}
 
 template <class T>
 cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream) {
@@ -113,5 +146,7 @@ template cudaError_t launch_bwd_prepare<__nv_bfloat16>(const AttentionBwdParams&
 template cudaError_t launch_bwd_prepare<__half>(const AttentionBwdParams&, cudaStream_t);
 template cudaError_t launch_dbias_finish<__nv_bfloat16>(const AttentionBwdParams&, cudaStream_t);
 template cudaError_t launch_dbias_finish<__half>(const AttentionBwdParams&, cudaStream_t);
+template cudaError_t launch_bwd_dq_convert<__nv_bfloat16>(const AttentionBwdParams&, cudaStream_t);
+template cudaError_t launch_bwd_dq_convert<__half>(const AttentionBwdParams&, cudaStream_t);
 
 }  // namespace fdma::cuda

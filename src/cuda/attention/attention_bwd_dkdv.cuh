@@ -102,6 +102,16 @@ struct BwdDkdvTile {
   __host__ __device__ static int smem_bytes(int groups, const AttentionFwdParams& f) {
     return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * (2 * Terms::bytes(f) + table_bytes(groups, f));
   }
+  // The fused dq's tiles after everything else, one per warp group: its step's dS, [kBlockM
+  // queries][kBlockN keys] (bwd_mma_sm90.cuh, store_ds_t), at the swizzle's alignment.
+  static constexpr int kDsBytes = kBlockM * kBlockN * 2;
+  __host__ __device__ static int ds_offset(int groups, const AttentionFwdParams& f) {
+    const int end = smem_bytes(groups, f) - align_slack<Mma::kTileAlign>();
+    return (end + Mma::kTileAlign - 1) / Mma::kTileAlign * Mma::kTileAlign;
+  }
+  __host__ __device__ static int fused_smem_bytes(int groups, const AttentionFwdParams& f) {
+    return align_slack<Mma::kTileAlign>() + ds_offset(groups, f) + groups * kDsBytes;
+  }
   // At the end, warp group 1 hands its fp32 dk, dv and key sums to group 0 through the
   // space the groups' Q/dO tiles used.
   static constexpr int kHandoffBytes = kBwdThreads * (2 * (kChunk / 8) * 4 + 2) * 4;
@@ -115,8 +125,12 @@ struct BwdDkdvTile {
 // partial sums in a fixed order at the end (so the result stays reproducible). Halving the
 // walk of a long key group matters in dynamic-mask mode, where a few groups of keys kept to
 // the end of the sequence span every query (docs/performance.md, "key lists").
-template <class T, int kHeadDim, bool kGather, class Mma>
+//
+// kFusedDq (sm_90a, not gathered; AttentionBwdParams::dq_acc): each step also stores its dS
+// in shared memory and reduces dS K into dq_acc, so no dq kernel runs.
+template <class T, int kHeadDim, bool kGather, class Mma, bool kFusedDq>
 __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams& p) {
+  static_assert(!kFusedDq || (Mma::kHopperOnly && !kGather), "the fused dq: wgmma tiles, keys not gathered");
   using Tile = BwdDkdvTile<Mma, kHeadDim>;
   constexpr int kBM = Tile::kBlockM, kNq = kBM / 8, kDC = Tile::kChunk / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -313,7 +327,27 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
                        [&](int nt, int e) { return score_add_at<T>(f, b, h, query(nt, e), keys[e >> 1]); });
     }
+    if constexpr (kFusedDq)  // dS for dq = dS K, while dpt still holds it
+      Mma::store_ds_t(smem + Tile::ds_offset(n_groups, f) + wg * Tile::kDsBytes, dpt, warp, lane);
     Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
+    if constexpr (kFusedDq) {
+      wgmma::fence_proxy_async_smem();  // the group's dS stores, before its wgmmas read them
+      sync_group();
+      const uint32_t ds_tile = ptx::smem_addr(smem + Tile::ds_offset(n_groups, f) + wg * Tile::kDsBytes);
+      float* dq_row = p.dq_acc + ((int64_t(b) * f.H + h) * p.Sq_pad + q0 + 16 * warp + g) * f.D;
+#pragma unroll 1
+      for (int block = 0; block < kHeadDim / 64; ++block) {
+        float acc[8][4];
+        Mma::ds_times_k(acc, ds_tile, s_k, block);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const int d = block * 64 + nt * 8 + 2 * t;
+          if (d >= f.D) continue;
+          ptx::red_add_f32x2(dq_row + d, acc[nt][0], acc[nt][1]);
+          ptx::red_add_f32x2(dq_row + 8 * f.D + d, acc[nt][2], acc[nt][3]);
+        }
+      }
+    }
 
     // Whether it_next is past this head's last step (steps are head-major where not gathered):
     // a multiply, where head_of(it_next) was a second integer division per step.
@@ -410,7 +444,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   }
 }
 
-template <class T, int kHeadDim, bool kGather, class Mma>
+template <class T, int kHeadDim, bool kGather, class Mma, bool kFusedDq = false>
 __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(const AttentionBwdParams p) {
   // It reads nothing dq writes, but waits for it all the same: then its own completion implies
   // the prepare kernel's and everything before (launch.cuh).
@@ -419,7 +453,7 @@ __global__ void __launch_bounds__(2 * kBwdThreads) attention_bwd_dkdv_kernel(con
   if constexpr (Mma::kHopperOnly && !FDMA_SM90_ENABLED)  // as attention_fwd_kernel
     __trap();
   else
-    attention_bwd_dkdv_body<T, kHeadDim, kGather, Mma>(p);
+    attention_bwd_dkdv_body<T, kHeadDim, kGather, Mma, kFusedDq>(p);
 }
 
 }  // namespace fdma::cuda

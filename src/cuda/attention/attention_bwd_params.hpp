@@ -57,6 +57,12 @@ struct AttentionBwdParams {
   // dkdv_split_sum (dkdv_split.cu) adds them in split order. 0 or 1: no split.
   int dkdv_splits;
   float *dkdv_partial, *dscores_partial;
+  // Fused dq (non-deterministic calls, sm_90a, not gathered, no dbias with a query dim): the
+  // dk/dv kernel also reduces each step's dS K into dq_acc [B, H, Sq_pad, D] fp32 (zeroed
+  // first, in the caller's workspace) and no dq kernel runs: five matmuls of QK^T's size
+  // instead of seven, at the price of atomics (the sum's order varies) and the temporary.
+  // bwd_dq_convert writes dq from it. Null: the two-kernel backward.
+  float* dq_acc;
 };
 
 }  // namespace fdma::cuda

@@ -93,8 +93,27 @@ struct BwdPlan {
   bool use_acc = false;
   int slots = 0, rows_batches = 1, rows_heads = 1;
   int64_t numel = 0;
-  size_t delta_off = 0, lse2_off = 0, acc_off = 0, bytes = 0;
+  bool fused_dq = false;  // the dk/dv kernel reduces dq into an fp32 temporary (attention_bwd_params.hpp)
+  size_t delta_off = 0, lse2_off = 0, acc_off = 0, dq_acc_off = 0, bytes = 0;
 };
+
+// Whether a backward takes the fused dq: not asked to be reproducible, a head dim with the
+// wgmma tiles, no dbias with a query dim (the dq kernel owns that one), and the calling
+// thread's device a Hopper running the sm_90a code (where it is not, the launch takes the two
+// kernels and the temporary goes unused).
+bool fused_dq_applies(const detail::AttentionProblem& prob, DbiasOwner owner) {
+  if (prob.deterministic || owner == DbiasOwner::rows || !fused_dq_allowed() || wgmma_disabled()) return false;
+  const int bucket = head_dim_bucket(int(prob.dims.D));
+  if (bucket != 64 && bucket != 128) return false;
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+}
 
 BwdPlan plan_backward(const detail::AttentionProblem& prob) {
   const detail::Dims& d = prob.dims;
@@ -125,7 +144,9 @@ BwdPlan plan_backward(const detail::AttentionProblem& prob) {
   plan.delta_off = align256(size_t(plan.grid.bytes()));
   plan.lse2_off = plan.delta_off + align256(rows);
   plan.acc_off = plan.lse2_off + align256(rows);
-  plan.bytes = plan.acc_off + (plan.use_acc ? size_t(plan.slots) * size_t(plan.numel) * sizeof(float) : 0);
+  plan.dq_acc_off = plan.acc_off + align256(plan.use_acc ? size_t(plan.slots) * size_t(plan.numel) * sizeof(float) : 0);
+  plan.fused_dq = fused_dq_applies(prob, plan.owner);
+  plan.bytes = plan.dq_acc_off + (plan.fused_dq ? size_t(d.B * d.H * plan.Sq_pad * d.D) * sizeof(float) : 0);
   return plan;
 }
 
@@ -224,6 +245,12 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
   if (k.dbias_acc)
     check_cuda(cudaMemsetAsync(k.dbias_acc, 0, size_t(plan.slots) * size_t(plan.numel) * sizeof(float), stream),
                "dbias reduction slots");
+  if (plan.fused_dq) {
+    k.dq_acc = reinterpret_cast<float*>(ws + plan.dq_acc_off);
+    const detail::Dims& d = prob.dims;
+    check_cuda(cudaMemsetAsync(k.dq_acc, 0, size_t(d.B * d.H * plan.Sq_pad * d.D) * sizeof(float), stream),
+               "dq sums");
+  }
   run_backward_kernels(k, prob.dtype, p.stream);
 }
 

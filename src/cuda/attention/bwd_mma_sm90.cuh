@@ -103,6 +103,38 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
     keep_live<kTilesK>(a0);
     keep_live<kTilesK>(a1);
   }
+
+  // The fused dq (dk/dv kernel, one warp group a step). dS^T of the step, rows = the group's
+  // 64 keys, columns = the step's 8 * kTilesQ queries (the dk/dv accumulator layout), stored
+  // transposed as dq's K-major A operand: a [queries][64 keys] tile, one 128-byte swizzled row
+  // a query. Element (key 16w + g + 8 (e >> 1), query 8 nt + 2t + (e & 1)) is 16-byte chunk
+  // 2w + (e >> 1) of its query's row, half-word g.
+  template <int kTilesQ>
+  __device__ static void store_ds_t(unsigned char* ds_tile, const float (&dst)[kTilesQ][4], int warp, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < kTilesQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t q = nt * 8 + 2 * t + (e & 1), chunk = 2 * warp + (e >> 1);
+        *reinterpret_cast<T*>(ds_tile + q * kRowBytes + ((chunk ^ (q % 8)) << 4) + g * 2) = T(dst[nt][e]);
+      }
+  }
+  // acc = dS K over output columns [64 block, 64 block + 64): A the dS tile (K = the 64 keys),
+  // B rows [0, 64) of the [keys][D] K tile read N-major, as regs_b reads its B.
+  __device__ static void ds_times_k(float (&acc)[8][4], uint32_t ds_tile, uint32_t k_tile, int block) {
+    constexpr int kKeys = 64;
+    const uint64_t a_desc = wgmma::desc_k_major(ds_tile);
+    const uint64_t b_desc = wgmma::desc_n_major(k_tile + block * kKeys * kRowBytes, kKeys * kRowBytes);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma::mma_ss_n_major<T, 64>(acc, wgmma::desc_advance(a_desc, kk * 32),
+                                   wgmma::desc_advance(b_desc, kk * 16 * kRowBytes), kk > 0);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc);
+  }
 };
 
 }  // namespace fdma::cuda

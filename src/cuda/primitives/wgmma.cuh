@@ -116,6 +116,9 @@ __device__ __forceinline__ void regs_shrink() {
 // d (64 x N) = A * B (+ d when accumulate), A and B K-major in shared memory.
 template <class T, int N>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc, int accumulate);
+// d (64 x N) = A * B (+ d when accumulate), A K-major and B N-major in shared memory.
+template <class T, int N>
+__device__ __forceinline__ void mma_ss_n_major(float (&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc, int accumulate);
 // d (64 x N) = A * B (+ d when accumulate), A in registers (m16n8k16 layout per warp), B
 // N-major in shared memory.
 template <class T, int N>
@@ -152,6 +155,18 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate)                                                  \
                  : "memory");                                                                                 \
   }
+// SS form with B transposed (N-major).
+#define FDMA_WG_SS_N(CTYPE, PTXTYPE, N, DLIST, A, B, S, ACCS)                                                    \
+  template <>                                                                                                    \
+  __device__ __forceinline__ void mma_ss_n_major<CTYPE, N>(float(&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc, \
+                                                           int accumulate) {                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                                \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTYPE "." PTXTYPE " " DLIST ", %" #A       \
+                 ", %" #B ", p, 1, 1, 0, 1;\n}\n"                                                                \
+                 : ACCS                                                                                          \
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate)                                                     \
+                 : "memory");                                                                                    \
+  }
 // RS form with B transposed (N-major): a0..a3, b_desc, accumulate.
 #define FDMA_WG_RS(CTYPE, PTXTYPE, N, DLIST, A0, A1, A2, A3, B, S, ACCS)                                         \
   template <>                                                                                                    \
@@ -176,6 +191,9 @@ FDMA_WG_SS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
 FDMA_WG_SS(__half, "f16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
+// dQ = dS K in the fused backward (dS written to shared memory, K read as N-major).
+FDMA_WG_SS_N(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
+FDMA_WG_SS_N(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_RS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_WG_ACC32(d))
 FDMA_WG_RS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_WG_ACC32(d))
 FDMA_WG_RS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, 67, 68, 69, FDMA_WG_ACC64(d))
@@ -197,8 +215,13 @@ template <class T, int N>
 __device__ __forceinline__ void mma_rs_n_major(float (&)[N / 8][4], const uint32_t (&)[4], uint64_t, int) {
   __trap();
 }
+template <class T, int N>
+__device__ __forceinline__ void mma_ss_n_major(float (&)[N / 8][4], uint64_t, uint64_t, int) {
+  __trap();
+}
 #endif
 #undef FDMA_WG_SS
+#undef FDMA_WG_SS_N
 #undef FDMA_WG_RS
 #undef FDMA_WG_D16
 #undef FDMA_WG_D32

@@ -1,0 +1,127 @@
+"""Dense attention forward+backward on Hopper: the fused dq (a non-deterministic call: the dk/dv
+kernel reduces dS K into an fp32 temporary, five matmuls) against the two-kernel backward (the
+same call with deterministic=1: dq and dk/dv kernels, seven matmuls, no atomics), SDPA flash
+(FlashAttention-2) and SDPA cuDNN, in one process. Each round times every system once per
+problem, the order rotated each round; the table gives medians over rounds of per-round medians
+of CUDA events.
+
+Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
+                                        [--headdims 64,128] [--rounds 3] [--cases dense,per-key]
+bf16, B1 H16 Hk16. TF/s = 3.5 * 4*B*H*S*S*D / t (bwd = 2.5x fwd), halved for causal. Also
+checks the fused call against the two-kernel one: dk, dv (and dbias) bitwise, max |dq diff|.
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from bench_attention import median_ms, view  # noqa: E402
+from flash_dma import _abi  # noqa: E402
+
+
+def call(lib, fn, p):
+    if fn(ctypes.byref(p)) != 0:
+        raise RuntimeError(lib.fdma_last_error().decode())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfdma.so")
+    ap.add_argument("--seqlens", default="8192,16384")
+    ap.add_argument("--headdims", default="64,128")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cases", default="dense,per-key", help="dense and/or per-key (a bias [B, H, 1, S])")
+    args = ap.parse_args()
+    lib = _abi.load_library(args.lib)
+    dev, B, H = torch.device("cuda"), 1, 16
+    rows = []
+    for D in [int(d) for d in args.headdims.split(",")]:
+        for S in [int(s) for s in args.seqlens.split(",")]:
+            for case, causal in [(c, cz) for c in args.cases.split(",") for cz in (False, True)]:
+                torch.manual_seed(0)
+                q, k, v, dout = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16) for _ in range(4))
+                bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16) if case == "per-key" else None
+                out = torch.empty_like(q)
+                lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
+                grads = {det: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                               torch.empty_like(bias) if bias is not None else None) for det in (0, 1)}
+                params = {}
+                for det in (0, 1):
+                    p = _abi.AttentionParams()
+                    dq, dk, dv, db = grads[det]
+                    p.q, p.k, p.v, p.out, p.lse = view(q), view(k), view(v), view(out), view(lse)
+                    p.dout, p.dq, p.dk, p.dv = view(dout), view(dq), view(dk), view(dv)
+                    p.bias, p.dbias = view(bias), view(db)
+                    p.causal, p.deterministic = int(causal), det
+                    p.stream = torch.cuda.current_stream().cuda_stream
+                    params[det] = p
+                sizes = []
+                for det in (0, 1):
+                    for ps in (_abi.PASS_FORWARD, _abi.PASS_BACKWARD):
+                        n = ctypes.c_size_t(0)
+                        if lib.fdma_attention_workspace_size(ctypes.byref(params[det]), ps, ctypes.byref(n)) != 0:
+                            raise RuntimeError(lib.fdma_last_error().decode())
+                        sizes.append(n.value)
+                ws = torch.empty(max(1, *sizes), device=dev, dtype=torch.uint8)
+                for p in params.values():
+                    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+
+                def ours(det):
+                    def run():
+                        call(lib, lib.fdma_attention_fwd, params[det])
+                        call(lib, lib.fdma_attention_bwd, params[det])
+                    return run
+
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+                dot = dout.transpose(1, 2)
+
+                def sdpa(backend):
+                    def run():
+                        with sdpa_kernel(backend):
+                            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        o.backward(dot)
+                    return run
+
+                systems = {"fused": ours(0), "two-kernel": ours(1)}
+                if bias is None:
+                    systems.update({"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
+                                    "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)})
+                for name, fn in list(systems.items()):
+                    try:
+                        fn()
+                    except RuntimeError as e:
+                        print(f"  {name} unavailable: {str(e).splitlines()[0][:100]}")
+                        del systems[name]
+                torch.cuda.synchronize()
+                same = all(torch.equal(a, b) for a, b in zip(grads[0][1:], grads[1][1:]) if a is not None)
+                dq_diff = (grads[0][0].float() - grads[1][0].float()).abs().max().item()
+                times = {name: [] for name in systems}
+                order = list(systems)
+                for r in range(args.rounds):
+                    for name in order[r % len(order):] + order[:r % len(order)]:
+                        times[name].append(median_ms(systems[name]))
+                med = {name: statistics.median(t) for name, t in times.items()}
+                flops = 3.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+                rows.append((D, S, case, causal, med, flops, same, dq_diff))
+                print(D, S, case, causal, {n: round(t, 3) for n, t in med.items()}, same, f"{dq_diff:.3g}", flush=True)
+                del ws, params, grads
+                torch.cuda.empty_cache()
+    names = ("fused", "two-kernel", "sdpa flash", "sdpa cudnn")
+    print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{H}; fwd+bwd ms (TF/s), "
+          f"medians of {args.rounds} rounds")
+    print("| D | S | case | causal | " + " | ".join(names) + " | dk, dv == two-kernel | max abs dq diff |")
+    print("|---" * (6 + len(names)) + "|")
+    for D, S, case, causal, med, flops, same, dq_diff in rows:
+        cells = ["-" if n not in med else f"{med[n]:.2f} ({flops / med[n] / 1e9:.0f})" for n in names]
+        print(f"| {D} | {S} | {case} | {int(causal)} | " + " | ".join(cells) + f" | {same} | {dq_diff:.3g} |")
+
+
+if __name__ == "__main__":
+    main()
