@@ -23,12 +23,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
+from bench_attention_bwd import call  # noqa: E402
 from flash_dma import _abi  # noqa: E402
-
-
-def call(lib, fn, p):
-    if fn(ctypes.byref(p)) != 0:
-        raise RuntimeError(lib.fdma_last_error().decode())
 
 
 def main():

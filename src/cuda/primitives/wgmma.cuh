@@ -143,30 +143,21 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
   "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95," \
   "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
 
-// SS form: operands after the accumulators are a_desc, b_desc, accumulate.
-#define FDMA_WG_SS(CTYPE, PTXTYPE, N, DLIST, A, B, S, ACCS)                                                   \
-  template <>                                                                                                 \
-  __device__ __forceinline__ void mma_ss<CTYPE, N>(float(&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc,    \
-                                                   int accumulate) {                                          \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                             \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTYPE "." PTXTYPE " " DLIST ", %" #A    \
-                 ", %" #B ", p, 1, 1, 0, 0;\n}\n"                                                             \
-                 : ACCS                                                                                       \
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate)                                                  \
-                 : "memory");                                                                                 \
-  }
-// SS form with B transposed (N-major).
-#define FDMA_WG_SS_N(CTYPE, PTXTYPE, N, DLIST, A, B, S, ACCS)                                                    \
+// SS form, function FN, B K-major (TB 0) or N-major (TB 1): operands after the accumulators
+// are a_desc, b_desc, accumulate; the accumulator constraints last (they hold commas).
+#define FDMA_WG_SS_FORM(FN, TB, CTYPE, PTXTYPE, N, DLIST, A, B, S, ...)                                           \
   template <>                                                                                                    \
-  __device__ __forceinline__ void mma_ss_n_major<CTYPE, N>(float(&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc, \
-                                                           int accumulate) {                                     \
+  __device__ __forceinline__ void FN<CTYPE, N>(float(&d)[N / 8][4], uint64_t a_desc, uint64_t b_desc,           \
+                                               int accumulate) {                                                 \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                                \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTYPE "." PTXTYPE " " DLIST ", %" #A       \
-                 ", %" #B ", p, 1, 1, 0, 1;\n}\n"                                                                \
-                 : ACCS                                                                                          \
+                 ", %" #B ", p, 1, 1, 0, " #TB ";\n}\n"                                                           \
+                 : __VA_ARGS__                                                                                   \
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate)                                                     \
                  : "memory");                                                                                    \
   }
+#define FDMA_WG_SS(...) FDMA_WG_SS_FORM(mma_ss, 0, __VA_ARGS__)
+#define FDMA_WG_SS_N(...) FDMA_WG_SS_FORM(mma_ss_n_major, 1, __VA_ARGS__)
 // RS form with B transposed (N-major): a0..a3, b_desc, accumulate.
 #define FDMA_WG_RS(CTYPE, PTXTYPE, N, DLIST, A0, A1, A2, A3, B, S, ACCS)                                         \
   template <>                                                                                                    \
@@ -222,6 +213,7 @@ __device__ __forceinline__ void mma_ss_n_major(float (&)[N / 8][4], uint64_t, ui
 #endif
 #undef FDMA_WG_SS
 #undef FDMA_WG_SS_N
+#undef FDMA_WG_SS_FORM
 #undef FDMA_WG_RS
 #undef FDMA_WG_D16
 #undef FDMA_WG_D32
