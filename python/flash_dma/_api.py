@@ -29,6 +29,8 @@ def attention(q, k, v, attn_mask=None, attn_bias=None, is_causal=False, softmax_
     score = softcap * tanh(scale * q.k / softcap) (or scale * q.k) + bias; causal is
     bottom-right aligned. Rows that see no key give 0. Returns out [B, Sq, H, D], and lse
     [B, H, Sq] (natural log, float32) when return_lse. Differentiable in q, k, v, attn_bias.
+    deterministic=False lets the backward on Hopper sum dq with atomics (faster; its last bits
+    may vary between runs); True keeps every gradient bitwise reproducible.
     """
     what = "flash_dma.attention"
     check_qkv(what, q, k, v)
