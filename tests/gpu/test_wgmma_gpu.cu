@@ -3,8 +3,9 @@
 // S = A B^T with chained K-major wgmmas, then O = P V with P = S rounded to bf16 from
 // registers and V read N-major, exactly as the forward kernel's policy does. Compared with a
 // double-precision product on the host. Also with S over the first 32 or 64 rows of B only
-// (and P V over those keys), as the forward's narrow last tile reads its 128-row tiles.
-// Skipped off Hopper.
+// (and P V over those keys), as the forward's narrow last tile reads its 128-row tiles. And
+// the fused backward's dq step (bwd_mma_sm90.cuh): dS^T from registers stored transposed, dS K
+// with K read N-major, reduced into global memory twice. Skipped off Hopper.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/attention/bwd_mma_sm90.cuh"
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/primitives/tile_io_sm90.cuh"
 #include "cuda/primitives/wgmma.cuh"
@@ -68,6 +70,35 @@ __global__ void wgmma_probe(const T* a, const T* b, const T* v, float* s_out, fl
       if (nt < kNS / 8) s_out[row * kNS + col] = s[nt][e];
       o_out[row * kD + col] = o[nt][e];
     }
+}
+
+// The fused dq's step alone: dst [64 keys][64 queries] fp32 into the accumulator layout,
+// store_ds_t, ds_times_k over both 64-column blocks of K [64 keys][128], red_add_f32x2 into dq
+// [64 queries][128].
+__global__ void ds_k_probe(const float* dst_in, const T* k, float* dq) {
+  using Mma = fdma::cuda::BwdMmaSm90<T, kD, 128>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_k = fdma::cuda::ptx::smem_addr(smem);
+  unsigned char* ds = smem + wg::sw128_tile_bytes(64, kD);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  fdma::cuda::load_rows_sw128_async<128, kD, 64>(s_k, k, kD, 0, 64, kD, tid);
+  fdma::cuda::ptx::cp_async_commit();
+  fdma::cuda::ptx::cp_async_wait<0>();
+  float dst[8][4];
+  for (int nt = 0; nt < 8; ++nt)
+    for (int e = 0; e < 4; ++e) dst[nt][e] = dst_in[(16 * warp + g + 8 * (e >> 1)) * 64 + 8 * nt + 2 * t + (e & 1)];
+  Mma::store_ds_t<8>(ds, dst, warp, lane);
+  wg::fence_proxy_async_smem();
+  __syncthreads();
+  for (int block = 0; block < kD / 64; ++block) {
+    float acc[8][4];
+    Mma::ds_times_k(acc, fdma::cuda::ptx::smem_addr(ds), s_k, block);
+    for (int nt = 0; nt < 8; ++nt) {
+      const int d = block * 64 + nt * 8 + 2 * t;
+      fdma::cuda::ptx::red_add_f32x2(dq + (16 * warp + g) * kD + d, acc[nt][0], acc[nt][1]);
+      fdma::cuda::ptx::red_add_f32x2(dq + (16 * warp + g + 8) * kD + d, acc[nt][2], acc[nt][3]);
+    }
+  }
 }
 
 bool hopper_available() {
@@ -139,6 +170,40 @@ TEST(WgmmaGpu, NarrowWgmmasReadTheFirstRowsOfATile) {
   if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU with sm_90a code: wgmma tests skipped";
   check_probe<32>();
   check_probe<64>();
+}
+
+TEST(WgmmaGpu, FusedDqStepStoresDsAndReducesDsK) {
+  if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU with sm_90a code: wgmma tests skipped";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> dst(64 * 64);
+  for (auto& x : dst) x = dist(rng);
+  std::vector<T> k(64 * kD);
+  for (auto& x : k) x = __float2bfloat16(dist(rng));
+  float *d_dst, *d_dq;
+  T* d_k;
+  ASSERT_EQ(cudaMalloc(&d_dst, dst.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_k, k.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_dq, 64 * kD * 4), cudaSuccess);
+  cudaMemcpy(d_dst, dst.data(), dst.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_k, k.data(), k.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemset(d_dq, 0, 64 * kD * 4);
+  const int smem = wg::sw128_tile_bytes(64, kD) + 64 * 64 * 2;
+  ASSERT_EQ(cudaFuncSetAttribute(ds_k_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
+  for (int launch = 0; launch < 2; ++launch) ds_k_probe<<<1, 128, smem>>>(d_dst, d_k, d_dq);  // reduced twice
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> dq(64 * kD);
+  cudaMemcpy(dq.data(), d_dq, dq.size() * 4, cudaMemcpyDeviceToHost);
+  cudaFree(d_dst), cudaFree(d_k), cudaFree(d_dq);
+  int bad = 0;
+  for (int q = 0; q < 64; ++q)
+    for (int d = 0; d < kD; ++d) {
+      double ref = 0;  // dS[q][key] = dS^T[key][q], rounded to bf16 as the kernel stores it
+      for (int key = 0; key < 64; ++key)
+        ref += double(__bfloat162float(__float2bfloat16(dst[key * 64 + q]))) * __bfloat162float(k[key * kD + d]);
+      bad += std::fabs(dq[q * kD + d] - 2 * ref) > 1e-3 * (1 + std::fabs(2 * ref));
+    }
+  EXPECT_EQ(bad, 0) << "dq = 2 dS K elements off";
 }
 
 }  // namespace
