@@ -5,7 +5,7 @@
 // double-precision product on the host. Also with S over the first 32 or 64 rows of B only
 // (and P V over those keys), as the forward's narrow last tile reads its 128-row tiles. And
 // the fused backward's dq step (bwd_mma_sm90.cuh): dS^T from registers stored transposed, dS K
-// with K read N-major, reduced into global memory twice. Skipped off Hopper.
+// with K read N-major, staged and added into global memory by bulk reductions, twice. Skipped off Hopper.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include "cuda/attention/bwd_mma_sm90.cuh"
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/primitives/tile_io_sm90.cuh"
+#include "cuda/primitives/tma.cuh"
 #include "cuda/primitives/wgmma.cuh"
 
 namespace {
@@ -73,31 +74,41 @@ __global__ void wgmma_probe(const T* a, const T* b, const T* v, float* s_out, fl
 }
 
 // The fused dq's step alone: dst [64 keys][64 queries] fp32 into the accumulator layout,
-// store_ds_t, ds_times_k over both 64-column blocks of K [64 keys][128], red_add_f32x2 into dq
-// [64 queries][128].
+// store_ds_t, ds_times_k over both 64-column blocks of K [64 keys][128], each block staged by
+// store_dq_block and added into dq (dq_acc's tile layout, 64 queries x 128) by bulk reductions.
 __global__ void ds_k_probe(const float* dst_in, const T* k, float* dq) {
   using Mma = fdma::cuda::BwdMmaSm90<T, kD, 128>;
+  namespace fc = fdma::cuda;
   extern __shared__ __align__(1024) unsigned char smem[];
-  const uint32_t s_k = fdma::cuda::ptx::smem_addr(smem);
+  const uint32_t s_k = fc::ptx::smem_addr(smem);
   unsigned char* ds = smem + wg::sw128_tile_bytes(64, kD);
+  float* stage = reinterpret_cast<float*>(ds + 64 * 64 * 2);  // 4 tiles of [32][64] fp32
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  fdma::cuda::load_rows_sw128_async<128, kD, 64>(s_k, k, kD, 0, 64, kD, tid);
-  fdma::cuda::ptx::cp_async_commit();
-  fdma::cuda::ptx::cp_async_wait<0>();
+  fc::load_rows_sw128_async<128, kD, 64>(s_k, k, kD, 0, 64, kD, tid);
+  fc::ptx::cp_async_commit();
+  fc::ptx::cp_async_wait<0>();
   float dst[8][4];
   for (int nt = 0; nt < 8; ++nt)
     for (int e = 0; e < 4; ++e) dst[nt][e] = dst_in[(16 * warp + g + 8 * (e >> 1)) * 64 + 8 * nt + 2 * t + (e & 1)];
   Mma::store_ds_t<8>(ds, dst, warp, lane);
   wg::fence_proxy_async_smem();
   __syncthreads();
+  constexpr int kTile = fc::kDqAccTileRows * fc::kDqAccTileCols;
   for (int block = 0; block < kD / 64; ++block) {
     float acc[8][4];
-    Mma::ds_times_k(acc, fdma::cuda::ptx::smem_addr(ds), s_k, block);
-    for (int nt = 0; nt < 8; ++nt) {
-      const int d = block * 64 + nt * 8 + 2 * t;
-      fdma::cuda::ptx::red_add_f32x2(dq + (16 * warp + g) * kD + d, acc[nt][0], acc[nt][1]);
-      fdma::cuda::ptx::red_add_f32x2(dq + (16 * warp + g + 8) * kD + d, acc[nt][2], acc[nt][3]);
-    }
+    Mma::ds_times_k(acc, fc::ptx::smem_addr(ds), s_k, block);
+    float* const pair[2] = {stage + 2 * block * kTile, stage + (2 * block + 1) * kTile};
+    Mma::store_dq_block(pair, acc, warp, lane);
+  }
+  wg::fence_proxy_async_smem();
+  __syncthreads();
+  if (tid == 0) {
+    for (int block = 0; block < kD / 64; ++block)
+      for (int half = 0; half < 2; ++half)
+        fc::tma::reduce_add_f32(dq + fc::dq_acc_offset(0, 32 * half, 64 * block, 64, kD),
+                                fc::ptx::smem_addr(stage + (2 * block + half) * kTile), fc::kDqAccTileBytes);
+    fc::tma::bulk_commit_group();
+    fc::tma::bulk_wait_group<0>();
   }
 }
 
@@ -188,7 +199,7 @@ TEST(WgmmaGpu, FusedDqStepStoresDsAndReducesDsK) {
   cudaMemcpy(d_dst, dst.data(), dst.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_k, k.data(), k.size() * 2, cudaMemcpyHostToDevice);
   cudaMemset(d_dq, 0, 64 * kD * 4);
-  const int smem = wg::sw128_tile_bytes(64, kD) + 64 * 64 * 2;
+  const int smem = wg::sw128_tile_bytes(64, kD) + 64 * 64 * 2 + 64 * kD * 4;
   ASSERT_EQ(cudaFuncSetAttribute(ds_k_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
   for (int launch = 0; launch < 2; ++launch) ds_k_probe<<<1, 128, smem>>>(d_dst, d_k, d_dq);  // reduced twice
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -201,7 +212,7 @@ TEST(WgmmaGpu, FusedDqStepStoresDsAndReducesDsK) {
       double ref = 0;  // dS[q][key] = dS^T[key][q], rounded to bf16 as the kernel stores it
       for (int key = 0; key < 64; ++key)
         ref += double(__bfloat162float(__float2bfloat16(dst[key * 64 + q]))) * __bfloat162float(k[key * kD + d]);
-      bad += std::fabs(dq[q * kD + d] - 2 * ref) > 1e-3 * (1 + std::fabs(2 * ref));
+      bad += std::fabs(dq[fdma::cuda::dq_acc_offset(0, q, d, 64, kD)] - 2 * ref) > 1e-3 * (1 + std::fabs(2 * ref));
     }
   EXPECT_EQ(bad, 0) << "dq = 2 dS K elements off";
 }

@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(kConvertThreads) bwd_dq_convert_kernel(const A
   const int i = int(e / per_row), d = int(e % per_row) * 8;
   for (int b = blockIdx.z; b < f.B; b += gridDim.z)
     for (int h = blockIdx.y; h < f.H; h += gridDim.y) {
-      const float* acc = p.dq_acc + ((int64_t(b) * f.H + h) * p.Sq_pad + i) * f.D + d;
+      // 8 columns from a multiple of 8: contiguous in the tiles (the swizzle moves groups of 4 pairs)
+      const float* acc = p.dq_acc + dq_acc_offset(int64_t(b) * f.H + h, i, d, p.Sq_pad, p.dq_acc_cols);
       const float4 lo = *reinterpret_cast<const float4*>(acc), hi = *reinterpret_cast<const float4*>(acc + 4);
       const uint4 out = make_uint4(ptx::pack2<T>(lo.x, lo.y), ptx::pack2<T>(lo.z, lo.w), ptx::pack2<T>(hi.x, hi.y),
                                    ptx::pack2<T>(hi.z, hi.w));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "cuda/attention/attention_bwd_common.cuh"
+#include "cuda/primitives/tma.cuh"
 
 namespace fdma::cuda {
 
@@ -334,19 +335,36 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       wgmma::fence_proxy_async_smem();  // the group's dS stores, before its wgmmas read them
       sync_group();
       const uint32_t ds_tile = ptx::smem_addr(smem + Tile::ds_offset(n_groups, f) + wg * Tile::kDsBytes);
-      float* dq_row = p.dq_acc + ((int64_t(b) * f.H + h) * p.Sq_pad + q0 + 16 * warp + g) * f.D;
+      // Each 64-column block of dS K goes through shared memory (the step's Q and dO tiles, done
+      // with: block 0 in Q, block 1 in dO at D = 128; rows 32-63 in dO at D = 64) and into
+      // dq_acc as two 8 KB bulk reductions, issued by the group's first thread.
+      constexpr int kPieces = 2 * kHeadDim / kDqAccTileCols, kPiecesInQ = kPieces / 2;
+      static_assert(Tile::kQBytes == kPiecesInQ * kDqAccTileBytes, "the staging fills the step's Q and dO tiles");
+      auto piece = [&](int i) {  // i = 2 block + half
+        return group_smem + (i < kPiecesInQ ? buf : 2 + buf) * Tile::kQBytes + (i % kPiecesInQ) * kDqAccTileBytes;
+      };
+      const int64_t tile0 = ((int64_t(b) * f.H + h) * (p.Sq_pad / kDqAccTileRows) + q0 / kDqAccTileRows) *
+                            (kHeadDim / kDqAccTileCols);
 #pragma unroll 1
       for (int block = 0; block < kHeadDim / 64; ++block) {
         float acc[8][4];
         Mma::ds_times_k(acc, ds_tile, s_k, block);
+        float* const stage[2] = {reinterpret_cast<float*>(piece(2 * block)),
+                                 reinterpret_cast<float*>(piece(2 * block + 1))};
+        Mma::store_dq_block(stage, acc, warp, lane);
+        wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
+        sync_group();
+        if (tid == 0) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int d = block * 64 + nt * 8 + 2 * t;
-          if (d >= f.D) continue;
-          ptx::red_add_f32x2(dq_row + d, acc[nt][0], acc[nt][1]);
-          ptx::red_add_f32x2(dq_row + 8 * f.D + d, acc[nt][2], acc[nt][3]);
+          for (int half = 0; half < 2; ++half)
+            tma::reduce_add_f32(p.dq_acc + (tile0 + half * (kHeadDim / kDqAccTileCols) + block) *
+                                               (kDqAccTileRows * kDqAccTileCols),
+                                ptx::smem_addr(piece(2 * block + half)), kDqAccTileBytes);
+          tma::bulk_commit_group();
         }
       }
+      // The next step's loads reuse these tiles (after the sync at the end of the step).
+      if (tid == 0) tma::bulk_wait_group_read<0>();
     }
 
     // Whether it_next is past this head's last step (steps are head-major where not gathered):
@@ -369,6 +387,8 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     it = it_next;
   }
   ptx::cp_async_wait<0>();  // nothing may still land in shared memory when the CTA exits
+  if constexpr (kFusedDq)
+    if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done
 
   if (n_groups > 1) {  // group 0 adds group 1's partial sums: a fixed order, so reproducible
     float* handoff = reinterpret_cast<float*>(smem + Tile::kKVBytes) + tid;  // [slot][thread]

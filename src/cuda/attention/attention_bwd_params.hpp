@@ -58,11 +58,29 @@ struct AttentionBwdParams {
   int dkdv_splits;
   float *dkdv_partial, *dscores_partial;
   // Fused dq (non-deterministic calls, sm_90a, not gathered, no dbias with a query dim): the
-  // dk/dv kernel also reduces each step's dS K into dq_acc [B, H, Sq_pad, D] fp32 (zeroed
+  // dk/dv kernel also reduces each step's dS K into dq_acc [B, H, Sq_pad, D bucket] fp32 (zeroed
   // first, in the caller's workspace) and no dq kernel runs: five matmuls of QK^T's size
-  // instead of seven, at the price of atomics (the sum's order varies) and the temporary.
-  // bwd_dq_convert writes dq from it. Null: the two-kernel backward.
+  // instead of seven, at the price of the temporary and a sum whose order varies.
+  // bwd_dq_convert writes dq from it. Null: the two-kernel backward. Layout: dq_acc_offset,
+  // with dq_acc_cols = the kernel's head-dim bucket (64 or 128).
   float* dq_acc;
+  int dq_acc_cols;
 };
+
+// The fused dq's fp32 sums in tiles of 32 rows x 64 columns, each 8 KB and contiguous, so that a
+// warp group adds its step's 64 x D product with D / 32 bulk reductions (tma.cuh): tile
+// (row / 32, col / 64) of (batch, head) bh is number (bh * Sq_pad / 32 + row / 32) * cols / 64 +
+// col / 64. Within a tile, row r keeps column pair c / 2 at pair (c / 2) ^ (4 * (r % 8)): a
+// warp's staging stores (rows g, pairs 4 nt + t) then touch each bank twice, the least for their
+// 256 bytes (row-major, all eight rows hit the same banks).
+constexpr int kDqAccTileRows = 32, kDqAccTileCols = 64, kDqAccTileBytes = kDqAccTileRows * kDqAccTileCols * 4;
+constexpr int dq_acc_in_tile(int r, int c) {
+  return r * kDqAccTileCols + 2 * ((c / 2) ^ (4 * (r % 8))) + c % 2;
+}
+constexpr int64_t dq_acc_offset(int64_t bh, int row, int col, int Sq_pad, int cols) {
+  const int64_t tile = (bh * (Sq_pad / kDqAccTileRows) + row / kDqAccTileRows) * (cols / kDqAccTileCols) +
+                       col / kDqAccTileCols;
+  return tile * (kDqAccTileRows * kDqAccTileCols) + dq_acc_in_tile(row % kDqAccTileRows, col % kDqAccTileCols);
+}
 
 }  // namespace fdma::cuda

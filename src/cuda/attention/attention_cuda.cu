@@ -115,6 +115,12 @@ bool fused_dq_applies(const detail::AttentionProblem& prob, DbiasOwner owner) {
   return major == 9 && minor == 0;
 }
 
+// The fused dq's fp32 sums: [B, H, Sq_pad, D's bucket] (attention_bwd_params.hpp, dq_acc_offset).
+size_t dq_acc_bytes(const detail::AttentionProblem& prob, int64_t Sq_pad) {
+  const detail::Dims& d = prob.dims;
+  return size_t(d.B * d.H) * size_t(Sq_pad) * size_t(head_dim_bucket(int(d.D))) * sizeof(float);
+}
+
 BwdPlan plan_backward(const detail::AttentionProblem& prob) {
   const detail::Dims& d = prob.dims;
   const detail::Broadcast& bias = prob.bias;
@@ -146,7 +152,7 @@ BwdPlan plan_backward(const detail::AttentionProblem& prob) {
   plan.acc_off = plan.lse2_off + align256(rows);
   plan.dq_acc_off = plan.acc_off + align256(plan.use_acc ? size_t(plan.slots) * size_t(plan.numel) * sizeof(float) : 0);
   plan.fused_dq = fused_dq_applies(prob, plan.owner);
-  plan.bytes = plan.dq_acc_off + (plan.fused_dq ? size_t(d.B * d.H * plan.Sq_pad * d.D) * sizeof(float) : 0);
+  plan.bytes = plan.dq_acc_off + (plan.fused_dq ? dq_acc_bytes(prob, plan.Sq_pad) : 0);
   return plan;
 }
 
@@ -247,9 +253,8 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
                "dbias reduction slots");
   if (plan.fused_dq) {
     k.dq_acc = reinterpret_cast<float*>(ws + plan.dq_acc_off);
-    const detail::Dims& d = prob.dims;
-    check_cuda(cudaMemsetAsync(k.dq_acc, 0, size_t(d.B * d.H * plan.Sq_pad * d.D) * sizeof(float), stream),
-               "dq sums");
+    k.dq_acc_cols = head_dim_bucket(int(prob.dims.D));
+    check_cuda(cudaMemsetAsync(k.dq_acc, 0, dq_acc_bytes(prob, plan.Sq_pad), stream), "dq sums");
   }
   run_backward_kernels(k, prob.dtype, p.stream);
 }

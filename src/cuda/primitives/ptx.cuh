@@ -137,15 +137,4 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
-// *addr += (x, y) in one reduction to global memory (no return value): the fused backward's
-// dq. Two floats per instruction on sm_90; two scalar reductions elsewhere.
-__device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
-#else
-  atomicAdd(addr, x);
-  atomicAdd(addr + 1, y);
-#endif
-}
-
 }  // namespace fdma::cuda::ptx

@@ -2,7 +2,8 @@
 // (built on the host, tensor_map.hpp) copied global -> shared by one thread, completing on an
 // mbarrier (mbarrier.cuh) by the bytes it writes. Rows and columns outside the tensor land as
 // zeros and still count. With the 128-byte swizzle the tile lands in the layout the wgmma
-// descriptors read (wgmma.cuh), when its shared address is 1024-byte aligned.
+// descriptors read (wgmma.cuh), when its shared address is 1024-byte aligned. Also the bulk
+// reduction of a contiguous shared range into global memory.
 #pragma once
 
 #include <cuda.h>
@@ -31,6 +32,37 @@ __device__ __forceinline__ void load_3d(uint32_t dst, const CUtensorMap* map, ui
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+#endif
+}
+
+// *dst += src over `bytes` (a multiple of 16, both 16-byte aligned) of fp32, shared -> global,
+// by one thread: the engine adds whole L2 lines, where per-thread reductions cost an L2 atomic
+// per 32-byte sector. Completes in the issuing thread's bulk group.
+__device__ __forceinline__ void reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Until at most N of this thread's bulk groups still read their shared source (the source may
+// then be overwritten; the global writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Until at most N of this thread's bulk groups are incomplete.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
