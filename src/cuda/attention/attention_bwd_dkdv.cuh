@@ -103,15 +103,19 @@ struct BwdDkdvTile {
   __host__ __device__ static int smem_bytes(int groups, const AttentionFwdParams& f) {
     return align_slack<Mma::kTileAlign>() + terms_offset(groups) + groups * (2 * Terms::bytes(f) + table_bytes(groups, f));
   }
-  // The fused dq's tiles after everything else, one per warp group: its step's dS, [kBlockM
-  // queries][kBlockN keys] (bwd_mma_sm90.cuh, store_ds_t), at the swizzle's alignment.
-  static constexpr int kDsBytes = kBlockM * kBlockN * 2;
+  // The fused dq's tiles after everything else, at the swizzle's alignment: per warp group its
+  // step's dS, [kBlockM queries][kBlockN keys] (bwd_mma_sm90.cuh, store_ds_t); then per warp
+  // group the staging of dS K's last 64-column block (two dq_acc tiles, attention_bwd_params.hpp).
+  static constexpr int kDsBytes = kBlockM * kBlockN * 2, kStageBytes = 2 * kDqAccTileBytes;
   __host__ __device__ static int ds_offset(int groups, const AttentionFwdParams& f) {
     const int end = smem_bytes(groups, f) - align_slack<Mma::kTileAlign>();
     return (end + Mma::kTileAlign - 1) / Mma::kTileAlign * Mma::kTileAlign;
   }
+  __host__ __device__ static int stage_offset(int groups, const AttentionFwdParams& f) {
+    return ds_offset(groups, f) + groups * kDsBytes;
+  }
   __host__ __device__ static int fused_smem_bytes(int groups, const AttentionFwdParams& f) {
-    return align_slack<Mma::kTileAlign>() + ds_offset(groups, f) + groups * kDsBytes;
+    return align_slack<Mma::kTileAlign>() + stage_offset(groups, f) + groups * kStageBytes;
   }
   // At the end, warp group 1 hands its fp32 dk, dv and key sums to group 0 through the
   // space the groups' Q/dO tiles used.
@@ -332,39 +336,40 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
       Mma::store_ds_t(smem + Tile::ds_offset(n_groups, f) + wg * Tile::kDsBytes, dpt, warp, lane);
     Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
     if constexpr (kFusedDq) {
+      // dS K in 64-column blocks, each through shared memory into dq_acc as two 8 KB bulk
+      // reductions issued by the group's first thread. The last block is staged in the group's
+      // own tiles, read out long before the next step stages there (the wait below, a step
+      // later); at D = 128 block 0 goes to the step's Q tile, done with, which the load at the
+      // next step's start overwrites: waited for at this step's end. (Staging everything in
+      // the step's Q and dO tiles put a full wait on the end of every step: the group's other
+      // warps stalled at the closing barrier for 11% of the kernel's samples.)
+      static_assert(kHeadDim == 64 || kHeadDim == 128, "one block in Q at most");
+      static_assert(Tile::kQBytes >= 2 * kDqAccTileBytes || kHeadDim == 64, "block 0 fits the Q tile");
+      if (tid == 0) tma::bulk_wait_group_read<0>();  // the previous step's reductions have read their tiles
       wgmma::fence_proxy_async_smem();  // the group's dS stores, before its wgmmas read them
       sync_group();
       const uint32_t ds_tile = ptx::smem_addr(smem + Tile::ds_offset(n_groups, f) + wg * Tile::kDsBytes);
-      // Each 64-column block of dS K goes through shared memory (the step's Q and dO tiles, done
-      // with: block 0 in Q, block 1 in dO at D = 128; rows 32-63 in dO at D = 64) and into
-      // dq_acc as two 8 KB bulk reductions, issued by the group's first thread.
-      constexpr int kPieces = 2 * kHeadDim / kDqAccTileCols, kPiecesInQ = kPieces / 2;
-      static_assert(Tile::kQBytes == kPiecesInQ * kDqAccTileBytes, "the staging fills the step's Q and dO tiles");
-      auto piece = [&](int i) {  // i = 2 block + half
-        return group_smem + (i < kPiecesInQ ? buf : 2 + buf) * Tile::kQBytes + (i % kPiecesInQ) * kDqAccTileBytes;
-      };
+      const uint32_t own_stage = ptx::smem_addr(smem + Tile::stage_offset(n_groups, f) + wg * Tile::kStageBytes);
       const int64_t tile0 = ((int64_t(b) * f.H + h) * (p.Sq_pad / kDqAccTileRows) + q0 / kDqAccTileRows) *
                             (kHeadDim / kDqAccTileCols);
+      constexpr int kBlocks = kHeadDim / 64;
 #pragma unroll 1
-      for (int block = 0; block < kHeadDim / 64; ++block) {
+      for (int block = 0; block < kBlocks; ++block) {
         float acc[8][4];
         Mma::ds_times_k(acc, ds_tile, s_k, block);
-        float* const stage[2] = {reinterpret_cast<float*>(piece(2 * block)),
-                                 reinterpret_cast<float*>(piece(2 * block + 1))};
-        Mma::store_dq_block(stage, acc, warp, lane);
+        const uint32_t stage = block == kBlocks - 1 ? own_stage : q_tile;
+        Mma::store_dq_block(stage, stage + kDqAccTileBytes, acc, warp, lane);
         wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
         sync_group();
         if (tid == 0) {
 #pragma unroll
           for (int half = 0; half < 2; ++half)
-            tma::reduce_add_f32(p.dq_acc + (tile0 + half * (kHeadDim / kDqAccTileCols) + block) *
-                                               (kDqAccTileRows * kDqAccTileCols),
-                                ptx::smem_addr(piece(2 * block + half)), kDqAccTileBytes);
+            tma::reduce_add_f32(p.dq_acc + (tile0 + half * kBlocks + block) * (kDqAccTileRows * kDqAccTileCols),
+                                stage + half * kDqAccTileBytes, kDqAccTileBytes);
           tma::bulk_commit_group();
         }
       }
-      // The next step's loads reuse these tiles (after the sync at the end of the step).
-      if (tid == 0) tma::bulk_wait_group_read<0>();
+      if (kBlocks > 1 && tid == 0) tma::bulk_wait_group_read<1>();  // block 0's Q tile, reloaded next
     }
 
     // Whether it_next is past this head's last step (steps are head-major where not gathered):

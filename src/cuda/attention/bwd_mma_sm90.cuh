@@ -121,17 +121,19 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
         *reinterpret_cast<T*>(ds_tile + q * kRowBytes + ((chunk ^ (q % 8)) << 4) + g * 2) = T(dst[nt][e]);
       }
   }
-  // One 64-column block of dS K (acc, ds_times_k) into its two staging tiles in dq_acc's tile
-  // layout (attention_bwd_params.hpp): rows 0-31 (warps 0, 1) to stage[0], rows 32-63 to stage[1].
-  __device__ static void store_dq_block(float* const (&stage)[2], const float (&acc)[8][4], int warp, int lane) {
+  // One 64-column block of dS K (acc, ds_times_k) into two staging tiles in dq_acc's tile layout
+  // (attention_bwd_params.hpp), shared addresses: rows 0-31 (warps 0, 1) to stage0, rows 32-63
+  // to stage1.
+  __device__ static void store_dq_block(uint32_t stage0, uint32_t stage1, const float (&acc)[8][4], int warp,
+                                        int lane) {
     const int g = lane / 4, t = lane % 4;
-    float* out = stage[warp / 2];
+    const uint32_t out = warp < 2 ? stage0 : stage1;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr)
-        *reinterpret_cast<float2*>(out + dq_acc_in_tile(16 * (warp % 2) + g + 8 * hr, nt * 8 + 2 * t)) =
-            make_float2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+        ptx::st_shared_f32x2(out + 4 * dq_acc_in_tile(16 * (warp % 2) + g + 8 * hr, nt * 8 + 2 * t), acc[nt][2 * hr],
+                             acc[nt][2 * hr + 1]);
   }
   // acc = dS K over output columns [64 block, 64 block + 64): A the dS tile (K = the 64 keys),
   // B rows [0, 64) of the [keys][D] K tile read N-major, as regs_b reads its B.
