@@ -14,3 +14,18 @@ device_build() {
     { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
   echo "build: $(( $(date +%s) - start )) s"
 }
+
+# device_gtests FILTER SAN_FILTER: the GPU tests FILTER ($GTEST_FILTER overrides), then memcheck,
+# racecheck and synccheck over SAN_FILTER ($SAN_FILTER overrides; SANITIZE=0 skips them).
+device_gtests() {
+  timeout 400 build/tests/fdma_gpu_tests --gtest_filter="${GTEST_FILTER:-$1}" >"$OUT/gtest.log" 2>&1
+  echo "gtest rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.log" | tr '\n' ' ')"
+  grep -E "Failure|FAILED|error" "$OUT/gtest.log" | head -20
+  [ "${SANITIZE:-1}" = 1 ] || return 0
+  local tool
+  for tool in memcheck racecheck synccheck; do
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/fdma_gpu_tests \
+      --gtest_filter="${SAN_FILTER:-$2}" >"$OUT/$tool.log" 2>&1
+    echo "$tool rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/$tool.log" | tail -1)"
+  done
+}

@@ -6,16 +6,8 @@
 source "$(dirname "$0")/device_build.sh"
 device_build fdma fdma_gpu_tests
 export FDMA_LIBRARY=$PWD/build/libfdma.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
-timeout 400 build/tests/fdma_gpu_tests --gtest_filter="${GTEST_FILTER:-AttentionGpu.*:DmaGpu.*}" >"$OUT/gtest.log" 2>&1
-echo "gtest rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.log" | tr '\n' ' ')"
-grep -E "Failure|FAILED|error" "$OUT/gtest.log" | head -20
-if [ "${SANITIZE:-1}" = 1 ]; then
-  for tool in memcheck racecheck synccheck; do
-    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/fdma_gpu_tests \
-      --gtest_filter="${SAN_FILTER:-AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*}" >"$OUT/$tool.log" 2>&1
-    echo "$tool rc $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/$tool.log" | tail -1)"
-  done
-fi
+device_gtests 'AttentionGpu.*:DmaGpu.*' \
+  'AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*'
 [ "${BENCH:-1}" = 1 ] || exit 0
 timeout 200 python3 bench/bench_switches.py --configs default,cpasync --seqlens 16384,32768 --rounds 3 2>&1 |
   tee "$OUT/bench_dma.log" | tail -6
