@@ -6,9 +6,11 @@ problem, the order rotated each round; the table gives medians over rounds of pe
 of CUDA events.
 
 Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
-                                        [--headdims 64,128] [--rounds 3] [--cases dense,per-key]
-bf16, B1 H16 Hk16. TF/s = 3.5 * 4*B*H*S*S*D / t (bwd = 2.5x fwd), halved for causal. Also
-checks the fused call against the two-kernel one: dk, dv (and dbias) bitwise, max |dq diff|.
+                                        [--headdims 64,128] [--rounds 3]
+                                        [--cases dense,per-key,block,block-all]
+bf16, B1 H16 Hk16. TF/s = 3.5 * 4*B*H*S*S*D / t (bwd = 2.5x fwd), halved for causal (the block
+cases count every score too). Also checks the fused call against the two-kernel one: dk, dv
+(and dbias) bitwise, max |dq diff|.
 """
 import argparse
 import ctypes
@@ -33,7 +35,9 @@ def main():
     ap.add_argument("--seqlens", default="8192,16384")
     ap.add_argument("--headdims", default="64,128")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cases", default="dense,per-key", help="dense and/or per-key (a bias [B, H, 1, S])")
+    ap.add_argument("--cases", default="dense,per-key",
+                    help="dense, per-key (a bias [B, H, 1, S]), block (a [B, 1, S, S] mask of 128 x 128 blocks, "
+                    "1/8 kept), block-all (the same with every block kept)")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev, B, H = torch.device("cuda"), 1, 16
@@ -44,6 +48,10 @@ def main():
                 torch.manual_seed(0)
                 q, k, v, dout = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16) for _ in range(4))
                 bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16) if case == "per-key" else None
+                mask = None
+                if case.startswith("block"):  # as bench_attention_bwd.py
+                    blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < (1.0 if case == "block-all" else 1 / 8)
+                    mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
                 grads = {det: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -54,7 +62,7 @@ def main():
                     dq, dk, dv, db = grads[det]
                     p.q, p.k, p.v, p.out, p.lse = view(q), view(k), view(v), view(out), view(lse)
                     p.dout, p.dq, p.dk, p.dv = view(dout), view(dq), view(dk), view(dv)
-                    p.bias, p.dbias = view(bias), view(db)
+                    p.bias, p.dbias, p.mask = view(bias), view(db), view(mask)
                     p.causal, p.deterministic = int(causal), det
                     p.stream = torch.cuda.current_stream().cuda_stream
                     params[det] = p
@@ -86,7 +94,7 @@ def main():
                     return run
 
                 systems = {"fused": ours(0), "two-kernel": ours(1)}
-                if bias is None:
+                if bias is None and mask is None:
                     systems.update({"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
                                     "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)})
                 for name, fn in list(systems.items()):
