@@ -427,7 +427,8 @@ TEST(AttentionGpu, DkdvWarpGroupsMatchTheCpu) {
 // D 64 and 128, bf16 and fp16: ragged lengths (Sq < Sk and Sq > Sk), causal and not, GQA, a
 // block mask, a per-key bias (dbias summed by the dk/dv kernel), softcap. Then dk and dv
 // bitwise against the two-kernel path (FDMA_BWD_FUSED_DQ=0: the same arithmetic), and a
-// deterministic call needing no temporary. Elsewhere both paths are the two kernels.
+// deterministic call needing no temporary. Elsewhere both paths are the two kernels, and so is
+// the block mask at D 128 (the fused dq would need two warp groups there and lose the tiles).
 TEST(AttentionGpu, FusedDqBackwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 1400;

@@ -41,42 +41,68 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   auto dq_kernel = gather ? attention_bwd_dq_kernel<T, kHeadDim, true, Mma> : attention_bwd_dq_kernel<T, kHeadDim, false, Mma>;
   auto dkdv_kernel =
       gather ? attention_bwd_dkdv_kernel<T, kHeadDim, true, Mma> : attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma>;
-  // The fused dq where the caller gave its temporary and these tiles have it (params.dq_acc).
-  const bool fused = Mma::kHopperOnly && !gather && params.dq_acc && params.dbias_owner != DbiasOwner::rows;
-  if constexpr (Mma::kHopperOnly)
-    if (fused) dkdv_kernel = attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma, true>;
-  auto dkdv_smem_bytes = [&](int groups, const AttentionFwdParams& f) {
-    return fused ? Dkdv::fused_smem_bytes(groups, f) : Dkdv::smem_bytes(groups, f);
-  };
-  // Warp groups per dk/dv CTA: bwd_dkdv_groups, or FDMA_DKDV_GROUPS=1 or 2 (A/B runs and tests).
-  const int forced_groups = forced_dkdv_groups();
-  const bool forced = forced_groups != 0;
-  int dkdv_groups = forced ? forced_groups
-                           : bwd_dkdv_groups(kHeadDim, Mma::kHopperOnly, gather, params.f.tile_active != nullptr);
-  // Mask/bias tiles that would not fit in shared memory are read per score instead: the
-  // bias's first (larger), then the mask's; the next-active table is dropped before either.
+  auto fused_kernel = dkdv_kernel;
+  if constexpr (Mma::kHopperOnly) fused_kernel = attention_bwd_dkdv_kernel<T, kHeadDim, false, Mma, true>;
   int max_smem = 0;
   cudaError_t err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
-  AttentionBwdParams p = params;
-  auto fits = [&] { return (fused || Dq::smem_bytes(p.f) <= max_smem) && dkdv_smem_bytes(dkdv_groups, p.f) <= max_smem; };
-  auto shrink = [&] {
-    if (!fits()) p.f.next_active_table = false;
-    if (!fits()) p.f.bias_tiled = false;
-    if (!fits()) p.f.mask_tiled = false;
+  // One path's launch plan: warp groups per dk/dv CTA (bwd_dkdv_groups, or FDMA_DKDV_GROUPS=1
+  // or 2 for A/B runs and tests) and the params with the tiles that fit in shared memory (those
+  // that do not are read per score instead: the next-active table dropped first, then the
+  // bias's tiles (larger), then the mask's).
+  const int forced_groups = forced_dkdv_groups();
+  const bool forced = forced_groups != 0;
+  struct Plan {
+    int groups;
+    AttentionBwdParams p;
+    int dkdv_smem;
   };
-  shrink();
-  if (dkdv_groups == 1 && !forced) {  // one group pays only where two CTAs share an SM
-    int per_sm = 0;
-    err = allow_smem(dkdv_kernel, dkdv_smem_bytes(1, p.f));
-    if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dkdv_kernel, kBwdThreads, dkdv_smem_bytes(1, p.f));
+  auto plan_path = [&](bool fused, Plan& plan) {
+    plan.p = params;
+    AttentionFwdParams& pf = plan.p.f;
+    plan.groups = forced ? forced_groups : bwd_dkdv_groups(kHeadDim, Mma::kHopperOnly, gather, pf.tile_active != nullptr);
+    auto smem = [&](int groups) { return fused ? Dkdv::fused_smem_bytes(groups, pf) : Dkdv::smem_bytes(groups, pf); };
+    auto fits = [&] { return (fused || Dq::smem_bytes(pf) <= max_smem) && smem(plan.groups) <= max_smem; };
+    auto shrink = [&] {
+      if (!fits()) pf.next_active_table = false;
+      if (!fits()) pf.bias_tiled = false;
+      if (!fits()) pf.mask_tiled = false;
+    };
+    shrink();
+    if (plan.groups == 1 && !forced) {  // one group pays only where two CTAs share an SM
+      const auto kernel = fused ? fused_kernel : dkdv_kernel;
+      int per_sm = 0;
+      cudaError_t e = allow_smem(kernel, smem(1));
+      if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBwdThreads, smem(1));
+      if (e != cudaSuccess) return e;
+      if (per_sm < 2) plan.groups = 2, shrink();
+    }
+    plan.dkdv_smem = smem(plan.groups);
+    return cudaSuccess;
+  };
+  Plan two{}, fused_plan{};
+  err = plan_path(false, two);
+  if (err != cudaSuccess) return err;
+  // The fused dq where the caller gave its temporary (params.dq_acc) and these tiles have it,
+  // and only where its larger shared memory keeps the two kernels' plan: the same warp groups
+  // and the same tiles on chip. (With a block mask at D = 128 it would take two groups and
+  // read the mask per score: 2.5-2.7x slower than the two kernels, docs/performance.md.)
+  // Otherwise the two kernels run and the temporary goes unused.
+  bool fused = Mma::kHopperOnly && !gather && params.dq_acc && params.dbias_owner != DbiasOwner::rows;
+  if (fused) {
+    err = plan_path(true, fused_plan);
     if (err != cudaSuccess) return err;
-    if (per_sm < 2) dkdv_groups = 2, shrink();
+    const AttentionFwdParams &a = two.p.f, &b = fused_plan.p.f;
+    fused = fused_plan.groups == two.groups && a.next_active_table == b.next_active_table &&
+            a.bias_tiled == b.bias_tiled && a.mask_tiled == b.mask_tiled;
   }
+  const Plan& plan = fused ? fused_plan : two;
+  if (fused) dkdv_kernel = fused_kernel;
+  const AttentionBwdParams& p = plan.p;
+  const int dkdv_groups = plan.groups;
   const AttentionFwdParams& f = p.f;
   if (gather && p.dbias_owner != DbiasOwner::none) return cudaErrorInvalidValue;  // the gathered kernels have no dbias
-  const int dq_smem = Dq::smem_bytes(f), dkdv_smem = dkdv_smem_bytes(dkdv_groups, f);
+  const int dq_smem = Dq::smem_bytes(f), dkdv_smem = plan.dkdv_smem;
   err = fused ? cudaSuccess : allow_smem(dq_kernel, dq_smem);
   if (err == cudaSuccess) err = allow_smem(dkdv_kernel, dkdv_smem);
   if (err != cudaSuccess) return err;
