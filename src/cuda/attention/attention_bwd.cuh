@@ -90,11 +90,14 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   // Otherwise the two kernels run and the temporary goes unused.
   bool fused = Mma::kHopperOnly && !gather && params.dq_acc && params.dbias_owner != DbiasOwner::rows;
   if (fused) {
-    err = plan_path(true, fused_plan);
-    if (err != cudaSuccess) return err;
-    const AttentionFwdParams &a = two.p.f, &b = fused_plan.p.f;
-    fused = fused_plan.groups == two.groups && a.next_active_table == b.next_active_table &&
-            a.bias_tiled == b.bias_tiled && a.mask_tiled == b.mask_tiled;
+    if (plan_path(true, fused_plan) != cudaSuccess) {  // its shared memory refused: the two kernels
+      cudaGetLastError();
+      fused = false;
+    } else {
+      const AttentionFwdParams &a = two.p.f, &b = fused_plan.p.f;
+      fused = fused_plan.groups == two.groups && a.next_active_table == b.next_active_table &&
+              a.bias_tiled == b.bias_tiled && a.mask_tiled == b.mask_tiled;
+    }
   }
   const Plan& plan = fused ? fused_plan : two;
   if (fused) dkdv_kernel = fused_kernel;
