@@ -11,8 +11,9 @@
 // Both recompute S = QK^T and dP = dO V^T (seven matmuls against the five of a single-kernel
 // backward with dq atomics): the price of determinism without a B*H*Sq*D fp32 temporary.
 // A call that does not ask for determinism takes the fused dq where it applies (sm_90a tiles,
-// keys not gathered, no dbias with a query dim; AttentionBwdParams::dq_acc): no dq kernel,
-// the dk/dv kernel reduces each step's dS K into the temporary, and a convert kernel writes dq.
+// keys not gathered, no dbias with a query dim, the same launch plan as the two kernels';
+// AttentionBwdParams::dq_acc): no dq kernel, the dk/dv kernel reduces each step's dS K into the
+// temporary with bulk reductions, and a convert kernel writes dq.
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 
