@@ -100,11 +100,13 @@ struct BwdPlan {
 // Whether a backward takes the fused dq: not asked to be reproducible, a head dim with the
 // wgmma tiles, no dbias with a query dim (the dq kernel owns that one), and the calling
 // thread's device a Hopper running the sm_90a code (where it is not, the launch takes the two
-// kernels and the temporary goes unused).
+// kernels and the temporary goes unused). The launcher also declines it where its shared
+// memory would change the two kernels' plan (attention_bwd.cuh): always with a mask at D 128,
+// so no temporary is asked for there.
 bool fused_dq_applies(const detail::AttentionProblem& prob, DbiasOwner owner) {
   if (prob.deterministic || owner == DbiasOwner::rows || !fused_dq_allowed() || wgmma_disabled()) return false;
   const int bucket = head_dim_bucket(int(prob.dims.D));
-  if (bucket != 64 && bucket != 128) return false;
+  if (bucket != 64 && (bucket != 128 || prob.mask.present)) return false;
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
