@@ -97,8 +97,7 @@ __global__ void ds_k_probe(const float* dst_in, const T* k, float* dq) {
   for (int block = 0; block < kD / 64; ++block) {
     float acc[8][4];
     Mma::ds_times_k(acc, fc::ptx::smem_addr(ds), s_k, block);
-    Mma::store_dq_block(fc::ptx::smem_addr(stage + 2 * block * kTile), fc::ptx::smem_addr(stage + (2 * block + 1) * kTile),
-                        acc, warp, lane);
+    Mma::store_dq_block(fc::ptx::smem_addr(stage + 2 * block * kTile), acc, warp, lane);
   }
   wg::fence_proxy_async_smem();
   __syncthreads();

@@ -123,7 +123,7 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   const dim3 dkdv_grid(dkdv_x, f.Hk * Dkdv::kChunks, f.B * std::max(1, p.dkdv_splits));
   err = launch_kernel(f.overlap_previous, dkdv_kernel, dkdv_grid, dkdv_groups * kBwdThreads, dkdv_smem, stream, p);
   if (err != cudaSuccess || !fused) return err;
-  return launch_bwd_dq_convert<T>(p, stream);
+  return launch_bwd_dq_convert<T>(p, kHeadDim, stream);
 }
 
 // The wgmma kernels on Hopper for D = 64 and 128 (arch_dispatch.cuh), the mma.sync kernels

@@ -100,7 +100,7 @@ __global__ void dbias_finish_kernel(const AttentionBwdParams p) {
 constexpr int kConvertThreads = 256;
 
 template <class T>
-__global__ void __launch_bounds__(kConvertThreads) bwd_dq_convert_kernel(const AttentionBwdParams p) {
+__global__ void __launch_bounds__(kConvertThreads) bwd_dq_convert_kernel(const AttentionBwdParams p, int cols) {
   ptx::griddep_wait();  // the dk/dv kernel's sums
   ptx::griddep_launch_dependents();
   const AttentionFwdParams& f = p.f;
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kConvertThreads) bwd_dq_convert_kernel(const A
   for (int b = blockIdx.z; b < f.B; b += gridDim.z)
     for (int h = blockIdx.y; h < f.H; h += gridDim.y) {
       // 8 columns from a multiple of 8: contiguous in the tiles (the swizzle moves groups of 4 pairs)
-      const float* acc = p.dq_acc + dq_acc_offset(int64_t(b) * f.H + h, i, d, p.Sq_pad, p.dq_acc_cols);
+      const float* acc = p.dq_acc + dq_acc_offset(int64_t(b) * f.H + h, i, d, p.Sq_pad, cols);
       const float4 lo = *reinterpret_cast<const float4*>(acc), hi = *reinterpret_cast<const float4*>(acc + 4);
       const uint4 out = make_uint4(ptx::pack2<T>(lo.x, lo.y), ptx::pack2<T>(lo.z, lo.w), ptx::pack2<T>(hi.x, hi.y),
                                    ptx::pack2<T>(hi.z, hi.w));
@@ -123,11 +123,11 @@ __global__ void __launch_bounds__(kConvertThreads) bwd_dq_convert_kernel(const A
 }  // namespace
 
 template <class T>
-cudaError_t launch_bwd_dq_convert(const AttentionBwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd_dq_convert(const AttentionBwdParams& p, int cols, cudaStream_t stream) {
   const int64_t n = int64_t(p.f.Sq) * (p.f.D / 8);
   const dim3 grid(unsigned((n + kConvertThreads - 1) / kConvertThreads), unsigned(std::min(p.f.H, 65535)),
                   unsigned(std::min(p.f.B, 65535)));
-  return launch_kernel(p.f.overlap_previous, bwd_dq_convert_kernel<T>, grid, kConvertThreads, 0, stream, p);
+  return launch_kernel(p.f.overlap_previous, bwd_dq_convert_kernel<T>, grid, kConvertThreads, 0, stream, p, cols);
 }
 
 template <class T>
@@ -147,7 +147,7 @@ template cudaError_t launch_bwd_prepare<__nv_bfloat16>(const AttentionBwdParams&
 template cudaError_t launch_bwd_prepare<__half>(const AttentionBwdParams&, cudaStream_t);
 template cudaError_t launch_dbias_finish<__nv_bfloat16>(const AttentionBwdParams&, cudaStream_t);
 template cudaError_t launch_dbias_finish<__half>(const AttentionBwdParams&, cudaStream_t);
-template cudaError_t launch_bwd_dq_convert<__nv_bfloat16>(const AttentionBwdParams&, cudaStream_t);
-template cudaError_t launch_bwd_dq_convert<__half>(const AttentionBwdParams&, cudaStream_t);
+template cudaError_t launch_bwd_dq_convert<__nv_bfloat16>(const AttentionBwdParams&, int, cudaStream_t);
+template cudaError_t launch_bwd_dq_convert<__half>(const AttentionBwdParams&, int, cudaStream_t);
 
 }  // namespace fdma::cuda

@@ -15,8 +15,9 @@ cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream)
 template <class T>
 cudaError_t launch_dbias_finish(const AttentionBwdParams& p, cudaStream_t stream);
 
-// dq from p.dq_acc (the fused backward's fp32 sums), converted to its dtype.
+// dq from p.dq_acc (the fused backward's fp32 sums, `cols` columns: the kernel's head dim),
+// converted to its dtype.
 template <class T>
-cudaError_t launch_bwd_dq_convert(const AttentionBwdParams& p, cudaStream_t stream);
+cudaError_t launch_bwd_dq_convert(const AttentionBwdParams& p, int cols, cudaStream_t stream);
 
 }  // namespace fdma::cuda

@@ -358,7 +358,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
         float acc[8][4];
         Mma::ds_times_k(acc, ds_tile, s_k, block);
         const uint32_t stage = block == kBlocks - 1 ? own_stage : q_tile;
-        Mma::store_dq_block(stage, stage + kDqAccTileBytes, acc, warp, lane);
+        Mma::store_dq_block(stage, acc, warp, lane);
         wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
         sync_group();
         if (tid == 0) {

@@ -62,9 +62,8 @@ struct AttentionBwdParams {
   // first, in the caller's workspace) and no dq kernel runs: five matmuls of QK^T's size
   // instead of seven, at the price of the temporary and a sum whose order varies.
   // bwd_dq_convert writes dq from it. Null: the two-kernel backward. Layout: dq_acc_offset,
-  // with dq_acc_cols = the kernel's head-dim bucket (64 or 128).
+  // its columns the kernel's head dim (64 or 128: D's bucket).
   float* dq_acc;
-  int dq_acc_cols;
 };
 
 // The fused dq's fp32 sums in tiles of 32 rows x 64 columns, each 8 KB and contiguous, so that a

@@ -11,6 +11,7 @@
 #include "cuda/attention/attention_bwd_params.hpp"
 #include "cuda/attention/attention_fwd_params.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "cuda/primitives/arch_dispatch.cuh"
 #include "cuda/primitives/device_guard.hpp"
 #include "cuda/attention/kernel_params.hpp"
 #include "cuda/attention/kernel_table.hpp"
@@ -107,14 +108,12 @@ bool fused_dq_applies(const detail::AttentionProblem& prob, DbiasOwner owner) {
   if (prob.deterministic || owner == DbiasOwner::rows || !fused_dq_allowed() || wgmma_disabled()) return false;
   const int bucket = head_dim_bucket(int(prob.dims.D));
   if (bucket != 64 && (bucket != 128 || prob.mask.present)) return false;
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  return major == 9 && minor == 0;
+  return sm90_device(device);
 }
 
 // The fused dq's fp32 sums: [B, H, Sq_pad, D's bucket] (attention_bwd_params.hpp, dq_acc_offset).
@@ -255,7 +254,6 @@ void attention_backward(const fdma_attention_params& p, const detail::AttentionP
                "dbias reduction slots");
   if (plan.fused_dq) {
     k.dq_acc = reinterpret_cast<float*>(ws + plan.dq_acc_off);
-    k.dq_acc_cols = head_dim_bucket(int(prob.dims.D));
     check_cuda(cudaMemsetAsync(k.dq_acc, 0, dq_acc_bytes(prob, plan.Sq_pad), stream), "dq sums");
   }
   run_backward_kernels(k, prob.dtype, p.stream);

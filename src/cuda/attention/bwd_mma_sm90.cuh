@@ -121,13 +121,12 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
         *reinterpret_cast<T*>(ds_tile + q * kRowBytes + ((chunk ^ (q % 8)) << 4) + g * 2) = T(dst[nt][e]);
       }
   }
-  // One 64-column block of dS K (acc, ds_times_k) into two staging tiles in dq_acc's tile layout
-  // (attention_bwd_params.hpp), shared addresses: rows 0-31 (warps 0, 1) to stage0, rows 32-63
-  // to stage1.
-  __device__ static void store_dq_block(uint32_t stage0, uint32_t stage1, const float (&acc)[8][4], int warp,
-                                        int lane) {
+  // One 64-column block of dS K (acc, ds_times_k) into two consecutive staging tiles in dq_acc's
+  // tile layout (attention_bwd_params.hpp) from shared address `stage`: rows 0-31 (warps 0, 1)
+  // to the first, rows 32-63 to the second.
+  __device__ static void store_dq_block(uint32_t stage, const float (&acc)[8][4], int warp, int lane) {
     const int g = lane / 4, t = lane % 4;
-    const uint32_t out = warp < 2 ? stage0 : stage1;
+    const uint32_t out = warp < 2 ? stage : stage + kDqAccTileBytes;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
