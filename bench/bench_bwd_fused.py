@@ -3,14 +3,16 @@ kernel reduces dS K into an fp32 temporary, five matmuls) against the two-kernel
 same call with deterministic=1: dq and dk/dv kernels, seven matmuls, no atomics), SDPA flash
 (FlashAttention-2) and SDPA cuDNN, in one process. Each round times every system once per
 problem, the order rotated each round; the table gives medians over rounds of per-round medians
-of CUDA events.
+of CUDA events. At D = 128 without a mask or bias the fused call runs the warp-specialized
+backward (attention_bwd_ws.cuh); "fused dk/dv kernel" is the same call with FDMA_BWD_WS=0 (the
+dk/dv kernel's fused dq).
 
 Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
                                         [--headdims 64,128] [--rounds 3]
                                         [--cases dense,per-key,block,block-all]
 bf16, B1 H16 Hk16. TF/s = 3.5 * 4*B*H*S*S*D / t (bwd = 2.5x fwd), halved for causal (the block
 cases count every score too). Also checks the fused call against the two-kernel one: dk, dv
-(and dbias) bitwise, max |dq diff|.
+(and dbias) bitwise, and the largest differences of dq and of dk, dv.
 """
 import argparse
 import ctypes
@@ -77,10 +79,14 @@ def main():
                 for p in params.values():
                     p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
 
-                def ours(det):
+                def ours(det, ws=True):
                     def run():
                         call(lib, lib.fdma_attention_fwd, params[det])
-                        call(lib, lib.fdma_attention_bwd, params[det])
+                        os.environ["FDMA_BWD_WS"] = "1" if ws else "0"
+                        try:
+                            call(lib, lib.fdma_attention_bwd, params[det])
+                        finally:
+                            os.environ.pop("FDMA_BWD_WS")
                     return run
 
                 qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
@@ -94,6 +100,8 @@ def main():
                     return run
 
                 systems = {"fused": ours(0), "two-kernel": ours(1)}
+                if D == 128 and bias is None and mask is None:
+                    systems["fused dk/dv kernel"] = ours(0, ws=False)
                 if bias is None and mask is None:
                     systems.update({"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
                                     "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)})
@@ -104,8 +112,13 @@ def main():
                         print(f"  {name} unavailable: {str(e).splitlines()[0][:100]}")
                         del systems[name]
                 torch.cuda.synchronize()
+                if "fused dk/dv kernel" in systems:  # the default call's gradients, last
+                    systems["fused"]()
+                    torch.cuda.synchronize()
                 same = all(torch.equal(a, b) for a, b in zip(grads[0][1:], grads[1][1:]) if a is not None)
                 dq_diff = (grads[0][0].float() - grads[1][0].float()).abs().max().item()
+                dkv_diff = max((a.float() - b.float()).abs().max().item()
+                               for a, b in zip(grads[0][1:3], grads[1][1:3]))
                 times = {name: [] for name in systems}
                 order = list(systems)
                 for r in range(args.rounds):
@@ -113,18 +126,19 @@ def main():
                         times[name].append(median_ms(systems[name]))
                 med = {name: statistics.median(t) for name, t in times.items()}
                 flops = 3.5 * 4 * B * H * S * S * D / (2 if causal else 1)
-                rows.append((D, S, case, causal, med, flops, same, dq_diff))
-                print(D, S, case, causal, {n: round(t, 3) for n, t in med.items()}, same, f"{dq_diff:.3g}", flush=True)
+                rows.append((D, S, case, causal, med, flops, same, dq_diff, dkv_diff))
+                print(D, S, case, causal, {n: round(t, 3) for n, t in med.items()}, same, f"{dq_diff:.3g}",
+                      f"{dkv_diff:.3g}", flush=True)
                 del ws, params, grads
                 torch.cuda.empty_cache()
-    names = ("fused", "two-kernel", "sdpa flash", "sdpa cudnn")
+    names = ("fused", "fused dk/dv kernel", "two-kernel", "sdpa flash", "sdpa cudnn")
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{H}; fwd+bwd ms (TF/s), "
           f"medians of {args.rounds} rounds")
-    print("| D | S | case | causal | " + " | ".join(names) + " | dk, dv == two-kernel | max abs dq diff |")
-    print("|---" * (6 + len(names)) + "|")
-    for D, S, case, causal, med, flops, same, dq_diff in rows:
+    print("| D | S | case | causal | " + " | ".join(names) + " | dk, dv == two-kernel | max abs dq diff | dk, dv |")
+    print("|---" * (7 + len(names)) + "|")
+    for D, S, case, causal, med, flops, same, dq_diff, dkv_diff in rows:
         cells = ["-" if n not in med else f"{med[n]:.2f} ({flops / med[n] / 1e9:.0f})" for n in names]
-        print(f"| {D} | {S} | {case} | {int(causal)} | " + " | ".join(cells) + f" | {same} | {dq_diff:.3g} |")
+        print(f"| {D} | {S} | {case} | {int(causal)} | " + " | ".join(cells) + f" | {same} | {dq_diff:.3g} | {dkv_diff:.3g} |")
 
 
 if __name__ == "__main__":

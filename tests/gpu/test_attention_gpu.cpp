@@ -554,6 +554,30 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
   }
 }
 
+// The warp-specialized backward (attention_bwd_ws.cuh; non-deterministic calls without a mask
+// or bias at D 128 on Hopper) and the dk/dv kernel's fused dq (FDMA_BWD_WS=0), each against the
+// CPU backend: key counts that leave a CTA's second group partly or wholly past the end, query
+// tails, causal with more and fewer keys than queries (key groups that no query sees), GQA and
+// MQA, softcap, both dtypes and the strided layouts the copy engine describes.
+TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_BWD_WS");
+  uint64_t seed = 1600;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
+    ws.set(on);
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {64, 128}, {127, 129}, {300, 100}, {200, 700}, {517, 333}})
+      for (bool causal : {false, true}) {
+        AttnCase c = base(Sq, Sk, causal ? 4 : 6, causal ? 1 : 2, 128, causal, seed % 2 ? DType::f16 : DType::bf16,
+                          seed);
+        ++seed;
+        c.layout = int(seed % 3 == 0 ? 1 : seed % 3 == 1 ? 3 : 0);
+        c.softcap = seed % 4 == 0 ? 5.0 : 0.0;
+        run_gpu(c);
+      }
+  }
+}
+
 TEST(AttentionGpu, EmptyProblems) {
   REQUIRE_GPU();
   DevicePlace place;

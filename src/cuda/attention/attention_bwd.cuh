@@ -24,6 +24,7 @@
 #include "cuda/attention/attention_bwd_aux.hpp"
 #include "cuda/attention/attention_bwd_dkdv.cuh"
 #include "cuda/attention/attention_bwd_dq.cuh"
+#include "cuda/attention/attention_bwd_ws.cuh"
 
 namespace fdma::cuda {
 
@@ -126,13 +127,19 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   return launch_bwd_dq_convert<T>(p, kHeadDim, stream);
 }
 
-// The wgmma kernels on Hopper for D = 64 and 128 (arch_dispatch.cuh), the mma.sync kernels
-// elsewhere.
+// On Hopper the warp-specialized kernel for the fused dq at D = 128 where it applies, the
+// wgmma kernels for D = 64 and 128 (arch_dispatch.cuh); the mma.sync kernels elsewhere.
 template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
+  if constexpr (kHeadDim == 128) {  // the warp-specialized kernel where it applies (attention_bwd_ws.cuh)
+    BwdTensorMaps maps{};
+    if (p.dq_acc && wgmma_path_available(attention_bwd_ws_kernel<T, kHeadDim>, device) &&
+        attention_bwd_ws_applies<T, kHeadDim>(p, maps))
+      return launch_attention_bwd_ws<T, kHeadDim>(p, maps, device, stream);
+  }
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
     if (wgmma_path_available(attention_bwd_dkdv_kernel<T, kHeadDim, false, Sm90>, device))

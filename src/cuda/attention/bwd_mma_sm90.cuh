@@ -134,17 +134,24 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
         ptx::st_shared_f32x2(out + 4 * dq_acc_in_tile(16 * (warp % 2) + g + 8 * hr, nt * 8 + 2 * t), acc[nt][2 * hr],
                              acc[nt][2 * hr + 1]);
   }
-  // acc = dS K over output columns [64 block, 64 block + 64): A the dS tile (K = the 64 keys),
-  // B rows [0, 64) of the [keys][D] K tile read N-major, as regs_b reads its B.
+  // acc = dS K over output columns [64 block, 64 block + 64) and kKeyTiles * 64 keys: A the dS
+  // tile, K-major with one 64-key column block per key tile ([queries][64 keys] each, 64 rows),
+  // B rows [0, 64) of each [keys][D] K tile (key tile j at k_tile + j * tile_bytes(64)) read
+  // N-major, as regs_b reads its B.
+  template <int kKeyTiles = 1>
   __device__ static void ds_times_k(float (&acc)[8][4], uint32_t ds_tile, uint32_t k_tile, int block) {
-    constexpr int kKeys = 64;
-    const uint64_t a_desc = wgmma::desc_k_major(ds_tile);
-    const uint64_t b_desc = wgmma::desc_n_major(k_tile + block * kKeys * kRowBytes, kKeys * kRowBytes);
+    constexpr int kKeys = 64, kQueries = 64;
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma::mma_ss_n_major<T, 64>(acc, wgmma::desc_advance(a_desc, kk * 32),
-                                   wgmma::desc_advance(b_desc, kk * 16 * kRowBytes), kk > 0);
+    for (int j = 0; j < kKeyTiles; ++j) {
+      const uint64_t a_desc = wgmma::desc_k_major(ds_tile + j * kQueries * kRowBytes);
+      const uint64_t b_desc =
+          wgmma::desc_n_major(k_tile + j * tile_bytes(kKeys) + block * kKeys * kRowBytes, kKeys * kRowBytes);
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma::mma_ss_n_major<T, 64>(acc, wgmma::desc_advance(a_desc, kk * 32),
+                                     wgmma::desc_advance(b_desc, kk * 16 * kRowBytes), j > 0 || kk > 0);
+    }
     wgmma::commit_group();
     wgmma::wait_group<0>();
     wgmma::fence_operands(acc);

@@ -35,6 +35,16 @@ __device__ __forceinline__ void load_3d(uint32_t dst, const CUtensorMap* map, ui
 #endif
 }
 
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) of contiguous global memory into
+// shared memory at `dst`, completing on `bar` like the tensor copies: no map, for short rows.
+__device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+
 // *dst += src over `bytes` (a multiple of 16, both 16-byte aligned) of fp32, shared -> global,
 // by one thread: the engine adds whole L2 lines, where per-thread reductions cost an L2 atomic
 // per 32-byte sector. Completes in the issuing thread's bulk group.
