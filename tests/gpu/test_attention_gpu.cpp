@@ -429,8 +429,12 @@ TEST(AttentionGpu, DkdvWarpGroupsMatchTheCpu) {
 // bitwise against the two-kernel path (FDMA_BWD_FUSED_DQ=0: the same arithmetic), and a
 // deterministic call needing no temporary. Elsewhere both paths are the two kernels, and so is
 // the block mask at D 128 (the fused dq would need two warp groups there and lose the tiles).
+// At D 128 without a mask the warp-specialized backward would take these calls: switched off
+// here (its own test is WarpSpecializedBackwardMatchesTheCpu).
 TEST(AttentionGpu, FusedDqBackwardMatchesTheCpu) {
   REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_BWD_WS");
+  ws.set("0");
   uint64_t seed = 1400;
   for (int64_t D : {64, 128})
     for (int variant = 0; variant < 5; ++variant) {
@@ -555,10 +559,11 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
 }
 
 // The warp-specialized backward (attention_bwd_ws.cuh; non-deterministic calls without a mask
-// or bias at D 128 on Hopper) and the dk/dv kernel's fused dq (FDMA_BWD_WS=0), each against the
+// at D 128 on Hopper, no bias or a per-key one) and the dk/dv kernel's fused dq (FDMA_BWD_WS=0), each against the
 // CPU backend: key counts that leave a CTA's second group partly or wholly past the end, query
 // tails, causal with more and fewer keys than queries (key groups that no query sees), GQA and
-// MQA, softcap, both dtypes and the strided layouts the copy engine describes.
+// MQA, softcap, both dtypes, the strided layouts the copy engine describes, and per-key biases
+// with their dbias.
 TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_BWD_WS");
@@ -573,6 +578,17 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
         ++seed;
         c.layout = int(seed % 3 == 0 ? 1 : seed % 3 == 1 ? 3 : 0);
         c.softcap = seed % 4 == 0 ? 5.0 : 0.0;
+        run_gpu(c);
+      }
+    // Per-key biases ([B or 1, H or Hk or 1, 1, Sk], q's dtype or fp32) and their dbias.
+    for (int heads : {0, 1, 2})
+      for (int variant = 0; variant < 3; ++variant) {
+        AttnCase c = base(variant == 0 ? 200 : 333, variant == 0 ? 300 : 290, 4, 2, 128, variant >= 1,
+                          variant == 1 ? DType::f16 : DType::bf16, seed++);
+        c.bias.present = true;
+        c.bias.q = false, c.bias.b = variant != 2, c.bias.heads = heads;
+        c.bias.dtype = variant == 2 ? DType::f32 : DType::unset;
+        c.softcap = variant == 2 ? 4.0 : 0.0;
         run_gpu(c);
       }
   }

@@ -1,6 +1,7 @@
 // Warp-specialized attention backward for Hopper (sm_90a): dk, dv and the fused dq of calls
-// without a mask or bias at D = 128 that do not ask for determinism (AttentionBwdParams::dq_acc
-// set), whose q, k, v and dout the copy engine can read.
+// without a mask at D = 128 that do not ask for determinism (AttentionBwdParams::dq_acc set),
+// with no bias or a per-key one ([.., 1, Sk], its dbias summed per key column), whose q, k, v
+// and dout the copy engine can read.
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
 // 64-row query tiles, as the dk/dv kernel does, but with three warp groups:
@@ -149,12 +150,19 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
   for (int dt = 0; dt < kDC; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-  float db[2] = {0.f, 0.f};  // dS row sums: no bias here, unused
+  // A per-key bias: this thread's two keys' biases, read when the head changes, and their dS
+  // sums over the head's queries, added into the dbias slot of (batch, KV head) as the dk/dv
+  // kernel does (its first half: the groups own different keys).
+  const bool key_bias = f.bias != nullptr, db_cols = p.dbias_owner == DbiasOwner::columns;
+  float kb[2] = {0.f, 0.f}, db[2] = {0.f, 0.f};
 
   if (walk.n_steps > 0) mbar::wait(Shape::kv_full(base), 0);
   for (int i = 0; i < walk.n_steps; ++i) {
     const int s = i % Shape::kStages, h = walk.head(f, i), q0 = walk.q0(i);
     const uint32_t q_tile = Shape::q_tile(base, s), do_tile = Shape::do_tile(base, s);
+    const bool head_starts = i % walk.n_q == 0, head_ends = i % walk.n_q == walk.n_q - 1;
+    if (key_bias && head_starts)
+      kb[0] = key_bias_at<T>(f, walk.b, h, keys[0]), kb[1] = key_bias_at<T>(f, walk.b, h, keys[1]);
     mbar::wait(Shape::full(base, s), (i / Shape::kStages) & 1);
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the 64 queries.
     float st[kNq][4], dpt[kNq][4];
@@ -163,13 +171,25 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
     const float* delta = lse2 + kBM;
     const bool interior = q0 + kBM <= f.Sq && key0 + Shape::kGroupKeys <= f.Sk &&
                           (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-    if (interior) {
+    if (interior && key_bias) {
+      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
+    } else if (interior) {
       scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
-    } else {
+    } else {  // kb is zero without a bias
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-        return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? 0.f : -INFINITY;
+        return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
       });
     }
+    if (db_cols && head_ends) {
+      const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+      const int64_t hb = head_index(f.bias_head_mode, h, f.G);
+      const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? walk.b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
+                          (f.bias_head_mode == 0 ? walk.hk : 0);
+      float* acc = p.dbias_acc + int64_t(db_slot) * (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
+      if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, walk.b, hb, 0, keys[0])] += r0;
+      if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, walk.b, hb, 0, keys[1])] += r1;
+    }
+    if (head_ends) db[0] = db[1] = 0.f;
     // dS for dq = dS K: this group's 64-key block of the step's tile, while dpt still holds it.
     unsigned char* ds = smem + Shape::ds_offset(i);
     Mma::store_ds_t(ds + group * kBM * wgmma::kSwizzleRowBytes, dpt, warp, lane);
@@ -260,13 +280,14 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim>::kThreads, 1)
 }
 
 // Whether the warp-specialized backward takes this call (the caller checks the device): the
-// fused dq's temporary given, D = 128, no mask, bias or key lists, and tensors the copy engine
-// can describe (maps filled here).
+// fused dq's temporary given, D = 128, no mask or key lists, no bias or one broadcast over
+// queries (whose dbias, if any, the columns own), and tensors the copy engine can describe
+// (maps filled here).
 template <class T, int kHeadDim>
 bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
   const AttentionFwdParams& f = p.f;
-  if (!bwd_ws_allowed() || kHeadDim != 128 || f.D != kHeadDim || !p.dq_acc || f.mask || f.tile_active || f.bias ||
-      f.lists.keys || p.dbias_owner != DbiasOwner::none || p.dkdv_splits > 1)
+  if (!bwd_ws_allowed() || kHeadDim != 128 || f.D != kHeadDim || !p.dq_acc || f.mask || f.tile_active ||
+      f.lists.keys || (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows || p.dkdv_splits > 1)
     return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr int kRows = BwdWsShape<T, 128>::kBlockM;
