@@ -429,7 +429,7 @@ TEST(AttentionGpu, DkdvWarpGroupsMatchTheCpu) {
 // bitwise against the two-kernel path (FDMA_BWD_FUSED_DQ=0: the same arithmetic), and a
 // deterministic call needing no temporary. Elsewhere both paths are the two kernels, and so is
 // the block mask at D 128 (the fused dq would need two warp groups there and lose the tiles).
-// At D 128 without a mask the warp-specialized backward would take these calls: switched off
+// At D 64 and 128 without a mask the warp-specialized backward would take these calls: switched off
 // here (its own test is WarpSpecializedBackwardMatchesTheCpu).
 TEST(AttentionGpu, FusedDqBackwardMatchesTheCpu) {
   REQUIRE_GPU();
@@ -559,7 +559,7 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
 }
 
 // The warp-specialized backward (attention_bwd_ws.cuh; non-deterministic calls without a mask
-// at D 128 on Hopper, no bias or a per-key one) and the dk/dv kernel's fused dq (FDMA_BWD_WS=0), each against the
+// at D 64 and 128 on Hopper, no bias or a per-key one) and the dk/dv kernel's fused dq (FDMA_BWD_WS=0), each against the
 // CPU backend: key counts that leave a CTA's second group partly or wholly past the end, query
 // tails, causal with more and fewer keys than queries (key groups that no query sees), GQA and
 // MQA, softcap, both dtypes, the strided layouts the copy engine describes, and per-key biases
@@ -572,8 +572,10 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
     SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
     ws.set(on);
     for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {64, 128}, {127, 129}, {300, 100}, {200, 700}, {517, 333}})
-      for (bool causal : {false, true}) {
-        AttnCase c = base(Sq, Sk, causal ? 4 : 6, causal ? 1 : 2, 128, causal, seed % 2 ? DType::f16 : DType::bf16,
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool causal = variant % 2 == 1;
+        const int64_t D = variant < 2 ? 128 : 64;
+        AttnCase c = base(Sq, Sk, causal ? 4 : 6, causal ? 1 : 2, D, causal, seed % 2 ? DType::f16 : DType::bf16,
                           seed);
         ++seed;
         c.layout = int(seed % 3 == 0 ? 1 : seed % 3 == 1 ? 3 : 0);
@@ -583,7 +585,7 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
     // Per-key biases ([B or 1, H or Hk or 1, 1, Sk], q's dtype or fp32) and their dbias.
     for (int heads : {0, 1, 2})
       for (int variant = 0; variant < 3; ++variant) {
-        AttnCase c = base(variant == 0 ? 200 : 333, variant == 0 ? 300 : 290, 4, 2, 128, variant >= 1,
+        AttnCase c = base(variant == 0 ? 200 : 333, variant == 0 ? 300 : 290, 4, 2, variant == 1 ? 64 : 128, variant >= 1,
                           variant == 1 ? DType::f16 : DType::bf16, seed++);
         c.bias.present = true;
         c.bias.q = false, c.bias.b = variant != 2, c.bias.heads = heads;

@@ -127,14 +127,14 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   return launch_bwd_dq_convert<T>(p, kHeadDim, stream);
 }
 
-// On Hopper the warp-specialized kernel for the fused dq at D = 128 where it applies, the
+// On Hopper the warp-specialized kernel for the fused dq at D = 64 and 128 where it applies, the
 // wgmma kernels for D = 64 and 128 (arch_dispatch.cuh); the mma.sync kernels elsewhere.
 template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if constexpr (kHeadDim == 128) {  // the warp-specialized kernel where it applies (attention_bwd_ws.cuh)
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {  // the warp-specialized kernel where it applies (attention_bwd_ws.cuh)
     BwdTensorMaps maps{};
     if (p.dq_acc && wgmma_path_available(attention_bwd_ws_kernel<T, kHeadDim>, device) &&
         attention_bwd_ws_applies<T, kHeadDim>(p, maps))

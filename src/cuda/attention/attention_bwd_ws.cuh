@@ -1,7 +1,7 @@
 // Warp-specialized attention backward for Hopper (sm_90a): dk, dv and the fused dq of calls
-// without a mask at D = 128 that do not ask for determinism (AttentionBwdParams::dq_acc set),
-// with no bias or a per-key one ([.., 1, Sk], its dbias summed per key column), whose q, k, v
-// and dout the copy engine can read.
+// without a mask at D = 64 and 128 that do not ask for determinism (AttentionBwdParams::dq_acc
+// set), with no bias or a per-key one ([.., 1, Sk], its dbias summed per key column), whose q,
+// k, v and dout the copy engine can read.
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
 // 64-row query tiles, as the dk/dv kernel does, but with three warp groups:
@@ -11,12 +11,13 @@
 //             "empty" one every consumer thread arrives on;
 //   consumers two groups of 64 keys each, sharing every step's Q and dO: S^T and dP^T, the
 //             scores' gradients, dv += P^T dO and dk += dS^T Q for their own keys; each stores
-//             its dS half into the step's [64 queries][128 keys] tile, and after one barrier of
-//             both groups each computes dq's 64 columns of its own over all 128 keys and adds
-//             them into dq_acc with two bulk reductions.
+//             its dS half into the step's [64 queries][128 keys] tile. At D = 128, after one
+//             barrier of both groups, each computes dq's 64 columns of its own over all 128
+//             keys; at D = 64 (one 64-column block) each computes dS K over its own 64 keys.
+//             Each adds its block into dq_acc with two bulk reductions.
 // Against the dk/dv kernel's 64-key CTAs (attention_bwd_dkdv.cuh): each Q and dO tile is read
-// once per 128 keys instead of once per 64, dq's reductions into the temporary are halved, and
-// no consumer thread issues a load.
+// once per 128 keys instead of once per 64, at D = 128 dq's reductions into the temporary are
+// halved, and no consumer thread issues a load.
 #pragma once
 
 #include <cuda.h>
@@ -44,10 +45,13 @@ struct BwdTensorMaps {
 // dq block (two dq_acc tiles); then the mbarriers. Every tile 1024-byte aligned (the swizzle).
 template <class T, int kHeadDim>
 struct BwdWsShape {
-  static_assert(kHeadDim == 128, "the warp-specialized backward: D = 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the warp-specialized backward: D = 64 or 128");
   using Mma = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
   static constexpr int kBlockM = 64, kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers;
   static constexpr int kStages = 2;
+  // Whether dq's column blocks are split between the groups (each over all 128 keys) or, with
+  // one block, the keys (each group its own 64).
+  static constexpr bool kSplitColumns = kHeadDim / 64 == kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // 24 x 128 + 240 x 256 registers fit the SM's 64 K (168 a thread at launch).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -196,15 +200,21 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
     Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, 0, lane);  // dv += P^T dO, dk += dS^T Q
     mbar::arrive(Shape::empty(base, s));  // this thread is done with the stage's Q, dO, lse2, delta
 
-    // dq's columns [64 group, +64) over the 128 keys, once both groups' dS is stored; staged in
-    // the group's own tiles, whose previous reductions its first thread has seen read out.
-    // (Two dS tiles: a group writes step i + 2's over step i's only after passing step i + 1's
-    // barrier, which the other group reaches after its dq of step i.)
+    // dq's columns [64 group, +64) over the 128 keys, once both groups' dS is stored (D = 128),
+    // or dS K over the group's own keys (D = 64); staged in the group's own tiles, whose
+    // previous reductions its first thread has seen read out. (Two dS tiles: a group writes
+    // step i + 2's over step i's only after passing step i + 1's barrier, which the other group
+    // reaches after its dq of step i.)
     if (tid == 0) tma::bulk_wait_group_read<0>();
     wgmma::fence_proxy_async_smem();  // the dS stores, before the wgmmas read them
-    ptx::named_barrier_sync<1, 2 * kBwdThreads>();
     float acc[8][4];
-    Mma::template ds_times_k<Shape::kConsumers>(acc, ptx::smem_addr(ds), Shape::k_tile(base, 0), group);
+    if constexpr (Shape::kSplitColumns) {
+      ptx::named_barrier_sync<1, 2 * kBwdThreads>();
+      Mma::template ds_times_k<Shape::kConsumers>(acc, ptx::smem_addr(ds), Shape::k_tile(base, 0), group);
+    } else {
+      sync_group();
+      Mma::ds_times_k(acc, ptx::smem_addr(ds + group * kBM * wgmma::kSwizzleRowBytes), k_tile, 0);
+    }
     const uint32_t stage = Shape::stage_tile(base, group);
     Mma::store_dq_block(stage, acc, warp, lane);
     wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
@@ -215,7 +225,8 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
           ((int64_t(walk.b) * f.H + h) * (p.Sq_pad / kDqAccTileRows) + q0 / kDqAccTileRows) * kBlocks;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        tma::reduce_add_f32(p.dq_acc + (tile0 + half * kBlocks + group) * (kDqAccTileRows * kDqAccTileCols),
+        tma::reduce_add_f32(p.dq_acc + (tile0 + half * kBlocks + (Shape::kSplitColumns ? group : 0)) *
+                                           (kDqAccTileRows * kDqAccTileCols),
                             stage + half * kDqAccTileBytes, kDqAccTileBytes);
       tma::bulk_commit_group();
     }
@@ -280,21 +291,22 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim>::kThreads, 1)
 }
 
 // Whether the warp-specialized backward takes this call (the caller checks the device): the
-// fused dq's temporary given, D = 128, no mask or key lists, no bias or one broadcast over
+// fused dq's temporary given, D = kHeadDim, no mask or key lists, no bias or one broadcast over
 // queries (whose dbias, if any, the columns own), and tensors the copy engine can describe
 // (maps filled here).
 template <class T, int kHeadDim>
 bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
   const AttentionFwdParams& f = p.f;
-  if (!bwd_ws_allowed() || kHeadDim != 128 || f.D != kHeadDim || !p.dq_acc || f.mask || f.tile_active ||
+  if (!bwd_ws_allowed() || f.D != kHeadDim || !p.dq_acc || f.mask || f.tile_active ||
       f.lists.keys || (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows || p.dkdv_splits > 1)
     return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-  constexpr int kRows = BwdWsShape<T, 128>::kBlockM;
+  using Shape = BwdWsShape<T, kHeadDim>;
+  constexpr int kRows = Shape::kBlockM;
   return encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, kRows) &&
          encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, kRows) &&
-         encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, BwdWsShape<T, 128>::kGroupKeys) &&
-         encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, BwdWsShape<T, 128>::kGroupKeys);
+         encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, Shape::kGroupKeys) &&
+         encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, Shape::kGroupKeys);
 }
 
 // The kernel, then the convert kernel that writes dq from the temporary.
