@@ -197,8 +197,9 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
     // dS for dq = dS K: this group's 64-key block of the step's tile, while dpt still holds it.
     unsigned char* ds = smem + Shape::ds_offset(i);
     Mma::store_ds_t(ds + group * kBM * wgmma::kSwizzleRowBytes, dpt, warp, lane);
-    Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, 0, lane);  // dv += P^T dO, dk += dS^T Q
-    mbar::arrive(Shape::empty(base, s));  // this thread is done with the stage's Q, dO, lse2, delta
+    // dv += P^T dO, dk += dS^T Q, left running under the barrier and dq's product below.
+    uint32_t p_frag[kNq / 2][4], ds_frag[kNq / 2][4];
+    Mma::template issue_regs_b_pair<kBM>(dv, st, do_tile, p_frag, dk, dpt, q_tile, ds_frag, 0);
 
     // dq's columns [64 group, +64) over the 128 keys, once both groups' dS is stored (D = 128),
     // or dS K over the group's own keys (D = 64); staged in the group's own tiles, whose
@@ -210,11 +211,18 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
     float acc[8][4];
     if constexpr (Shape::kSplitColumns) {
       ptx::named_barrier_sync<1, 2 * kBwdThreads>();
-      Mma::template ds_times_k<Shape::kConsumers>(acc, ptx::smem_addr(ds), Shape::k_tile(base, 0), group);
+      Mma::template issue_ds_times_k<Shape::kConsumers>(acc, ptx::smem_addr(ds), Shape::k_tile(base, 0), group);
     } else {
       sync_group();
-      Mma::ds_times_k(acc, ptx::smem_addr(ds + group * kBM * wgmma::kSwizzleRowBytes), k_tile, 0);
+      Mma::issue_ds_times_k(acc, ptx::smem_addr(ds + group * kBM * wgmma::kSwizzleRowBytes), k_tile, 0);
     }
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(dv);
+    wgmma::fence_operands(dk);
+    wgmma::fence_operands(acc);
+    Mma::template keep_live<kNq>(p_frag);
+    Mma::template keep_live<kNq>(ds_frag);
+    mbar::arrive(Shape::empty(base, s));  // this thread is done with the stage's Q, dO, lse2, delta
     const uint32_t stage = Shape::stage_tile(base, group);
     Mma::store_dq_block(stage, acc, warp, lane);
     wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them

@@ -87,17 +87,26 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
     wgmma::fence_operands(acc);
     keep_live<kTilesK>(a);
   }
+  // regs_b_pair's products issued and committed, not waited on: a0 and a1 (the packed P0, P1)
+  // must stay untouched until the caller's wait_group, then kept live (keep_live).
   template <int kRowsB, int kTilesK, int kTilesD>
-  __device__ static void regs_b_pair(float (&acc0)[kTilesD][4], const float (&p0)[kTilesK][4], uint32_t b0,
-                                     float (&acc1)[kTilesD][4], const float (&p1)[kTilesK][4], uint32_t b1, int col0,
-                                     int) {
-    uint32_t a0[kTilesK / 2][4], a1[kTilesK / 2][4];
+  __device__ static void issue_regs_b_pair(float (&acc0)[kTilesD][4], const float (&p0)[kTilesK][4], uint32_t b0,
+                                           uint32_t (&a0)[kTilesK / 2][4], float (&acc1)[kTilesD][4],
+                                           const float (&p1)[kTilesK][4], uint32_t b1, uint32_t (&a1)[kTilesK / 2][4],
+                                           int col0) {
     pack_a<kTilesK>(a0, p0);
     pack_a<kTilesK>(a1, p1);
     wgmma::fence();
     issue_regs_b<kRowsB, kTilesK, kTilesD>(acc0, a0, b0, col0);
     issue_regs_b<kRowsB, kTilesK, kTilesD>(acc1, a1, b1, col0);
     wgmma::commit_group();
+  }
+  template <int kRowsB, int kTilesK, int kTilesD>
+  __device__ static void regs_b_pair(float (&acc0)[kTilesD][4], const float (&p0)[kTilesK][4], uint32_t b0,
+                                     float (&acc1)[kTilesD][4], const float (&p1)[kTilesK][4], uint32_t b1, int col0,
+                                     int) {
+    uint32_t a0[kTilesK / 2][4], a1[kTilesK / 2][4];
+    issue_regs_b_pair<kRowsB, kTilesK, kTilesD>(acc0, p0, b0, a0, acc1, p1, b1, a1, col0);
     wgmma::wait_group<0>();
     wgmma::fence_operands(acc0);
     wgmma::fence_operands(acc1);
@@ -138,8 +147,9 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
   // tile, K-major with one 64-key column block per key tile ([queries][64 keys] each, 64 rows),
   // B rows [0, 64) of each [keys][D] K tile (key tile j at k_tile + j * tile_bytes(64)) read
   // N-major, as regs_b reads its B.
+  // The same issued and committed only (the caller waits).
   template <int kKeyTiles = 1>
-  __device__ static void ds_times_k(float (&acc)[8][4], uint32_t ds_tile, uint32_t k_tile, int block) {
+  __device__ static void issue_ds_times_k(float (&acc)[8][4], uint32_t ds_tile, uint32_t k_tile, int block) {
     constexpr int kKeys = 64, kQueries = 64;
     wgmma::fence();
 #pragma unroll
@@ -153,6 +163,10 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
                                      wgmma::desc_advance(b_desc, kk * 16 * kRowBytes), j > 0 || kk > 0);
     }
     wgmma::commit_group();
+  }
+  template <int kKeyTiles = 1>
+  __device__ static void ds_times_k(float (&acc)[8][4], uint32_t ds_tile, uint32_t k_tile, int block) {
+    issue_ds_times_k<kKeyTiles>(acc, ds_tile, k_tile, block);
     wgmma::wait_group<0>();
     wgmma::fence_operands(acc);
   }
