@@ -40,6 +40,26 @@ __device__ __forceinline__ int64_t dbias_dense(const AttentionBwdParams& p, int 
   const int64_t bb = n[0] == 1 ? 0 : b, ii = n[2] == 1 ? 0 : i, jj = n[3] == 1 ? 0 : j;
   return ((bb * n[1] + hb) * n[2] + ii) * n[3] + jj;
 }
+// dbias[.., 0, j] of a bias broadcast over queries, owned by the key columns: the fp32 slot of
+// (b, hk) (heads and batches sharing a dbias element share it), then the add of head h's dS
+// sums db[r] of keys[r] (summed over the quad here) into half `half` of the slots (the host
+// allocates two halves, one per dk/dv warp group; the finish kernel sums the slots in order,
+// so the result stays reproducible). t: the thread's lane % 4.
+__device__ __forceinline__ int key_column_dbias_slot(const AttentionBwdParams& p, int b, int hk) {
+  const AttentionFwdParams& f = p.f;
+  return (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
+         (f.bias_head_mode == 0 ? hk : 0);
+}
+__device__ __forceinline__ void add_key_column_dbias(const AttentionBwdParams& p, int b, int slot, int h, int half,
+                                                     const int (&keys)[2], const float (&db)[2], int t) {
+  const AttentionFwdParams& f = p.f;
+  const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+  const int64_t hb = head_index(f.bias_head_mode, h, f.G);
+  float* acc = p.dbias_acc + (int64_t(half) * (p.dbias_slots / 2) + slot) *
+                                 (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
+  if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[0])] += r0;
+  if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
+}
 __device__ __forceinline__ int64_t dbias_offset(const AttentionBwdParams& p, int b, int64_t hb, int i, int j) {
   return b * p.dbias_stride[0] + hb * p.dbias_stride[1] + int64_t(i) * p.dbias_stride[2] + int64_t(j) * p.dbias_stride[3];
 }

@@ -263,8 +263,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
   const bool key_row_bias = !gather && f.bias && f.bias_stride[2] == 0;
   float kb[2] = {0.f, 0.f};
   int kb_head = -1;
-  const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
-                      (f.bias_head_mode == 0 ? hk : 0);
+  const int db_slot = key_column_dbias_slot(p, b, hk);
 
   int it = next_active(it_begin + wg);
   if (it < it_end) load_step(it, 0);
@@ -375,18 +374,10 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
     // Whether it_next is past this head's last step (steps are head-major where not gathered):
     // a multiply, where head_of(it_next) was a second integer division per step.
     const bool head_ends = it_next >= (h - hk * f.G + 1) * n_q;
-    // dbias[.., 0, j] (bias broadcast over queries): after each head, add its sum for the
-    // keys this thread's quad owns; heads sharing a bias head add in order. Each warp group
-    // adds into its own half of the slots (the host allocates two per sharing group), and the
-    // finish kernel sums the slots in order: reproducible with both groups running.
-    if (db_cols && head_ends) {
-      const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
-      const int64_t hb = head_index(f.bias_head_mode, h, f.G);
-      float* acc = p.dbias_acc + (int64_t(wg) * (p.dbias_slots / 2) + db_slot) *
-                                     (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
-      if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[0])] += r0;
-      if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, b, hb, 0, keys[1])] += r1;
-    }
+    // dbias[.., 0, j] (bias broadcast over queries): after each head, its sums for the keys
+    // this thread's quad owns; heads sharing a bias head add in order, each warp group into
+    // its own half of the slots.
+    if (db_cols && head_ends) add_key_column_dbias(p, b, db_slot, h, wg, keys, db, t);
     if (!gather && head_ends) db[0] = db[1] = 0.f;
     sync_group();
     it = it_next;

@@ -59,16 +59,16 @@ struct BwdWsShape {
   static constexpr int kKeyTile = Mma::tile_bytes(kGroupKeys), kQTile = Mma::tile_bytes(kBlockM);
   static constexpr int kDsTile = kBlockM * kBlockN * 2;  // [64 queries][128 keys], a 64-key block per group
   static constexpr int kStageTile = 2 * kDqAccTileBytes;
-  static constexpr int kRowBytes = 2 * kBlockM * 4;  // lse2 then delta
+  static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;  // the step's lse2 then delta
   static constexpr int kK = 0, kV = kK + kConsumers * kKeyTile, kQ = kV + kConsumers * kKeyTile;
   static constexpr int kDo = kQ + kStages * kQTile, kDs = kDo + kStages * kQTile, kStage = kDs + 2 * kDsTile;
-  static constexpr int kRows = kStage + kConsumers * kStageTile, kBars = kRows + kStages * kRowBytes;
+  static constexpr int kLseDelta = kStage + kConsumers * kStageTile, kBars = kLseDelta + kStages * kLseDeltaBytes;
   static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, then per stage full, empty
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static_assert(kQTile % 1024 == 0 && kKeyTile % 1024 == 0 && kDsTile % 1024 == 0 && kStageTile % 1024 == 0,
                 "tiles stay 1024-byte aligned");
-  static constexpr uint32_t kStepBytes = 2 * kQTile + kRowBytes;  // a step's copies
+  static constexpr uint32_t kStepBytes = 2 * kQTile + kLseDeltaBytes;  // a step's copies
 
   __device__ static uint32_t kv_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
@@ -79,7 +79,7 @@ struct BwdWsShape {
   __device__ static uint32_t do_tile(uint32_t base, int s) { return base + kDo + s * kQTile; }
   __device__ static int ds_offset(int step) { return kDs + (step & 1) * kDsTile; }
   __device__ static uint32_t stage_tile(uint32_t base, int g) { return base + kStage + g * kStageTile; }
-  __device__ static int rows_offset(int s) { return kRows + s * kRowBytes; }
+  __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
 };
 
 // The walk of a CTA: the G heads of its KV head, each over the query tiles that can see its
@@ -124,7 +124,7 @@ __device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const 
     }
     // lse2 and delta are padded to Sq_pad (a multiple of 64): whole rows of 256 bytes exist.
     const int64_t row = (int64_t(walk.b) * f.H + h) * p.Sq_pad + q0;
-    const uint32_t rows = base + Shape::rows_offset(s);
+    const uint32_t rows = base + Shape::lse_delta_offset(s);
     tma::load_bytes(rows, p.lse2 + row, Shape::kBlockM * 4, Shape::full(base, s));
     tma::load_bytes(rows + Shape::kBlockM * 4, p.delta + row, Shape::kBlockM * 4, Shape::full(base, s));
   }
@@ -142,7 +142,7 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
   const int key0 = walk.key0 + group * Shape::kGroupKeys;
   const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
   const uint32_t k_tile = Shape::k_tile(base, group), v_tile = Shape::v_tile(base, group);
-  // Both groups' barrier (dS stored) and each group's own (its dq block staged).
+  // This group's own barrier (the other's is 2 + other; barrier 1 is both groups').
   auto sync_group = [&] {
     if (group == 0)
       ptx::named_barrier_sync<2, kBwdThreads>();
@@ -155,8 +155,8 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
   // A per-key bias: this thread's two keys' biases, read when the head changes, and their dS
-  // sums over the head's queries, added into the dbias slot of (batch, KV head) as the dk/dv
-  // kernel does (its first half: the groups own different keys).
+  // sums over the head's queries, added into the dbias slots of (batch, KV head) as the dk/dv
+  // kernel does (the first half: the groups own different keys).
   const bool key_bias = f.bias != nullptr, db_cols = p.dbias_owner == DbiasOwner::columns;
   float kb[2] = {0.f, 0.f}, db[2] = {0.f, 0.f};
 
@@ -171,7 +171,7 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the 64 queries.
     float st[kNq][4], dpt[kNq][4];
     Mma::template a_bt_pair<Shape::kGroupKeys, kBM>(st, k_tile, q_tile, dpt, v_tile, do_tile, warp, lane);
-    const float* lse2 = reinterpret_cast<const float*>(smem + Shape::rows_offset(s));
+    const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s));
     const float* delta = lse2 + kBM;
     const bool interior = q0 + kBM <= f.Sq && key0 + Shape::kGroupKeys <= f.Sk &&
                           (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
@@ -184,15 +184,7 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
         return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
       });
     }
-    if (db_cols && head_ends) {
-      const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
-      const int64_t hb = head_index(f.bias_head_mode, h, f.G);
-      const int db_slot = (p.dbias_size[0] == 1 && f.B > 1 ? walk.b : 0) * (f.bias_head_mode == 0 ? f.Hk : 1) +
-                          (f.bias_head_mode == 0 ? walk.hk : 0);
-      float* acc = p.dbias_acc + int64_t(db_slot) * (p.dbias_size[0] * p.dbias_size[1] * p.dbias_size[3]);
-      if (t == 0 && keys[0] < f.Sk) acc[dbias_dense(p, walk.b, hb, 0, keys[0])] += r0;
-      if (t == 0 && keys[1] < f.Sk) acc[dbias_dense(p, walk.b, hb, 0, keys[1])] += r1;
-    }
+    if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, 0, keys, db, t);
     if (head_ends) db[0] = db[1] = 0.f;
     // dS for dq = dS K: this group's 64-key block of the step's tile, while dpt still holds it.
     unsigned char* ds = smem + Shape::ds_offset(i);
