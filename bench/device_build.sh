@@ -3,16 +3,19 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/fdma_out}
 mkdir -p "$OUT"
+# BUILD_SRC and BUILD_DIR (default . and build) build another tree, LOGS (default $OUT) where
+# its logs go.
 device_build() {
-  local gt=()
+  local gt=() src=${BUILD_SRC:-.} dir=${BUILD_DIR:-build} logs=${LOGS:-$OUT}
   [ -d .devdeps/gtest ] && gt=(-DGTEST_ROOT="$PWD/.devdeps/gtest")
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DFDMA_CUDA_LINEINFO=OFF \
-    "${gt[@]}" >"$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
+  mkdir -p "$logs"
+  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DFDMA_CUDA_LINEINFO=OFF "${gt[@]}" >"$logs/cmake.log" 2>&1 || { tail -20 "$logs/cmake.log"; exit 1; }
   local start
   start=$(date +%s)
-  cmake --build build -j "$(nproc)" --target "$@" >"$OUT/build.log" 2>&1 ||
-    { grep -E "error|Error" "$OUT/build.log" | head -30; exit 1; }
-  echo "build: $(( $(date +%s) - start )) s"
+  cmake --build "$dir" -j "$(nproc)" --target "$@" >"$logs/build.log" 2>&1 ||
+    { grep -E "error|Error" "$logs/build.log" | head -30; exit 1; }
+  echo "build $dir: $(( $(date +%s) - start )) s"
 }
 
 # device_gtests FILTER SAN_FILTER: the GPU tests FILTER ($GTEST_FILTER overrides), then memcheck,
