@@ -5,8 +5,10 @@ bias [B, H, 1, S] too. Each round times every system once per problem, the order
 rotated each round; the table gives medians over rounds of per-round medians of CUDA events.
 
 Usage: python3 bench/bench_fwd_ws.py [--seqlens 8192,16384] [--headdims 64,128] [--rounds 3]
-                                     [--cases dense,per-key]
-bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*S*D / t, halved for causal. Also checks each
+                                     [--cases dense,per-key] [--keys 2176]
+bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*Sk*D / t, halved for causal. --keys: Sk keys
+against S queries, non-causal only (short rows: each CTA walks few key tiles, as in the
+dynamic-mask forward, whose query tiles list about w + 128 keys). Also checks each
 flash-dma output against SDPA flash (dense) or the cp.async kernel (per-key): max |diff|.
 """
 import argparse
@@ -45,16 +47,20 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default="dense", help="dense and/or per-key (a bias [B, H, 1, S])")
+    ap.add_argument("--keys", type=int, default=0, help="Sk, when not S (non-causal only)")
     args = ap.parse_args()
     dev, B, H = torch.device("cuda"), args.batch, args.heads
     rows = []
     for D in [int(d) for d in args.headdims.split(",")]:
         for S in [int(s) for s in args.seqlens.split(",")]:
             torch.manual_seed(0)
-            q, k, v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+            Sk = args.keys or S
+            q = torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16)
+            k, v = (torch.randn(B, Sk, H, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            key_bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16)
-            for case, causal in [(c, cz) for c in args.cases.split(",") for cz in (False, True)]:
+            key_bias = torch.randn(B, H, 1, Sk, device=dev, dtype=torch.bfloat16)
+            causals = (False,) if args.keys else (False, True)
+            for case, causal in [(c, cz) for c in args.cases.split(",") for cz in causals]:
                 bias = key_bias if case == "per-key" else None
 
                 def sdpa(backend):
@@ -82,10 +88,10 @@ def main():
                         for n in names[r % len(names):] + names[:r % len(names)]:
                             times[n].append(median_ms(systems[n], warmup=2, iters=10))
                 with_env(None, lambda: None)()
-                flops = 4 * B * H * S * S * D / (2 if causal else 1)
+                flops = 4 * B * H * S * Sk * D / (2 if causal else 1)
                 med = {n: statistics.median(t) for n, t in times.items()}
-                rows.append((case, D, S, causal, med, flops, errs))
-                print(case, D, S, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
+                rows.append((case, D, S if Sk == S else f"{S} x {Sk}", causal, med, flops, errs))
+                print(case, D, S, Sk, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H}, forward; ms (TF/s), medians of {args.rounds} rotated rounds")
     columns = ["flash-dma ws", "flash-dma cp.async", "SDPA flash", "SDPA cuDNN"]
     print("| case | D | S | causal | " + " | ".join(columns) + " | max abs diff ws / cp.async |")

@@ -1,8 +1,9 @@
 """Runs the attention forward once per case for a profiler (ncu) to capture.
 
-python3 tools/profiling/profile_fwd.py --lib build/libfdma.so [--seqlen 8192] [--headdim 128]
+python3 tools/profiling/profile_fwd.py --lib build/libfdma.so [--seqlen 8192] [--headdim 128] [--keys 2176]
 Cases: dense, per-key bias [B,H,1,Sk]; B1 H16 bf16, non-causal; each launched twice (warm-up,
-then the one to read).
+then the one to read). --keys: Sk keys when not S (short rows, as the dynamic-mask forward's
+query tiles walk about w + 128 listed keys).
 """
 import argparse
 import ctypes
@@ -22,11 +23,14 @@ def main():
     ap.add_argument("--lib", default="build/libfdma.so")
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--keys", type=int, default=0)
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     B, H, D, S = 1, 16, args.headdim, args.seqlen
-    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    bias = torch.randn(B, H, 1, S, device="cuda", dtype=torch.bfloat16)
+    Sk = args.keys or S
+    q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Sk, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    bias = torch.randn(B, H, 1, Sk, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)
     for b in (None, bias):
         p = _abi.AttentionParams()
