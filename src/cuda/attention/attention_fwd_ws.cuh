@@ -63,9 +63,10 @@ struct FwdWsShape {
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // Registers a thread, with 168 a thread at launch: 24 x 128 + 240 x 256 fit the SM's 64 K.
-  // The gathering producer fits 24 too: one list index a lane a tile, passed by shuffles.
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Registers a thread, with 168 a thread at launch: 24 x 128 + 240 x 256 fit the SM's 64 K,
+  // and so do 40 x 128 + 232 x 256, which the gathering producer takes (each lane's source
+  // column and swizzle for K and V kept across tiles, gather_rows_by_warp, spilled at 24).
+  static constexpr int kProducerRegs = kGather ? 40 : 24, kConsumerRegs = kGather ? 232 : 240;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the register file holds the split");
   static constexpr int kColBlocks = kHeadDim / 64;  // TMA copies per tile: one per 128-byte column block
   static constexpr int kInfoBytes = kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4;  // fp32 bias at most
@@ -130,22 +131,37 @@ __device__ __forceinline__ void fwd_ws_produce_tma(const FwdTensorMaps& maps, ui
   }
 }
 
-// Gathered rows into a swizzled tile of kRows = 128 rows, by the producer group: warp w copies
-// rows 32w .. 32w + 31, and lane l holds the list index of row 32w + l (-1 past the list), so
-// each index is one coalesced load per tile, handed to the lanes copying its row by shuffles.
+// Gathered rows into a swizzled tile of kRows = 128 rows, by one producer warp: rows 32 block
+// .. + 31, lane l holding the list index of row 32 block + l (-1 past the list), so that each
+// index is one coalesced load per tile, handed to the lanes copying its row by shuffles. A pass
+// copies 32 / (D / 8) rows, a lane a 16-byte chunk in a column of its own: its source column
+// and its place in the swizzle (the chunk XOR the row mod 8, where the row mod 8 is the pass's
+// constant XOR the lane's) are worked out once, so that a chunk costs a shuffle, one wide
+// multiply-add and its copy (the producer's issue slots bound the gathered forward; the
+// general row and swizzle arithmetic took about 19 instructions a chunk).
 template <int kHeadDim, int kRows, class T>
-__device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int64_t row_stride, int32_t row_idx,
-                                                    int warp, int lane, int D) {
-  static_assert(kRows == 128, "four producer warps of 32 rows");
+__device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
+                                                    int block, int lane, int D) {
+  static_assert(kRows == 128, "four blocks of 32 rows");
   constexpr int kChunks = kHeadDim / 8, kRowsPerPass = 32 / kChunks;
-  const int ch = lane % kChunks;
-#pragma unroll 4
-  for (int i = 0; i < 32 / kRowsPerPass; ++i) {
-    const int rl = i * kRowsPerPass + lane / kChunks;
-    const int32_t idx = __shfl_sync(0xffffffffu, row_idx, rl);
-    const bool ok = idx >= 0 && ch * 8 < D;
-    ptx::cp_async_16(smem + wgmma::sw128_offset(kRows, warp * 32 + rl, ch),
-                     ok ? base + int64_t(idx) * row_stride + ch * 8 : base, ok ? 16 : 0);
+  static_assert(kRowsPerPass <= 8 && 8 % kRowsPerPass == 0, "a pass's rows are one 8-row swizzle phase's");
+  const int ch = lane % kChunks, sub = lane / kChunks;  // the lane's chunk column, its row in a pass
+  const char* src = reinterpret_cast<const char*>(base) + ch * 16;
+  const int src_bytes = ch * 8 < D ? 16 : 0;  // head-dim padding: zeros
+  // Row r = 32 block + i kRowsPerPass + sub: r mod 8 = (i kRowsPerPass mod 8) XOR sub.
+  const uint32_t dst = smem + (ch / 8) * kRows * 128 + (32 * block + sub) * 128;
+  const uint32_t swz = uint32_t((ch % 8) ^ sub) << 4;
+  constexpr int kPhase = 8 / kRowsPerPass;  // passes a swizzle phase (8 rows): their XORs are constants
+#pragma unroll 1
+  for (int i0 = 0; i0 < 32 / kRowsPerPass; i0 += kPhase) {
+#pragma unroll
+    for (int u = 0; u < kPhase; ++u) {
+      const int i = i0 + u;
+      const int32_t idx = __shfl_sync(0xffffffffu, row_idx, i * kRowsPerPass + sub);
+      const uint32_t row_swz = swz ^ (uint32_t(u * kRowsPerPass) << 4);
+      const uint64_t offset = uint64_t(uint32_t(max(idx, 0))) * uint32_t(row_bytes);  // one wide multiply-add
+      ptx::cp_async_16(dst + i * kRowsPerPass * 128 + row_swz, src + offset, idx >= 0 ? src_bytes : 0);
+    }
   }
 }
 
@@ -163,6 +179,9 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[2];
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + hk * p.v_stride[2];
   const KeyInfo* info = p.lists.info + (int64_t(b) * p.Hk + hk) * p.Sk;
+  // Row strides in bytes fit 32 bits (attention_fwd_ws_applies).
+  const int32_t k_row_bytes = int32_t(p.k_stride[1] * int64_t(sizeof(T)));
+  const int32_t v_row_bytes = int32_t(p.v_stride[1] * int64_t(sizeof(T)));
   load_rows_sw128_async<128, kHeadDim, Shape::kBlockM>(base + Shape::kQ, q, p.q_stride[1], row0, p.Sq, p.D, tid);
   mbar::arrive_on_cp_async(Shape::q_full(base));
   for (int j = 0; j < n_blocks; ++j) {
@@ -171,11 +190,11 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
     const int key = j * kN + tid;  // the list entry of this thread's row
     const int32_t idx = key < n_listed ? list[key] : -1;
     mbar::wait(Shape::k_empty(base, s), free_parity);
-    gather_rows_by_warp<kHeadDim, kN>(Shape::k_tile(base, s), k, p.k_stride[1], idx, warp, lane, p.D);
+    gather_rows_by_warp<kHeadDim, kN>(Shape::k_tile(base, s), k, k_row_bytes, idx, warp, lane, p.D);
     ptx::cp_async_16(base + Shape::info_offset(s) + tid * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
     mbar::arrive_on_cp_async(Shape::k_full(base, s));
     mbar::wait(Shape::v_empty(base, s), free_parity);
-    gather_rows_by_warp<kHeadDim, kN>(Shape::v_tile(base, s), v, p.v_stride[1], idx, warp, lane, p.D);
+    gather_rows_by_warp<kHeadDim, kN>(Shape::v_tile(base, s), v, v_row_bytes, idx, warp, lane, p.D);
     mbar::arrive_on_cp_async(Shape::v_full(base, s));
   }
 }
@@ -398,8 +417,9 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
 template <class T, int kHeadDim, bool kGather>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
   if (!fwd_ws_allowed()) return false;
-  if constexpr (kGather) {
-    return true;
+  if constexpr (kGather) {  // the gathering producer's row offsets: 32-bit strides
+    const int64_t most = int64_t(INT32_MAX) / int64_t(sizeof(T));
+    return p.k_stride[1] <= most && p.v_stride[1] <= most;
   } else {
     if (p.mask || p.D != kHeadDim || (p.bias && (!p.bias_tiled || p.bias_stride[2] != 0))) return false;
     using Shape = FwdWsShape<T, kHeadDim, false>;
