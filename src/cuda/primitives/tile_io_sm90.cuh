@@ -33,13 +33,13 @@ __device__ __forceinline__ void load_rows_gather_sw128_async(const uint32_t (&sm
                                                              int nvalid, int D, int tid) {
   static_assert(kHeadDim % 64 == 0, "the swizzled layout stores whole 64-column blocks");
   constexpr int kChunks = kHeadDim / 8;
+  const GatherSources<kCopies> src(base, row_stride);
   for_each_chunk<kThreads, kRows, kChunks>(tid, [&](int r, int ch) {
     const bool ok = r < nvalid && ch * 8 < D;
-    const int64_t row = ok ? idx[r] : 0;
     const uint32_t offset = wgmma::sw128_offset(kRows, r, ch);
+    const uint32_t row = ok ? uint32_t(idx[r]) : 0u, col = ok ? ch * 16 : 0;
 #pragma unroll
-    for (int c = 0; c < kCopies; ++c)
-      ptx::cp_async_16(smem[c] + offset, ok ? base[c] + row * row_stride[c] + ch * 8 : base[c], ok ? 16 : 0);
+    for (int c = 0; c < kCopies; ++c) ptx::cp_async_16(smem[c] + offset, src.at(c, row, col), ok ? 16 : 0);
   });
 }
 
