@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda/attention/attention_fwd_params.hpp"
