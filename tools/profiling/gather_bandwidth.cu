@@ -10,14 +10,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(x)                                                             \
-  do {                                                                       \
-    cudaError_t e = (x);                                                     \
-    if (e != cudaSuccess) {                                                  \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
+#include "cuda_check.h"
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;

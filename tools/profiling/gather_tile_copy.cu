@@ -24,19 +24,11 @@
 #include "cuda/primitives/tensor_map.hpp"
 #include "cuda/primitives/tile_io_sm80.cuh"  // aligned_smem
 #include "cuda/primitives/tma.cuh"
+#include "cuda_check.h"
 
 namespace mbar = fdma::cuda::mbar;
 namespace tma = fdma::cuda::tma;
 namespace ptx = fdma::cuda::ptx;
-
-#define CHECK(x)                                                             \
-  do {                                                                       \
-    cudaError_t e = (x);                                                     \
-    if (e != cudaSuccess) {                                                  \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
 
 constexpr int kS = 16384, kD = 128, kRows = 128, kStages = 4, kTileBytes = kRows * kD * 2;
 constexpr int kSmem = 1024 + kStages * kTileBytes + 2 * kStages * 8;
