@@ -19,12 +19,16 @@ Configurations (environment switches, read by the library per call):
   split1                    FDMA_DKDV_SPLITS=1: each dk/dv key group's queries walked by one CTA
                             (the default splits them for few KV heads and short windows; split,
                             dk, dv, dkey_scores differ bitwise)
+  det                       deterministic=1 (a call parameter): the dq and dk/dv kernels, where
+                            the default on Hopper at D 64 and 128 is the warp-specialized backward
+                            with fused dq (its gradients differ in the last bits: atomics)
 
 Usage: python3 bench/bench_switches.py [--lib build/libfdma.so] [--seqlens 16384,32768] [--rounds 5]
                                       [--configs default,full,...] [--heads 16 --kv-heads 4 --headdim 128 --window 2048]
 With several comma-separated libraries (--lib a.so,b.so), every configuration runs with each,
 labelled "@0", "@1", ... Also checks that every run's output and gradients (dq, dk, dv,
-dkey_scores) equal the first library's default's bitwise.
+dkey_scores) equal the first library's default's bitwise, and the largest difference from
+them relative to each tensor's largest magnitude.
 """
 import argparse
 import ctypes
@@ -48,13 +52,16 @@ CONFIGS = {
     "dkdv1": {"FDMA_DKDV_GROUPS": "1"},
     "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
     "split1": {"FDMA_DKDV_SPLITS": "1"},
+    "det": {"deterministic": 1},
 }
 
 
-def set_config(name):
+def set_config(name, params):
     for var in ("FDMA_FWD_WS", "FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS"):
         os.environ.pop(var, None)
-    os.environ.update(CONFIGS[name])
+    config = dict(CONFIGS[name])
+    params.deterministic = config.pop("deterministic", 0)
+    os.environ.update(config)
 
 
 def ok(lib, st):
@@ -89,7 +96,15 @@ def main():
         out, p = prob.out, prob.params
         kept = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
         p.keep_begin, p.keep_end = view(kept[0]), view(kept[1])
+        # Sized for both backwards: the deterministic one may need more (split partials) or less.
+        p.deterministic = 1
+        ws_det = attach_workspace([(lib, p) for lib in libs])
+        p.deterministic = 0
         ws = attach_workspace([(lib, p) for lib in libs])
+        if ws_det.numel() > ws.numel():
+            ws = ws_det
+            p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+        del ws_det
 
         def fwd(lib):
             ok(lib, lib.fdma_dma_fwd(ctypes.byref(p)))
@@ -101,32 +116,35 @@ def main():
         grads = (out, prob.dq, prob.dk, prob.dv, prob.dscores)
         outs = {}
         for label, lib, name in runs:
-            set_config(name)
+            set_config(name, p)
             fwdbwd(lib)
             torch.cuda.synchronize()
             outs[label] = [g.clone() for g in grads]
-        same = {label: all(torch.equal(a, b) for a, b in zip(outs[label], outs[runs[0][0]])) for label, _, _ in runs}
+        ref = outs[runs[0][0]]
+        same = {label: all(torch.equal(a, b) for a, b in zip(outs[label], ref)) for label, _, _ in runs}
+        diff = {label: max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+                           for a, b in zip(outs[label], ref)) for label, _, _ in runs}
         times = {label: {"fwd": [], "fwd+bwd": []} for label, _, _ in runs}
         for r in range(args.rounds):
             # The order rotates each round: in a fixed order the second library of an A/B measured
             # slower at 128K in three runs out of three (docs/performance.md, "method").
             for label, lib, name in runs[r % len(runs):] + runs[:r % len(runs)]:
-                set_config(name)
+                set_config(name, p)
                 times[label]["fwd"].append(median_ms(lambda: fwd(lib), warmup=2, iters=args.iters))
                 times[label]["fwd+bwd"].append(median_ms(lambda: fwdbwd(lib), warmup=1, iters=args.iters))
-        set_config("default")
+        set_config("default", p)
         for label, _, _ in runs:
             f = sorted(times[label]["fwd"])
             fb = sorted(times[label]["fwd+bwd"])
-            rows.append((S, label, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[label]))
+            rows.append((S, label, f[len(f) // 2], f[0], f[-1], fb[len(fb) // 2], fb[0], fb[-1], same[label], diff[label]))
         del prob, kept, ws, outs
         torch.cuda.empty_cache()
 
     print(f"\n{torch.cuda.get_device_name()}; medians of {args.rounds} rounds (min-max) of {args.iters}-launch medians")
-    print("| S | config | fwd ms | fwd+bwd ms | out, grads == default |")
-    print("|---|---|---|---|---|")
-    for S, name, f, f0, f1, fb, fb0, fb1, same in rows:
-        print(f"| {S} | {name} | {f:.3f} ({f0:.3f}-{f1:.3f}) | {fb:.3f} ({fb0:.3f}-{fb1:.3f}) | {same} |")
+    print("| S | config | fwd ms | fwd+bwd ms | out, grads == default | max relative difference |")
+    print("|---|---|---|---|---|---|")
+    for S, name, f, f0, f1, fb, fb0, fb1, same, diff in rows:
+        print(f"| {S} | {name} | {f:.3f} ({f0:.3f}-{f1:.3f}) | {fb:.3f} ({fb0:.3f}-{fb1:.3f}) | {same} | {diff:.1e} |")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ namespace fdma::test {
 struct DmaCase {
   int64_t B = 1, Sq = 8, Sk = 8, H = 2, Hk = 1, D = 16, w = 4;
   bool causal = true, add_scores = true, padding = false, ties = false;
+  bool deterministic = false;  // backward: the reproducible kernels (on Hopper, not the fused dq)
   double softcap = 0;
   DType dtype = DType::f32;
   DType score_dtype = DType::f32;
@@ -24,7 +25,8 @@ struct DmaCase {
     std::ostringstream os;
     os << "B" << B << " Sq" << Sq << " Sk" << Sk << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " causal"
        << causal << " add_scores" << add_scores << " padding" << padding << " ties" << ties << " softcap" << softcap
-       << " " << dtype_name(dtype) << " scores " << dtype_name(score_dtype) << " layout" << layout;
+       << " " << dtype_name(dtype) << " scores " << dtype_name(score_dtype) << " layout" << layout
+       << (deterministic ? " deterministic" : "");
     return os.str();
   }
 };
@@ -125,6 +127,7 @@ struct DmaRun {
     p.causal = c.causal;
     p.add_scores = c.add_scores;
     p.softcap = c.softcap;
+    p.deterministic = c.deterministic;
     p.out = out.view(), p.lse = lse.view();
     p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view(), p.dkey_scores = dscores.view();
     if (with_intervals) p.keep_begin = keep_begin.view(), p.keep_end = keep_end.view();

@@ -65,6 +65,7 @@ struct DmaProblem {
   int64_t window = 0;
   bool causal = false, add_scores = false, has_padding = false, has_dscores = false;
   bool has_intervals = false;  // keep_begin/keep_end given: forward writes them, backward reads them
+  bool deterministic = false;  // backward: bitwise reproducible (no atomics)
   double scale = 0, softcap = 0;
   DType dtype = DType::unset;
   Backend backend = Backend::cpu;

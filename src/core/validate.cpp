@@ -612,6 +612,7 @@ DmaProblem validate_dma_batched(const fdma_dma_params& p, Pass pass) {
   prob.window = p.window;
   prob.causal = p.causal != 0;
   prob.add_scores = p.add_scores != 0;
+  prob.deterministic = p.deterministic != 0;
   check_scalars(c, p.scale, p.softcap);
   prob.scale = resolve_scale(p.scale, d.D);
   prob.softcap = p.softcap;

@@ -23,6 +23,9 @@ void attention_varlen_backward(const fdma_attention_params& p, const detail::Att
 // backward runs its prepare kernel (k.delta, k.lse2), dq and dk/dv, and the dbias finish.
 void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream);
 void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream);
+// Whether the backward of k runs on the warp-specialized kernel (attention_bwd_ws.cuh) on the
+// current device: with key lists it writes fp32 dk/dv rows, so their caller asks first.
+bool backward_ws_takes(const AttentionBwdParams& k, DType dtype);
 
 // select and dynamic_mask_attention (dma_cuda.cu).
 size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem& prob);

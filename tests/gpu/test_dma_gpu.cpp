@@ -317,7 +317,7 @@ TEST(DmaGpu, DkdvOneWarpGroupMatchesTheCpu) {
     for (int64_t w : {int64_t(40), int64_t(300)}) {
       DmaCase c;
       c.B = 2, c.Sq = 900, c.Sk = 1100, c.H = 4, c.Hk = 2, c.D = 128, c.w = w, c.causal = causal, c.seed = seed++;
-      c.dtype = DType::bf16, c.padding = true;
+      c.dtype = DType::bf16, c.padding = true, c.deterministic = true;  // the dk/dv kernel (on Hopper too)
       DmaRun r(c);
       run_gpu_dma(r);
     }
@@ -336,7 +336,7 @@ TEST(DmaGpu, SplitDkdvWalksMatchTheCpu) {
       splits.set(n);
       DmaCase c;
       c.B = 1, c.Sq = 1200, c.Sk = 1400, c.H = 4, c.Hk = causal ? 1 : 2, c.D = causal ? 64 : 128, c.w = 90;
-      c.causal = causal, c.padding = true, c.seed = seed++;
+      c.causal = causal, c.padding = true, c.seed = seed++, c.deterministic = true;  // the dk/dv kernel
       c.dtype = causal ? DType::bf16 : DType::f16;
       c.score_dtype = causal ? DType::f32 : c.dtype;
       DmaRun r(c);
@@ -382,7 +382,7 @@ TEST(DmaGpu, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   DmaCase c;
   c.B = 2, c.Sq = 300, c.Sk = 400, c.H = 4, c.Hk = 1, c.D = 64, c.w = 50, c.causal = true, c.seed = 995;
-  c.dtype = DType::bf16;
+  c.dtype = DType::bf16, c.deterministic = true;
   DmaRun r(c);
   r.forward();
   GpuDma gpu(r);
@@ -399,13 +399,40 @@ TEST(DmaGpu, BackwardIsBitwiseDeterministic) {
   }
 }
 
+// Both backwards against the CPU: deterministic (the dq and dk/dv kernels) and not (on Hopper
+// at D 64 and 128, the warp-specialized kernel with fused dq, attention_bwd_ws.cuh: 128-key
+// groups, walks cut into shares of at least 32 steps, so rows of 1500 queries take several).
+// Causal and not, GQA and MQA, padding, ties, softcap, scores added or not and their gradient
+// in float32 or the inputs' dtype, w from 1 to past Sk, ragged lengths.
+TEST(DmaGpu, BackwardEitherPath) {
+  REQUIRE_GPU();
+  uint64_t seed = 1800;
+  struct Shape {
+    int64_t Sq, Sk, w;
+  };
+  for (const Shape& s : {Shape{1500, 1500, 100}, Shape{700, 1300, 1}, Shape{1300, 700, 900}, Shape{129, 200, 40}})
+    for (int variant = 0; variant < 3; ++variant)
+      for (bool deterministic : {false, true}) {
+        DmaCase c;
+        c.B = variant == 1 ? 2 : 1, c.Sq = s.Sq, c.Sk = s.Sk, c.w = s.w, c.causal = variant != 1, c.seed = seed++;
+        c.H = 4, c.Hk = variant == 2 ? 1 : 2, c.D = variant == 1 ? 64 : 128;
+        c.dtype = variant == 1 ? DType::f16 : DType::bf16;
+        c.padding = variant != 0, c.ties = variant == 1, c.softcap = variant == 2 ? 4.0 : 0.0;
+        c.add_scores = variant != 2 || s.w != 40;
+        c.score_dtype = variant == 1 ? c.dtype : DType::f32;
+        c.deterministic = deterministic;
+        DmaRun r(c);
+        run_gpu_dma(r);
+      }
+}
+
 // The same forward and deterministic backward from four host threads at once, each on its own
 // non-blocking stream with its own outputs and workspace: the bits of one call at a time.
 TEST(DmaGpu, ConcurrentCallsOnSeveralStreams) {
   REQUIRE_GPU();
   DmaCase c;
   c.B = 2, c.Sq = 300, c.Sk = 400, c.H = 4, c.Hk = 2, c.D = 64, c.w = 50, c.causal = true, c.padding = true;
-  c.dtype = DType::bf16, c.seed = 1210;
+  c.dtype = DType::bf16, c.seed = 1210, c.deterministic = true;
   struct Caller {
     DmaRun r;
     GpuDma g;
@@ -421,7 +448,7 @@ TEST(DmaGpu, ConcurrentCallsOnSeveralStreams) {
     ~Caller() { cudaStreamDestroy(stream); }
     std::vector<unsigned char> call() {
       DmaParams p = g.params();
-      p.deterministic = 1, p.stream = stream, p.workspace = ws->ptr, p.workspace_bytes = bytes;
+      p.stream = stream, p.workspace = ws->ptr, p.workspace_bytes = bytes;
       dma_forward(p);
       dma_backward(p);
       if (cudaStreamSynchronize(stream) != cudaSuccess) return {};
@@ -462,6 +489,7 @@ TEST(DmaGpu, BackwardReusesTheForwardsSelection) {
       DmaCase c;
       c.B = 2, c.Sq = 700, c.Sk = 900, c.H = 4, c.Hk = 2, c.D = 64, c.w = 120, c.seed = seed++;
       c.causal = causal, c.padding = padding, c.ties = padding, c.dtype = DType::bf16;
+      c.deterministic = true;  // the gradients compared bitwise
       SCOPED_TRACE(c.str());
       DmaRun r(c);
       GpuDma gpu(r);
@@ -623,7 +651,7 @@ TEST(DmaGpu, SchedulingSwitchesGiveBitwiseTheDefault) {
     for (bool causal : {true, false}) {
       DmaCase c;
       c.B = 2, c.Sq = 900, c.Sk = 1100, c.H = 4, c.Hk = 2, c.D = 128, c.w = 200, c.causal = causal, c.seed = seed++;
-      c.dtype = DType::bf16, c.padding = true;
+      c.dtype = DType::bf16, c.padding = true, c.deterministic = true;  // compared bitwise
       SCOPED_TRACE(std::string(name) + " " + c.str());
       DmaRun r(c);
       GpuDma gpu(r);

@@ -172,7 +172,7 @@ def test_opcheck(device):
 @pytest.mark.parametrize("causal", [False, True])
 def test_dma_backward_reuses_the_forwards_selection(device, causal):
     # dma_fwd returns its selection (select_keys' intervals); dma_bwd given them computes the
-    # same gradients as when it selects again (bitwise: both backends' backwards are deterministic).
+    # same gradients as when it selects again (bitwise: deterministic backwards).
     dtype = dtypes(device)[0]
     q, k, v = (t.detach() for t in qkv(2, 40, 50, 4, 2, 32, dtype, device, 21))
     scores = rand((2, 2, 50), dtype, device, 22)
@@ -183,7 +183,7 @@ def test_dma_backward_reuses_the_forwards_selection(device, causal):
     sel = flash_dma.select_keys(scores, 9, num_queries=40, is_causal=causal, key_padding_mask=padding)
     assert torch.equal(begin, sel.begin) and torch.equal(end, sel.end)
     dout = rand(out.shape, dtype, device, 23)
-    rest = (9, causal, True, 0.0, 0.0, False)
+    rest = (9, causal, True, 0.0, 0.0, True)  # deterministic: compared bitwise
     reused = torch.ops.flash_dma.dma_bwd(dout, q, k, v, scores, padding, out, lse, begin, end, *rest)
     selected = torch.ops.flash_dma.dma_bwd(dout, q, k, v, scores, padding, out, lse, None, None, *rest)
     for a, b in zip(reused, selected):

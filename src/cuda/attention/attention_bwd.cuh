@@ -127,6 +127,34 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
   return launch_bwd_dq_convert<T>(p, kHeadDim, stream);
 }
 
+// Whether the warp-specialized backward takes p on the current device (maps filled). With key
+// lists it writes fp32 dk/dv rows where the other kernels write dk and dv, so the caller asks
+// first (gathered_backward.cu).
+template <class T, int kHeadDim>
+bool attention_bwd_ws_takes(const AttentionBwdParams& p, int device, BwdTensorMaps& maps) {
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    const bool gather = p.f.lists.keys != nullptr;
+    return p.dq_acc &&
+           wgmma_path_available(gather ? attention_bwd_ws_kernel<T, kHeadDim, true>
+                                       : attention_bwd_ws_kernel<T, kHeadDim, false>,
+                                device) &&
+           attention_bwd_ws_applies<T, kHeadDim>(p, maps);
+  } else {
+    return false;
+  }
+}
+
+template <class T, int kHeadDim>
+bool attention_bwd_ws_takes(const AttentionBwdParams& p) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  BwdTensorMaps maps{};
+  return attention_bwd_ws_takes<T, kHeadDim>(p, device, maps);
+}
+
 // On Hopper the warp-specialized kernel for the fused dq at D = 64 and 128 where it applies, the
 // wgmma kernels for D = 64 and 128 (arch_dispatch.cuh); the mma.sync kernels elsewhere.
 template <class T, int kHeadDim>
@@ -136,9 +164,10 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   if (err != cudaSuccess) return err;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {  // the warp-specialized kernel where it applies (attention_bwd_ws.cuh)
     BwdTensorMaps maps{};
-    if (p.dq_acc && wgmma_path_available(attention_bwd_ws_kernel<T, kHeadDim>, device) &&
-        attention_bwd_ws_applies<T, kHeadDim>(p, maps))
+    if (attention_bwd_ws_takes<T, kHeadDim>(p, device, maps))
       return launch_attention_bwd_ws<T, kHeadDim>(p, maps, device, stream);
+    // Key lists with fp32 rows asked for: only that kernel writes them (the caller asked first).
+    if (p.f.lists.keys && p.dq_acc) return cudaErrorNotSupported;
   }
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
@@ -150,5 +179,6 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
 
 }  // namespace fdma::cuda
 
-#define FDMA_INSTANTIATE_ATTENTION_BWD(T, HD) \
-  template cudaError_t fdma::cuda::launch_attention_bwd<T, HD>(const fdma::cuda::AttentionBwdParams&, cudaStream_t);
+#define FDMA_INSTANTIATE_ATTENTION_BWD(T, HD)                                                                   \
+  template cudaError_t fdma::cuda::launch_attention_bwd<T, HD>(const fdma::cuda::AttentionBwdParams&, cudaStream_t); \
+  template bool fdma::cuda::attention_bwd_ws_takes<T, HD>(const fdma::cuda::AttentionBwdParams&);

@@ -26,6 +26,35 @@ constexpr int bwd_dkdv_groups(int head_dim, bool wgmma, bool gathered, bool mask
   return gathered || (wgmma && head_dim == 128 && !masked) ? 2 : 1;
 }
 
+// Dynamic-mask mode, the warp-specialized backward (attention_bwd_ws.cuh): key groups of
+// kBwdWsKeys kept keys, ranked within windows of kBwdWsWindow (gather_key_group), so
+// kBwdWsWindow / kBwdWsKeys groups per window of each (batch, KV head).
+constexpr int kBwdWsKeys = 128, kBwdWsWindow = 512;
+inline int64_t bwd_ws_groups_per_row(int64_t Sk) { return (Sk + kBwdWsWindow - 1) / kBwdWsWindow * (kBwdWsWindow / kBwdWsKeys); }
+
+// Its work list, written by bwd_ws_plan (dma/bwd_ws_plan.hpp) before the kernel runs. Group g =
+// (b * Hk + hk) * groups_per_row + x has its kBwdWsKeys key indices at keys[g * kBwdWsKeys] (-1
+// past its size) and its query range in groups[g] (no tiles: empty). The queries are cut into
+// ranges of tiles_per_range 64-row tiles, and an item is a group's walk over one range (G steps
+// a tile it spans). Range r's items sit at items[r * n_groups, + counts[r]) in no fixed order; a
+// CTA takes the next one of the lowest range with any left, by taken[r] (counts and taken
+// zeroed with the fp32 sums), so the CTAs running at a time work on one range of queries and
+// their dq sums and Q, dO tiles stay in L2. Each item adds its dk, dv and dscores into the fp32
+// rows AttentionBwdParams::dkdv_partial / dscores_partial, which dkdv_split_sum writes out.
+struct BwdWsGroup {
+  int32_t q_begin, q_tiles, n_keys, pad;  // first query row (a multiple of 64), 64-row tiles, keys
+};
+struct BwdWsItem {
+  int32_t group, range;
+};
+struct BwdWsPlan {
+  int32_t* keys;
+  BwdWsGroup* groups;
+  BwdWsItem* items;
+  int *counts, *taken;
+  int tiles_per_range, ranges, groups_per_row, n_groups;
+};
+
 // Who reduces dbias (the CPU backend makes the same split, attention_cpu.cpp).
 enum class DbiasOwner : int { none = 0, rows = 1, columns = 2 };
 
@@ -64,6 +93,8 @@ struct AttentionBwdParams {
   // bwd_dq_convert writes dq from it. Null: the two-kernel backward. Layout: dq_acc_offset,
   // its columns the kernel's head dim (64 or 128: D's bucket).
   float* dq_acc;
+  // Dynamic-mask mode with dq_acc: the warp-specialized kernel's work list (BwdWsPlan).
+  BwdWsPlan ws;
 };
 
 // The fused dq's fp32 sums in tiles of 32 rows x 64 columns, each 8 KB and contiguous, so that a

@@ -18,15 +18,29 @@
 // Against the dk/dv kernel's 64-key CTAs (attention_bwd_dkdv.cuh): each Q and dO tile is read
 // once per 128 keys instead of once per 64, at D = 128 dq's reductions into the temporary are
 // halved, and no consumer thread issues a load.
+//
+// Dynamic-mask mode (kGather; non-deterministic calls given the temporaries): persistent CTAs,
+// one an SM, take (key group, query range) items from a list written beforehand (BwdWsPlan,
+// dma/bwd_ws_plan.hpp): 128 kept keys with similar query intervals, over the query tiles of one
+// range that their intervals span, from the last down with the G heads innermost. Ranges are
+// handed out lowest first, so the CTAs running at a time reduce into the same dq tiles and
+// read the same Q and dO tiles: in L2, where an order by key group spread them over the whole
+// temporary and lost 10-20% at 16K-32K (docs/performance.md, "key lists"). The consumer groups
+// gather their keys' K and V rows (cp.async) at each item's start; the producer's step count
+// and the stage barriers' phases run on across items. Scores outside a key's interval are -inf.
+// Every item adds its dk, dv and dscores into fp32 rows (red.global.add) that dkdv_split_sum
+// writes out; no dq kernel runs: five matmuls instead of seven.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <type_traits>
 
 #include "cuda/attention/attention_bwd_common.cuh"
+#include "cuda/primitives/fast_divmod.cuh"
 #include "cuda/primitives/mbarrier.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/tensor_map.hpp"
@@ -35,15 +49,16 @@
 namespace fdma::cuda {
 
 // Copy-engine descriptors of q, dout (boxes of 64 columns by 64 rows of one head) and k, v
-// (the same boxes: one per consumer group's 64 keys and column block).
+// (the same boxes: one per consumer group's 64 keys and column block; unused when gathered).
 struct BwdTensorMaps {
   CUtensorMap q, dout, k, v;
 };
 
 // Shared memory: K and V as one 64-key tile per consumer group; per stage Q, dO and the 64
 // rows' lse2 and delta; two dS tiles (steps alternate); per consumer group the staging of its
-// dq block (two dq_acc tiles); then the mbarriers. Every tile 1024-byte aligned (the swizzle).
-template <class T, int kHeadDim>
+// dq block (two dq_acc tiles); gathered, two slots for the item being handed out; then the
+// mbarriers. Every tile 1024-byte aligned (the swizzle).
+template <class T, int kHeadDim, bool kGather = false>
 struct BwdWsShape {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the warp-specialized backward: D = 64 or 128");
   using Mma = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
@@ -53,8 +68,9 @@ struct BwdWsShape {
   // one block, the keys (each group its own 64).
   static constexpr bool kSplitColumns = kHeadDim / 64 == kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // 24 x 128 + 240 x 256 registers fit the SM's 64 K (168 a thread at launch).
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // 24 x 128 + 240 x 256 registers fit the SM's 64 K (168 a thread at launch); gathered, the
+  // producer's item hand-out spilled at 24: 40 x 128 + 232 x 256.
+  static constexpr int kProducerRegs = kGather ? 40 : 24, kConsumerRegs = kGather ? 232 : 240;
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kKeyTile = Mma::tile_bytes(kGroupKeys), kQTile = Mma::tile_bytes(kBlockM);
   static constexpr int kDsTile = kBlockM * kBlockN * 2;  // [64 queries][128 keys], a 64-key block per group
@@ -62,7 +78,9 @@ struct BwdWsShape {
   static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;  // the step's lse2 then delta
   static constexpr int kK = 0, kV = kK + kConsumers * kKeyTile, kQ = kV + kConsumers * kKeyTile;
   static constexpr int kDo = kQ + kStages * kQTile, kDs = kDo + kStages * kQTile, kStage = kDs + 2 * kDsTile;
-  static constexpr int kLseDelta = kStage + kConsumers * kStageTile, kBars = kLseDelta + kStages * kLseDeltaBytes;
+  static_assert(kBlockN == kBwdWsKeys, "a gathered item's keys fill the CTA");
+  static constexpr int kLseDelta = kStage + kConsumers * kStageTile, kSlots = kLseDelta + kStages * kLseDeltaBytes;
+  static constexpr int kBars = kSlots + (kGather ? 16 : 0);
   static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, then per stage full, empty
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
@@ -80,27 +98,33 @@ struct BwdWsShape {
   __device__ static int ds_offset(int step) { return kDs + (step & 1) * kDsTile; }
   __device__ static uint32_t stage_tile(uint32_t base, int g) { return base + kStage + g * kStageTile; }
   __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
+  // Gathered: the item of the n-th hand-out (two slots: one may be written while the other is read).
+  __device__ static volatile int* item_slot(unsigned char* smem, int n) {
+    return reinterpret_cast<volatile int*>(smem + kSlots) + (n & 1);
+  }
 };
 
-// The walk of a CTA: the G heads of its KV head, each over the query tiles that can see its
-// keys (causal: from the first key's diagonal), head-major.
+// The walk of a CTA (gathered: of an item): steps [it_begin, it_end) over (head of the group,
+// 64-query tile). Dense: the G heads of its KV head, each over the query tiles that can see its
+// keys (causal: from the first key's diagonal), head-major. Gathered: the tiles its keys'
+// intervals span, from the last down, the G heads innermost (by_group divides by G); group is
+// the item's key group (BwdWsPlan).
 struct BwdWsWalk {
-  int key0, hk, b, q_begin, n_q, n_steps;
-  __device__ int head(const AttentionFwdParams& f, int i) const { return hk * f.G + i / n_q; }
-  __device__ int q0(int i) const { return q_begin + (i % n_q) * 64; }
+  int key0, hk, b, q_begin, n_q, it_begin, it_end, group;
+  FastDivmod by_group{1};
+  template <bool kGather>
+  __device__ int head(const AttentionFwdParams& f, int i) const {
+    return hk * f.G + (kGather ? by_group.mod(i) : i / n_q);
+  }
+  template <bool kGather>
+  __device__ int q0(int i) const {
+    return q_begin + (kGather ? n_q - 1 - by_group.div(i) : i % n_q) * 64;
+  }
 };
 
-// The copy-issuing thread: K and V once, then per step Q, dO, lse2 and delta into the step's
-// stage once the consumers have released what it held.
+// Dense: K and V, once, by tensor copies onto kv_full.
 template <class Shape>
-__device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const AttentionBwdParams& p, uint32_t base,
-                                               const BwdWsWalk& walk) {
-  const AttentionFwdParams& f = p.f;
-  tma::prefetch_map(&maps.q);
-  tma::prefetch_map(&maps.dout);
-  tma::prefetch_map(&maps.k);
-  tma::prefetch_map(&maps.v);
-  if (walk.n_steps == 0) return;  // the consumers wait for nothing: no copy may outlive the CTA
+__device__ __forceinline__ void bwd_ws_produce_keys(const BwdTensorMaps& maps, uint32_t base, const BwdWsWalk& walk) {
   constexpr int kBlock = Shape::kGroupKeys * wgmma::kSwizzleRowBytes;  // one column block of a key tile
   mbar::arrive_expect_tx(Shape::kv_full(base), 2 * Shape::kConsumers * Shape::kKeyTile);
 #pragma unroll
@@ -111,10 +135,20 @@ __device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const 
       tma::load_4d(Shape::k_tile(base, g) + c * kBlock, &maps.k, Shape::kv_full(base), c * 64, key, walk.hk, walk.b);
       tma::load_4d(Shape::v_tile(base, g) + c * kBlock, &maps.v, Shape::kv_full(base), c * 64, key, walk.hk, walk.b);
     }
+}
+
+// The copy-issuing thread's steps: each step's Q, dO, lse2 and delta into its stage once the
+// consumers have released what it held. j0: the steps this CTA issued before (the stages'
+// phases run on across a persistent CTA's items).
+template <class Shape, bool kGather>
+__device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, const AttentionBwdParams& p,
+                                                     uint32_t base, const BwdWsWalk& walk, int j0) {
+  const AttentionFwdParams& f = p.f;
   constexpr int kQBlock = Shape::kBlockM * wgmma::kSwizzleRowBytes;
-  for (int i = 0; i < walk.n_steps; ++i) {
-    const int s = i % Shape::kStages, h = walk.head(f, i), q0 = walk.q0(i);
-    const uint32_t free_parity = ((i / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
+  for (int i = walk.it_begin; i < walk.it_end; ++i) {
+    const int j = j0 + i - walk.it_begin, s = j % Shape::kStages;
+    const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather>(i);
+    const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
     mbar::wait(Shape::empty(base, s), free_parity);
     mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes);
 #pragma unroll
@@ -130,17 +164,33 @@ __device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const 
   }
 }
 
-// One consumer group (`group` 0 or 1, `tid` 0..127 within it): the 64 keys walk.key0 + 64 group
-// over every step, then their dk and dv rows.
-template <class T, int kHeadDim, class Shape>
-__device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
-                                               const BwdWsWalk& walk, int group, int tid) {
+// Dense: the copy-issuing thread, K and V once, then every step.
+template <class Shape>
+__device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const AttentionBwdParams& p, uint32_t base,
+                                               const BwdWsWalk& walk) {
+  tma::prefetch_map(&maps.q);
+  tma::prefetch_map(&maps.dout);
+  tma::prefetch_map(&maps.k);
+  tma::prefetch_map(&maps.v);
+  if (walk.it_begin >= walk.it_end) return;  // the consumers wait for nothing: no copy may outlive the CTA
+  bwd_ws_produce_keys<Shape>(maps, base, walk);
+  bwd_ws_produce_steps<Shape, false>(maps, p, base, walk, 0);
+}
+
+// One consumer group's steps (`group` 0 or 1, `tid` 0..127 within it): its 64 keys (dense:
+// walk.key0 + 64 group; gathered: the item's [64 group, +64), whose records are row_keys) over
+// the walk, into dk, dv and db. j0 as in bwd_ws_produce_steps.
+template <class T, int kHeadDim, class Shape, bool kGather>
+__device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
+                                                     const BwdWsWalk& walk, int group, int tid, int j0,
+                                                     const KeyInfo (&row_keys)[2], float (&dk)[kHeadDim / 8][4],
+                                                     float (&dv)[kHeadDim / 8][4], float (&db)[2]) {
   using Mma = typename Shape::Mma;
-  constexpr int kBM = Shape::kBlockM, kNq = kBM / 8, kDC = kHeadDim / 8;
+  constexpr int kBM = Shape::kBlockM, kNq = kBM / 8;
   const AttentionFwdParams& f = p.f;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = walk.key0 + group * Shape::kGroupKeys;
-  const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};
+  const int keys[2] = {key0 + 16 * warp + g, key0 + 16 * warp + g + 8};  // dense: this thread's two keys
   const uint32_t k_tile = Shape::k_tile(base, group), v_tile = Shape::v_tile(base, group);
   // This group's own barrier (the other's is 2 + other; barrier 1 is both groups').
   auto sync_group = [&] {
@@ -149,45 +199,52 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
     else
       ptx::named_barrier_sync<3, kBwdThreads>();
   };
-  float dk[kDC][4], dv[kDC][4];
-#pragma unroll
-  for (int dt = 0; dt < kDC; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-  // A per-key bias: this thread's two keys' biases, read when the head changes, and their dS
-  // sums over the head's queries, added into the dbias slots of (batch, KV head) as the dk/dv
-  // kernel does (the first half: the groups own different keys).
-  const bool key_bias = f.bias != nullptr, db_cols = p.dbias_owner == DbiasOwner::columns;
-  float kb[2] = {0.f, 0.f}, db[2] = {0.f, 0.f};
-
-  if (walk.n_steps > 0) mbar::wait(Shape::kv_full(base), 0);
-  for (int i = 0; i < walk.n_steps; ++i) {
-    const int s = i % Shape::kStages, h = walk.head(f, i), q0 = walk.q0(i);
+  // Dense with a per-key bias: this thread's two keys' biases, read when the head changes, and
+  // their dS sums over the head's queries, added into the dbias slots of (batch, KV head) as the
+  // dk/dv kernel does (the first half: the groups own different keys). Gathered: db sums the
+  // keys' dS over the whole walk (dscores).
+  const bool key_bias = !kGather && f.bias != nullptr, db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
+  float kb[2] = {0.f, 0.f};
+  for (int i = walk.it_begin; i < walk.it_end; ++i) {
+    const int j = j0 + i - walk.it_begin, s = j % Shape::kStages;
+    const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather>(i);
     const uint32_t q_tile = Shape::q_tile(base, s), do_tile = Shape::do_tile(base, s);
-    const bool head_starts = i % walk.n_q == 0, head_ends = i % walk.n_q == walk.n_q - 1;
+    const bool head_starts = !kGather && i % walk.n_q == 0, head_ends = !kGather && i % walk.n_q == walk.n_q - 1;
     if (key_bias && head_starts)
       kb[0] = key_bias_at<T>(f, walk.b, h, keys[0]), kb[1] = key_bias_at<T>(f, walk.b, h, keys[1]);
-    mbar::wait(Shape::full(base, s), (i / Shape::kStages) & 1);
+    mbar::wait(Shape::full(base, s), (j / Shape::kStages) & 1);
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the 64 queries.
     float st[kNq][4], dpt[kNq][4];
     Mma::template a_bt_pair<Shape::kGroupKeys, kBM>(st, k_tile, q_tile, dpt, v_tile, do_tile, warp, lane);
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s));
     const float* delta = lse2 + kBM;
-    const bool interior = q0 + kBM <= f.Sq && key0 + Shape::kGroupKeys <= f.Sk &&
-                          (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-    if (interior && key_bias) {
-      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
-    } else if (interior) {
-      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
-    } else {  // kb is zero without a bias
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-        return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
-      });
+    if constexpr (kGather) {
+      // Where the warp's 16 keys are all kept by the step's 64 queries, no interval test per score.
+      auto covers = [&](const KeyInfo& key) { return key.begin <= q0 && key.end >= q0 + kBM; };
+      if (__all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]))) {
+        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
+      } else {
+        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+          return interval_add(row_keys[e >> 1], q0 + nt * 8 + 2 * t + (e & 1));
+        });
+      }
+    } else {
+      const bool interior = q0 + kBM <= f.Sq && key0 + Shape::kGroupKeys <= f.Sk &&
+                            (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+      if (interior && key_bias) {
+        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
+      } else if (interior) {
+        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
+      } else {  // kb is zero without a bias
+        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+          return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
+        });
+      }
     }
     if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, 0, keys, db, t);
     if (head_ends) db[0] = db[1] = 0.f;
     // dS for dq = dS K: this group's 64-key block of the step's tile, while dpt still holds it.
-    unsigned char* ds = smem + Shape::ds_offset(i);
+    unsigned char* ds = smem + Shape::ds_offset(j);
     Mma::store_ds_t(ds + group * kBM * wgmma::kSwizzleRowBytes, dpt, warp, lane);
     // dv += P^T dO, dk += dS^T Q, left running under the barrier and dq's product below.
     uint32_t p_frag[kNq / 2][4], ds_frag[kNq / 2][4];
@@ -196,8 +253,8 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
     // dq's columns [64 group, +64) over the 128 keys, once both groups' dS is stored (D = 128),
     // or dS K over the group's own keys (D = 64); staged in the group's own tiles, whose
     // previous reductions its first thread has seen read out. (Two dS tiles: a group writes
-    // step i + 2's over step i's only after passing step i + 1's barrier, which the other group
-    // reaches after its dq of step i.)
+    // step j + 2's over step j's only after passing step j + 1's barrier, which the other group
+    // reaches after its dq of step j.)
     if (tid == 0) tma::bulk_wait_group_read<0>();
     wgmma::fence_proxy_async_smem();  // the dS stores, before the wgmmas read them
     float acc[8][4];
@@ -231,8 +288,31 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
       tma::bulk_commit_group();
     }
   }
-  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
+}
 
+template <int kDC>
+__device__ __forceinline__ void bwd_ws_zero(float (&dk)[kDC][4], float (&dv)[kDC][4], float (&db)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < kDC; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+  db[0] = db[1] = 0.f;
+}
+
+// Dense: one consumer group's keys over the CTA's walk, then their dk and dv rows.
+template <class T, int kHeadDim, class Shape>
+__device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
+                                               const BwdWsWalk& walk, int group, int tid) {
+  constexpr int kDC = kHeadDim / 8;
+  const AttentionFwdParams& f = p.f;
+  const int t = tid % 4, key0 = walk.key0 + group * Shape::kGroupKeys + 16 * (tid / 32) + (tid % 32) / 4;
+  const int keys[2] = {key0, key0 + 8};
+  float dk[kDC][4], dv[kDC][4], db[2];
+  bwd_ws_zero(dk, dv, db);
+  const KeyInfo none[2] = {};
+  if (walk.it_begin < walk.it_end) mbar::wait(Shape::kv_full(base), 0);
+  bwd_ws_consume_steps<T, kHeadDim, Shape, false>(p, base, smem, walk, group, tid, 0, none, dk, dv, db);
+  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
   T* dk_base = static_cast<T*>(p.dk) + walk.b * p.dk_stride[0] + walk.hk * p.dk_stride[2];
   T* dv_base = static_cast<T*>(p.dv) + walk.b * p.dv_stride[0] + walk.hk * p.dv_stride[2];
 #pragma unroll
@@ -247,11 +327,93 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
   }
 }
 
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(BwdWsShape<T, kHeadDim>::kThreads, 1)
+// Gathered: item `item` of the plan as a walk: its group's steps over the query tiles of its range.
+__device__ __forceinline__ BwdWsWalk bwd_ws_item_walk(const AttentionBwdParams& p, int item) {
+  const AttentionFwdParams& f = p.f;
+  const BwdWsItem it = p.ws.items[item];
+  const BwdWsGroup grp = p.ws.groups[it.group];
+  const int bh = it.group / p.ws.groups_per_row;
+  const int t0 = max(grp.q_begin / 64, it.range * p.ws.tiles_per_range);
+  const int t1 = min(grp.q_begin / 64 + grp.q_tiles, (it.range + 1) * p.ws.tiles_per_range);
+  BwdWsWalk walk;
+  walk.key0 = 0, walk.b = bh / f.Hk, walk.hk = bh % f.Hk, walk.group = it.group;
+  walk.q_begin = t0 * 64, walk.n_q = t1 - t0;
+  walk.by_group = FastDivmod(f.G);
+  walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
+  return walk;
+}
+
+// Gathered: the next item for this CTA, or -1: one of the lowest range `range` with any left
+// (advanced past the ranges found empty; each CTA's ranges only go up).
+__device__ __forceinline__ int bwd_ws_next_item(const BwdWsPlan& plan, int& range) {
+  for (; range < plan.ranges; ++range) {
+    const int i = atomicAdd(plan.taken + range, 1);
+    if (i < plan.counts[range]) return range * plan.n_groups + i;
+  }
+  return -1;
+}
+
+// Gathered: one consumer group over the items the CTA takes (-1 in the slot: none left). Per item: both groups done with the last one's keys (dq reads both K tiles), each gathers its
+// 64 keys' K and V rows, both see them landed; the steps; then the keys' dk, dv and dscores
+// added into the fp32 rows.
+template <class T, int kHeadDim, class Shape>
+__device__ __forceinline__ void bwd_ws_consume_items(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
+                                                     int group, int tid) {
+  constexpr int kDC = kHeadDim / 8;
+  const AttentionFwdParams& f = p.f;
+  const int t = tid % 4, local = group * Shape::kGroupKeys + 16 * (tid / 32) + (tid % 32) / 4;
+  float dk[kDC][4], dv[kDC][4], db[2];
+  int j0 = 0;
+  for (int n = 0;; ++n) {
+    ptx::named_barrier_sync<4, 32 + 2 * kBwdThreads>();  // the producer warp has handed out item n
+    const int item = *Shape::item_slot(smem, n);
+    if (item < 0) break;
+    const BwdWsWalk walk = bwd_ws_item_walk(p, item);
+    const int32_t* keys = p.ws.keys + int64_t(walk.group) * kBwdWsKeys;
+    const int n_keys = p.ws.groups[walk.group].n_keys;
+    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups done with the last item's K and V
+    const T* k = static_cast<const T*>(f.k) + walk.b * f.k_stride[0] + walk.hk * f.k_stride[2];
+    const T* v = static_cast<const T*>(f.v) + walk.b * f.v_stride[0] + walk.hk * f.v_stride[2];
+    Shape::Mma::template load_rows_gather_pair<Shape::kGroupKeys>(
+        Shape::k_tile(base, group), k, f.k_stride[1], Shape::v_tile(base, group), v, f.v_stride[1],
+        keys + group * Shape::kGroupKeys, max(0, min(Shape::kGroupKeys, n_keys - group * Shape::kGroupKeys)), f.D, tid);
+    ptx::cp_async_commit();
+    const int32_t key[2] = {keys[local], keys[local + 8]};
+    const KeyInfo* info = f.lists.info + (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
+    KeyInfo row_keys[2] = {};  // past the group's keys: no interval, every score -inf
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (key[r] >= 0) row_keys[r] = info[key[r]];
+    bwd_ws_zero(dk, dv, db);
+    ptx::cp_async_wait<0>();
+    wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
+    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups' K tiles landed (dq reads both)
+    bwd_ws_consume_steps<T, kHeadDim, Shape, true>(p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
+    j0 += walk.it_end - walk.it_begin;
+    const int64_t rows = (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
+    const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (key[r] < 0) continue;
+      const int64_t row = rows + key[r];
+      if (f.lists.dscores && t == 0) atomicAdd(p.dscores_partial + row, r ? r1 : r0);
+      float* out = p.dkdv_partial + row * (2 * f.D);
+#pragma unroll
+      for (int dt = 0; dt < kDC; ++dt) {
+        const int d = dt * 8 + 2 * t;
+        ptx::red_add_f32x2(out + d, dk[dt][2 * r], dk[dt][2 * r + 1]);
+        ptx::red_add_f32x2(out + f.D + d, dv[dt][2 * r], dv[dt][2 * r + 1]);
+      }
+    }
+  }
+  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
+}
+
+template <class T, int kHeadDim, bool kGather>
+__global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
     attention_bwd_ws_kernel(const AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps) {
 #if FDMA_SM90_ENABLED
-  using Shape = BwdWsShape<T, kHeadDim>;
+  using Shape = BwdWsShape<T, kHeadDim, kGather>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<1024>(smem_raw);
   const uint32_t base = ptx::smem_addr(smem);
@@ -265,25 +427,51 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim>::kThreads, 1)
     mbar::fence_init();
   }
   __syncthreads();
-  // The prepare kernel's delta and lse2, and the zeroed temporary, before any read.
+  // The prepare kernel's delta and lse2, the zeroed temporaries and (gathered) the plan, before
+  // any read.
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
   const AttentionFwdParams& f = p.f;
-  // Causal: the first key groups walk the most queries, every head's first (cta_order.cuh).
-  const CtaTile cta = cta_tile(f.causal);
-  BwdWsWalk walk;
-  walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = blockIdx.z;
-  walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
-  walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
-  walk.n_steps = f.G * walk.n_q;
-
-  if (warp < 4) {
-    wgmma::regs_shrink<Shape::kProducerRegs>();
-    if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, walk);
+  if constexpr (kGather) {
+    if (warp < 4) {
+      wgmma::regs_shrink<Shape::kProducerRegs>();
+      if (warp != 0) return;
+      // Warp 0 hands out the items (its first lane takes the next from the plan) and its first
+      // lane issues each one's copies.
+      if (lane == 0) {
+        tma::prefetch_map(&maps.q);
+        tma::prefetch_map(&maps.dout);
+      }
+      int j0 = 0, range = 0;
+      for (int n = 0;; ++n) {
+        if (lane == 0) *Shape::item_slot(smem, n) = bwd_ws_next_item(p.ws, range);
+        ptx::named_barrier_sync<4, 32 + 2 * kBwdThreads>();
+        const int item = *Shape::item_slot(smem, n);
+        if (item < 0) break;
+        const BwdWsWalk walk = bwd_ws_item_walk(p, item);
+        if (lane == 0) bwd_ws_produce_steps<Shape, true>(maps, p, base, walk, j0);
+        j0 += walk.it_end - walk.it_begin;
+      }
+    } else {
+      wgmma::regs_grow<Shape::kConsumerRegs>();
+      bwd_ws_consume_items<T, kHeadDim, Shape>(p, base, smem, (tid - 128) / 128, tid % 128);
+    }
   } else {
-    wgmma::regs_grow<Shape::kConsumerRegs>();
-    bwd_ws_consume<T, kHeadDim, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
+    // Causal: the first key groups walk the most queries, every head's first (cta_order.cuh).
+    const CtaTile cta = cta_tile(f.causal);
+    BwdWsWalk walk;
+    walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = blockIdx.z, walk.group = 0;
+    walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
+    walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
+    walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
+    if (warp < 4) {
+      wgmma::regs_shrink<Shape::kProducerRegs>();
+      if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, walk);
+    } else {
+      wgmma::regs_grow<Shape::kConsumerRegs>();
+      bwd_ws_consume<T, kHeadDim, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
+    }
   }
 #else
   __trap();  // dispatch launches it only on sm_90a code (arch_dispatch.cuh)
@@ -291,35 +479,46 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim>::kThreads, 1)
 }
 
 // Whether the warp-specialized backward takes this call (the caller checks the device): the
-// fused dq's temporary given, D = kHeadDim, no mask or key lists, no bias or one broadcast over
-// queries (whose dbias, if any, the columns own), and tensors the copy engine can describe
-// (maps filled here).
+// fused dq's temporary given, D = kHeadDim, no mask, no bias or one broadcast over queries
+// (whose dbias, if any, the columns own), and tensors the copy engine can describe (maps filled
+// here). Key lists (dynamic-mask mode): also the fp32 dk/dv rows and the work list; no bias
+// tensor (the scores come with the lists), no dbias.
 template <class T, int kHeadDim>
 bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
   const AttentionFwdParams& f = p.f;
-  if (!bwd_ws_allowed() || f.D != kHeadDim || !p.dq_acc || f.mask || f.tile_active ||
-      f.lists.keys || (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows || p.dkdv_splits > 1)
+  const bool gather = f.lists.keys != nullptr;
+  if (!bwd_ws_allowed() || f.D != kHeadDim || !p.dq_acc || f.mask || f.tile_active || p.dkdv_splits > 1)
+    return false;
+  if (gather ? !p.dkdv_partial || !f.lists.info || !p.ws.items || p.ws.tiles_per_range < 1 || f.bias ||
+                   p.dbias_owner != DbiasOwner::none
+             : (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
     return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   using Shape = BwdWsShape<T, kHeadDim>;
   constexpr int kRows = Shape::kBlockM;
-  return encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, kRows) &&
-         encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, kRows) &&
-         encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, Shape::kGroupKeys) &&
-         encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, Shape::kGroupKeys);
+  if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, kRows) ||
+      !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, kRows))
+    return false;
+  return gather || (encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, Shape::kGroupKeys) &&
+                    encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, Shape::kGroupKeys));
 }
 
-// The kernel, then the convert kernel that writes dq from the temporary.
+// The kernel, then the convert kernel that writes dq from the temporary. Gathered: one
+// persistent CTA an SM (its shared memory allows no second).
 template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd_ws(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
                                     cudaStream_t stream) {
-  using Shape = BwdWsShape<T, kHeadDim>;
-  auto kernel = attention_bwd_ws_kernel<T, kHeadDim>;
-  static std::atomic<int> granted[kMaxDevices] = {};
-  cudaError_t err = grant_smem_once(kernel, Shape::kSmemBytes, device < kMaxDevices ? granted : nullptr, device);
+  const AttentionFwdParams& f = p.f;
+  const bool gather = f.lists.keys != nullptr;
+  auto kernel = gather ? attention_bwd_ws_kernel<T, kHeadDim, true> : attention_bwd_ws_kernel<T, kHeadDim, false>;
+  const int smem = gather ? BwdWsShape<T, kHeadDim, true>::kSmemBytes : BwdWsShape<T, kHeadDim, false>::kSmemBytes;
+  static std::atomic<int> granted[2][kMaxDevices] = {};
+  cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted[gather] : nullptr, device);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, p.f.Hk, p.f.B);
-  err = launch_kernel(p.f.overlap_previous, kernel, grid, Shape::kThreads, Shape::kSmemBytes, stream, p, maps);
+  using Shape = BwdWsShape<T, kHeadDim, false>;
+  const dim3 grid = gather ? dim3(unsigned(std::max(1, device_sm_count())))
+                           : dim3((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
+  err = launch_kernel(f.overlap_previous, kernel, grid, Shape::kThreads, smem, stream, p, maps);
   if (err != cudaSuccess) return err;
   return launch_bwd_dq_convert<T>(p, kHeadDim, stream);
 }

@@ -25,6 +25,8 @@ template <class T, int kHeadDim>
 cudaError_t launch_attention_fwd(const AttentionFwdParams& p, cudaStream_t stream);
 template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream);
+template <class T, int kHeadDim>
+bool attention_bwd_ws_takes(const AttentionBwdParams& p);
 
 namespace {
 
@@ -274,6 +276,20 @@ void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream_p
 #undef FDMA_KERNEL
   if (!launched) unsupported("no kernel compiled for head dim " + std::to_string(k.D));
   check_cuda(err, "kernel launch");
+}
+
+bool backward_ws_takes(const AttentionBwdParams& k, DType dtype) {
+  const int bucket = head_dim_bucket(k.f.D);
+  const bool bf16 = dtype == DType::bf16;
+  bool takes = false, found = false;
+#define FDMA_KERNEL(T, IS_BF16, HD)                     \
+  if (!found && bf16 == IS_BF16 && bucket == HD) {      \
+    takes = attention_bwd_ws_takes<T, HD>(k);           \
+    found = true;                                       \
+  }
+#include "kernel_list.inc"
+#undef FDMA_KERNEL
+  return takes;
 }
 
 void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr) {

@@ -16,6 +16,7 @@
 #include "cuda/dma/gathered_backward.hpp"
 #include "cuda/attention/kernel_params.hpp"
 #include "cuda/attention/kernel_table.hpp"
+#include "cuda/primitives/arch_dispatch.cuh"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/path_switches.hpp"
 #include "cuda/select/select_topw.cuh"
@@ -110,17 +111,33 @@ struct DmaLayout {
   size_t select, intervals, lists, rows;
   size_t kv_gathered, bias_gathered;  // non-causal forward: the kept keys' K, V and biases
   int splits;                         // backward: shares of the dk/dv walks (dkdv_split.hpp)
-  size_t partial;                     // and their partial sums, last
+  bool fused;                         // backward: the warp-specialized kernel (fused_backward)
+  size_t partial;                     // the split partials or the fused temporaries, last
   DmaListShape shape;
   size_t total() const { return select + 2 * intervals + lists + 2 * rows + 2 * kv_gathered + bias_gathered + partial; }
 };
+
+// Whether a backward runs on the warp-specialized kernel with fused dq (attention_bwd_ws.cuh):
+// not asked to be reproducible, D 64 or 128, q on a Hopper running the sm_90a code, and its fp32
+// temporaries (gathered_backward.hpp: 2x dq's bytes, 4x dk's and dv's, and the work list)
+// within kMaxFusedBytes; otherwise the dq and dk/dv kernels run, with no temporaries.
+constexpr size_t kMaxFusedBytes = size_t(4) << 30;
+bool fused_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
+  const detail::Dims& d = prob.dims;
+  if (prob.deterministic || (d.D != 64 && d.D != 128) || d.B * d.Hk > 65535 || !fused_dq_allowed() ||
+      !bwd_ws_allowed() || wgmma_disabled())
+    return false;
+  if (fused_temporaries_bytes(d.B, d.H, d.Hk, d.Sq, d.Sk, d.D) > kMaxFusedBytes) return false;
+  const detail::PointerLocation where = detail::locate_pointer(p.q.data);
+  return where.device && sm90_device(where.ordinal);
+}
 
 // Slots per (batch, KV head) in the non-causal forward's gathered buffers.
 int64_t gathered_slots(const detail::DmaProblem& prob) {
   return prob.window < prob.dims.Sk ? prob.window : prob.dims.Sk;
 }
 
-DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass pass) {
+DmaLayout dma_layout(const fdma_dma_params& p, const detail::DmaProblem& prob, const TopwInputs& in, Pass pass) {
   const detail::Dims& d = prob.dims;
   DmaLayout l;
   l.selects = !(prob.has_intervals && pass == Pass::backward);
@@ -142,8 +159,10 @@ DmaLayout dma_layout(const detail::DmaProblem& prob, const TopwInputs& in, Pass 
   const size_t slots = gathered ? size_t(d.B * d.Hk * gathered_slots(prob)) : 0;
   l.kv_gathered = align_up(slots * size_t(d.D) * dtype_size(prob.dtype));
   l.bias_gathered = align_up(slots * 4);
-  l.splits = pass == Pass::backward ? dkdv_splits(d.B, d.Hk, d.Sk, d.D, prob.window) : 1;
-  l.partial = align_up(dkdv_partial_bytes(l.splits, d.B, d.Hk, d.Sk, d.D));
+  l.fused = pass == Pass::backward && fused_backward(p, prob);
+  l.splits = pass == Pass::backward && !l.fused ? dkdv_splits(d.B, d.Hk, d.Sk, d.D, prob.window) : 1;
+  l.partial = align_up(l.fused ? fused_temporaries_bytes(d.B, d.H, d.Hk, d.Sq, d.Sk, d.D)
+                               : dkdv_partial_bytes(l.splits, d.B, d.Hk, d.Sk, d.D));
   return l;
 }
 
@@ -236,7 +255,7 @@ size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, P
   check_dma_inputs(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward", p, prob,
                    pass);
   if (pass == Pass::forward && dma_forward_takes_decode_path(p, prob)) return dma_decode_workspace(p, prob);
-  return dma_layout(prob, topw_inputs(p, prob), pass).total();
+  return dma_layout(p, prob, topw_inputs(p, prob), pass).total();
 }
 
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
@@ -247,7 +266,7 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p, prob);
-  const DmaLayout l = dma_layout(prob, in, Pass::forward);
+  const DmaLayout l = dma_layout(p, prob, in, Pass::forward);
   const bool overlap = overlap_launches();
   const KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   if (prob.causal || prob.varlen.on) {
@@ -293,7 +312,7 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p, prob);
-  const DmaLayout l = dma_layout(prob, in, Pass::backward);
+  const DmaLayout l = dma_layout(p, prob, in, Pass::backward);
   const bool overlap = overlap_launches();
   KeyLists lists = select_and_list(op, p, prob, in, l, stream, overlap);
   // dkey_scores: float32 or the scores' dtype, itself float32 or q's (validation), so the
@@ -309,7 +328,11 @@ void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   set_gradients(k, p.dout, p.dq, p.dk, p.dv);
   char* rows = static_cast<char*>(p.workspace) + l.select + 2 * l.intervals + l.lists;
   set_gathered_rows(k, rows, l.rows);
-  set_split_partials(k, l.splits, static_cast<char*>(p.workspace) + l.total() - l.partial);
+  char* last = static_cast<char*>(p.workspace) + l.total() - l.partial;
+  if (l.fused)
+    set_fused_temporaries(k, last, prob.window);
+  else
+    set_split_partials(k, l.splits, last);
   // Scores not added to the scores have a zero gradient everywhere.
   if (p.dkey_scores.data && !prob.add_scores) fill(p.dkey_scores, 0, p.stream);
   run_gathered_backward(op, k, l.shape, p.dk, p.dv, prob.dtype, stream, overlap);

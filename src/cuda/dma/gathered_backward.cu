@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cuda/cuda_backend.hpp"
+#include "cuda/dma/bwd_ws_plan.hpp"
 #include "cuda/dma/dkdv_split.hpp"
 #include "cuda/primitives/device_guard.hpp"
 
@@ -23,9 +24,62 @@ void set_split_partials(AttentionBwdParams& k, int splits, void* partial) {
   k.dscores_partial = k.dkdv_partial + size_t(splits) * size_t(int64_t(f.B) * f.Hk * f.Sk) * size_t(2 * f.D);
 }
 
-void run_gathered_backward(const char* op, const AttentionBwdParams& k, const DmaListShape& s, const fdma_tensor& dk,
-                           const fdma_tensor& dv, DType dtype, cudaStream_t stream, bool overlap) {
+namespace {
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// Offsets of fused_temporaries_bytes' pieces; zeroed: [0, plan_keys).
+struct FusedLayout {
+  BwdWsPlanShape plan;
+  size_t rows, dscores, counters, plan_keys, plan_groups, plan_items, total;
+  FusedLayout(int64_t B, int64_t H, int64_t Hk, int64_t Sq, int64_t Sk, int64_t D)
+      : plan(bwd_ws_plan_shape(B, Hk, H / Hk, Sq, Sk)) {
+    const int64_t sq_pad = (Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
+    rows = align256(size_t(B * H) * size_t(sq_pad) * size_t(D) * 4);
+    dscores = rows + size_t(B * Hk * Sk) * size_t(2 * D) * 4;
+    counters = align256(dscores + size_t(B * Hk * Sk) * 4);
+    plan_keys = counters + align256(plan.counters_bytes());
+    plan_groups = plan_keys + align256(plan.keys_bytes());
+    plan_items = plan_groups + align256(plan.groups_bytes());
+    total = plan_items + align256(plan.items_bytes());
+  }
+};
+
+}  // namespace
+
+size_t fused_temporaries_bytes(int64_t B, int64_t H, int64_t Hk, int64_t Sq, int64_t Sk, int64_t D) {
+  return FusedLayout(B, H, Hk, Sq, Sk, D).total;
+}
+
+void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   const AttentionFwdParams& f = k.f;
+  const FusedLayout l(f.B, f.H, f.Hk, f.Sq, f.Sk, f.D);
+  k.dkdv_splits = 1;
+  k.dq_acc = reinterpret_cast<float*>(base);
+  k.dkdv_partial = reinterpret_cast<float*>(base + l.rows);
+  k.dscores_partial = reinterpret_cast<float*>(base + l.dscores);
+  k.ws.counts = reinterpret_cast<int*>(base + l.counters);
+  k.ws.taken = k.ws.counts + l.plan.max_ranges;
+  k.ws.keys = reinterpret_cast<int32_t*>(base + l.plan_keys);
+  k.ws.groups = reinterpret_cast<BwdWsGroup*>(base + l.plan_groups);
+  k.ws.items = reinterpret_cast<BwdWsItem*>(base + l.plan_items);
+  k.ws.tiles_per_range = bwd_ws_tiles_per_range(f, window);
+  const int64_t tiles = (f.Sq + 63) / 64;
+  k.ws.ranges = int((tiles + k.ws.tiles_per_range - 1) / k.ws.tiles_per_range);
+  k.ws.groups_per_row = int(bwd_ws_groups_per_row(f.Sk));
+  k.ws.n_groups = int(l.plan.groups);
+}
+
+void run_gathered_backward(const char* op, const AttentionBwdParams& given, const DmaListShape& s, const fdma_tensor& dk,
+                           const fdma_tensor& dv, DType dtype, cudaStream_t stream, bool overlap) {
+  AttentionBwdParams k = given;
+  const AttentionFwdParams& f = k.f;
+  const bool fused = k.dq_acc && backward_ws_takes(k, dtype);
+  if (k.dq_acc && !fused) k.dq_acc = nullptr, k.dkdv_partial = k.dscores_partial = nullptr, k.ws = BwdWsPlan{};
+  if (fused) {  // the sums and the plan's counters: one piece of the workspace
+    const size_t bytes = size_t(reinterpret_cast<char*>(k.ws.keys) - reinterpret_cast<char*>(k.dq_acc));
+    check_cuda(cudaMemsetAsync(k.dq_acc, 0, bytes, stream), std::string(op) + " (CUDA): zero the fp32 sums");
+  }
   UnkeptZeroArgs z{};
   z.dk = dk.data, z.dv = dv.data;
   for (int i = 0; i < 3; ++i) z.dk_stride[i] = dk.stride[i], z.dv_stride[i] = dv.stride[i];
@@ -35,11 +89,12 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& k, const Dm
   for (int i = 0; i < 3; ++i) z.dscores_stride[i] = f.lists.dscores_stride[i];
   z.dscores_bytes = f.lists.dscores_f32 ? 4 : z.elem_bytes;
   check_cuda(zero_unkept_grads(s, f.lists.info, z, stream, overlap), std::string(op) + " (CUDA): zero unkept keys");
+  if (fused) check_cuda(bwd_ws_plan(f, k.ws, stream), std::string(op) + " (CUDA): backward work list");
   run_backward_kernels(k, dtype, stream);
-  if (k.dkdv_splits <= 1) return;
+  if (k.dkdv_splits <= 1 && !fused) return;
   DkdvSplitSum a{};
   a.dkdv_partial = k.dkdv_partial, a.dscores_partial = k.dscores_partial;
-  a.splits = k.dkdv_splits, a.B = f.B, a.Hk = f.Hk, a.Sk = f.Sk, a.D = f.D;
+  a.splits = fused ? 1 : k.dkdv_splits, a.B = f.B, a.Hk = f.Hk, a.Sk = f.Sk, a.D = f.D;
   a.kept = f.lists.kept, a.kept_count = f.lists.kept_count;
   a.dk = dk.data, a.dv = dv.data;
   for (int i = 0; i < 3; ++i) a.dk_stride[i] = dk.stride[i], a.dv_stride[i] = dv.stride[i];

@@ -18,9 +18,19 @@ void set_gathered_rows(AttentionBwdParams& k, char* rows, size_t row_bytes);
 // Points k's split partials into `partial` (dkdv_partial_bytes(splits, ...) bytes) when splits > 1.
 void set_split_partials(AttentionBwdParams& k, int splits, void* partial);
 
-// k: forward params with the lists, gradients, delta/lse2 rows and splits set; dk and dv its
-// [B, Sk, Hk, D] gradients. The kernels write the kept keys' rows and k.f.lists.dscores
-// entries; the others are zeroed here.
+// The warp-specialized backward's temporaries (dma_cuda.cu, fused_backward), in this order:
+// zeroed before each call, the fp32 dq sums [B, H, Sq_pad, D] (dq_acc), dk/dv rows
+// [B * Hk * Sk][2D] and dscores rows [B * Hk * Sk], and the plan's two counters; then the
+// plan's key groups and items (BwdWsPlan). Their bytes, and k pointed at them with the plan's
+// share size for a call keeping `window` keys a query.
+size_t fused_temporaries_bytes(int64_t B, int64_t H, int64_t Hk, int64_t Sq, int64_t Sk, int64_t D);
+void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window);
+
+// k: forward params with the lists, gradients, delta/lse2 rows and splits (or the fused
+// temporaries) set; dk and dv its [B, Sk, Hk, D] gradients. The kernels write the kept keys'
+// rows and k.f.lists.dscores entries; the others are zeroed here. With the temporaries, where
+// the warp-specialized kernel runs on this device, they are zeroed first and dk, dv and dscores
+// written from them after; elsewhere the dq and dk/dv kernels run without them.
 void run_gathered_backward(const char* op, const AttentionBwdParams& k, const DmaListShape& s, const fdma_tensor& dk,
                            const fdma_tensor& dv, DType dtype, cudaStream_t stream, bool overlap);
 
