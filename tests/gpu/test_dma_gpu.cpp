@@ -426,6 +426,21 @@ TEST(DmaGpu, BackwardEitherPath) {
       }
 }
 
+// The warp-specialized backward on a few small cases, for compute-sanitizer: D 128 causal with
+// GQA, and D 64 non-causal with padding, both with rows long enough for several query ranges.
+TEST(DmaGpu, WarpSpecializedBackwardSmall) {
+  REQUIRE_GPU();
+  uint64_t seed = 1900;
+  for (int variant = 0; variant < 2; ++variant) {
+    DmaCase c;
+    c.B = 1, c.Sq = variant ? 400 : 700, c.Sk = variant ? 500 : 700, c.w = variant ? 60 : 100, c.seed = seed++;
+    c.causal = variant == 0, c.padding = variant == 1, c.H = 4, c.Hk = variant ? 4 : 2, c.D = variant ? 64 : 128;
+    c.dtype = DType::bf16;
+    DmaRun r(c);
+    run_gpu_dma(r);
+  }
+}
+
 // The same forward and deterministic backward from four host threads at once, each on its own
 // non-blocking stream with its own outputs and workspace: the bits of one call at a time.
 TEST(DmaGpu, ConcurrentCallsOnSeveralStreams) {

@@ -26,8 +26,9 @@
 // handed out lowest first, so the CTAs running at a time reduce into the same dq tiles and
 // read the same Q and dO tiles: in L2, where an order by key group spread them over the whole
 // temporary and lost 10-20% at 16K-32K (docs/performance.md, "key lists"). The consumer groups
-// gather their keys' K and V rows (cp.async) at each item's start; the producer's step count
-// and the stage barriers' phases run on across items. Scores outside a key's interval are -inf.
+// gather their keys' K and V rows (cp.async) at each item's start. One producer thread hands
+// the items out through two slots, each with a full and an empty mbarrier, and runs ahead into
+// the next item's copies; its step count and the stage barriers' phases run on across items. Scores outside a key's interval are -inf.
 // Every item adds its dk, dv and dscores into fp32 rows (red.global.add) that dkdv_split_sum
 // writes out; no dq kernel runs: five matmuls instead of seven.
 #pragma once
@@ -81,7 +82,8 @@ struct BwdWsShape {
   static_assert(kBlockN == kBwdWsKeys, "a gathered item's keys fill the CTA");
   static constexpr int kLseDelta = kStage + kConsumers * kStageTile, kSlots = kLseDelta + kStages * kLseDeltaBytes;
   static constexpr int kBars = kSlots + (kGather ? 16 : 0);
-  static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, then per stage full, empty
+  // kv_full, then per stage full, empty; gathered, per item slot full, empty
+  static constexpr int kNumBars = 1 + 2 * kStages + (kGather ? 4 : 0);
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static_assert(kQTile % 1024 == 0 && kKeyTile % 1024 == 0 && kDsTile % 1024 == 0 && kStageTile % 1024 == 0,
@@ -98,10 +100,14 @@ struct BwdWsShape {
   __device__ static int ds_offset(int step) { return kDs + (step & 1) * kDsTile; }
   __device__ static uint32_t stage_tile(uint32_t base, int g) { return base + kStage + g * kStageTile; }
   __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
-  // Gathered: the item of the n-th hand-out (two slots: one may be written while the other is read).
+  // Gathered: the item of the n-th hand-out (two slots: one may be written while the other is
+  // read), its "full" mbarrier the producer arrives on once it wrote it, its "empty" one every
+  // consumer thread arrives on once it read it.
   __device__ static volatile int* item_slot(unsigned char* smem, int n) {
     return reinterpret_cast<volatile int*>(smem + kSlots) + (n & 1);
   }
+  __device__ static uint32_t item_full(uint32_t base, int n) { return base + kBars + 8 * (1 + 2 * kStages + (n & 1)); }
+  __device__ static uint32_t item_empty(uint32_t base, int n) { return base + kBars + 8 * (3 + 2 * kStages + (n & 1)); }
 };
 
 // The walk of a CTA (gathered: of an item): steps [it_begin, it_end) over (head of the group,
@@ -365,8 +371,9 @@ __device__ __forceinline__ void bwd_ws_consume_items(const AttentionBwdParams& p
   float dk[kDC][4], dv[kDC][4], db[2];
   int j0 = 0;
   for (int n = 0;; ++n) {
-    ptx::named_barrier_sync<4, 32 + 2 * kBwdThreads>();  // the producer warp has handed out item n
+    mbar::wait(Shape::item_full(base, n), (n >> 1) & 1);  // the producer has handed out item n
     const int item = *Shape::item_slot(smem, n);
+    mbar::arrive(Shape::item_empty(base, n));
     if (item < 0) break;
     const BwdWsWalk walk = bwd_ws_item_walk(p, item);
     const int32_t* keys = p.ws.keys + int64_t(walk.group) * kBwdWsKeys;
@@ -424,6 +431,11 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
       mbar::init(Shape::full(base, s), 1);
       mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
     }
+    if constexpr (kGather)
+      for (int n = 0; n < 2; ++n) {
+        mbar::init(Shape::item_full(base, n), 1);
+        mbar::init(Shape::item_empty(base, n), 128 * Shape::kConsumers);
+      }
     mbar::fence_init();
   }
   __syncthreads();
@@ -436,21 +448,19 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
   if constexpr (kGather) {
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
-      if (warp != 0) return;
-      // Warp 0 hands out the items (its first lane takes the next from the plan) and its first
-      // lane issues each one's copies.
-      if (lane == 0) {
-        tma::prefetch_map(&maps.q);
-        tma::prefetch_map(&maps.dout);
-      }
+      // One thread hands out the items (the next from the plan) and issues each one's copies.
+      if (warp != 0 || lane != 0) return;
+      tma::prefetch_map(&maps.q);
+      tma::prefetch_map(&maps.dout);
       int j0 = 0, range = 0;
       for (int n = 0;; ++n) {
-        if (lane == 0) *Shape::item_slot(smem, n) = bwd_ws_next_item(p.ws, range);
-        ptx::named_barrier_sync<4, 32 + 2 * kBwdThreads>();
-        const int item = *Shape::item_slot(smem, n);
+        mbar::wait(Shape::item_empty(base, n), ((n >> 1) & 1) ^ 1);  // the first pass finds both slots free
+        const int item = bwd_ws_next_item(p.ws, range);
+        *Shape::item_slot(smem, n) = item;
+        mbar::arrive(Shape::item_full(base, n));  // releases the slot's write to the consumers
         if (item < 0) break;
         const BwdWsWalk walk = bwd_ws_item_walk(p, item);
-        if (lane == 0) bwd_ws_produce_steps<Shape, true>(maps, p, base, walk, j0);
+        bwd_ws_produce_steps<Shape, true>(maps, p, base, walk, j0);
         j0 += walk.it_end - walk.it_begin;
       }
     } else {

@@ -25,7 +25,8 @@ struct BwdWsPlanShape {
 BwdWsPlanShape bwd_ws_plan_shape(int64_t B, int64_t Hk, int64_t G, int64_t Sq, int64_t Sk);
 
 // Query tiles a range for a call keeping `window` keys a query (f describes it) on the current
-// device: an eighth of the average SM's work (G steps a tile), at least kMinRangeSteps steps.
+// device: an eighth of the average SM's work (G steps a tile) and what half the L2 holds of
+// its dq sums, Q and dO, but at least kMinRangeSteps steps.
 int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window);
 
 // Writes the list: one CTA per key group. Reads the key lists' kept_by_end, kept_count and
