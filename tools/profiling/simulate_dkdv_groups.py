@@ -6,10 +6,18 @@ ranked by end), groups of 64 keys, each walking the 64-query steps its
 keys span for each of the G query heads. Prints, per window size, the share of computed pairs
 that are kept pairs, and the longest CTA against the average per SM (docs/performance.md, "key lists").
 
+With --keys 128 --windows 512 (the warp-specialized backward's groups, attention_bwd_ws.cuh)
+it also schedules that kernel's items: each group's walk cut at query ranges of --range-tiles
+64-row tiles (default: bwd_ws_tiles_per_range's eighth of the average SM's work), handed out
+lowest range first to the first free of 132 SMs, each item costing its steps plus --prologue
+steps; the makespan against the average SM's work, and the same for whole walks in grid order.
+
 Usage: python3 tools/profiling/simulate_dkdv_groups.py [--seqlen 131072] [--windows 256,1024]
        [--w 2048 --kv-heads 4 --group 4]  (the seed config: --seqlen 32768 --w 1024 --kv-heads 1 --group 2)
+       [--keys 128 --windows 512 --range-tiles N --prologue 2]
 """
 import argparse
+import heapq
 
 import numpy as np
 
@@ -56,7 +64,16 @@ def group_spans(begin, end, window, block_m, by_end):
             yield begin[grp].min() // block_m * block_m, end[grp].max()
 
 
+def makespan(items, sms=132, prologue=0.0):
+    """Greedy list scheduling of item costs (in order) onto `sms` SMs: the last SM's end."""
+    ends = [0.0] * sms
+    for cost in items:
+        heapq.heappush(ends, heapq.heappop(ends) + cost + prologue)
+    return max(ends)
+
+
 def main():
+    global GROUP
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--windows", default="256,1024")
@@ -64,12 +81,35 @@ def main():
     ap.add_argument("--w", type=int, default=2048)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--keys", type=int, default=64, help="keys a group (the dk/dv kernel 64, the warp-specialized 128)")
+    ap.add_argument("--range-tiles", type=int, default=0, help="query tiles an item (0: the library's choice)")
+    ap.add_argument("--prologue", type=float, default=2.0, help="steps an item costs besides its own")
     args = ap.parse_args()
+    GROUP = args.keys
     W, HK, G = args.w, args.kv_heads, args.group
     scores = np.random.default_rng(0).standard_normal(args.seqlen).astype(np.float32)
     begin, end = causal_intervals(scores, W)
     useful = int((end - begin).sum())
     print("S", args.seqlen, "; kept keys", int((end > begin).sum()), "; kept pairs", useful)
+    if GROUP == 128:
+        for window in map(int, args.windows.split(",")):
+            spans = list(group_spans(begin, end, window, STEP, True))
+            steps = [G * -(-(hi - lo) // STEP) for lo, hi in spans]
+            avg = sum(steps) * HK / 132
+            # bwd_ws_tiles_per_range: an eighth of the average SM's work, G steps a tile.
+            tiles = args.range_tiles or max(-(-32 // G), int(avg / 8) // G)
+            items = []  # (range, steps), every KV head's alike
+            for lo, hi in spans:
+                t0, t1 = lo // STEP, -(-hi // STEP)
+                for r in range(t0 // tiles, (t1 - 1) // tiles + 1):
+                    n = min(t1, (r + 1) * tiles) - max(t0, r * tiles)
+                    items += [(r, G * n)] * HK
+            ranged = makespan([c for _, c in sorted(items, key=lambda x: x[0])], prologue=args.prologue)
+            whole = makespan([c for c in steps for _ in range(HK)], prologue=args.prologue)
+            print(f"{GROUP} keys, window {window}: kept / computed {useful / sum(GROUP * s // G * STEP for s in steps):.3f}; "
+                  f"average SM {avg:.0f} steps; items of {tiles} tiles, lowest range first: makespan "
+                  f"{ranged / avg:.2f}x the average ({len(items)} items); whole walks in grid order {whole / avg:.2f}x")
+        return
     for by_end, windows in ((False, args.windows), (True, "256")):
         for window in map(int, windows.split(",")):
             spans = list(group_spans(begin, end, window, STEP, by_end))

@@ -20,12 +20,12 @@ BwdWsPlanShape bwd_ws_plan_shape(int64_t B, int64_t Hk, int64_t G, int64_t Sq, i
 
 int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window) {
   // The kept pairs of a (batch, head), Sq w (causal: less the first w queries' half), over
-  // 64 x 128-pair steps of which about 78% are kept pairs (tools/profiling/simulate_dkdv_groups.py
-  // --keys 128 --window 512), spread over the SMs, and an eighth of that: the few key groups
-  // that every later query keeps walk G Sq / 64 steps, and cut into ranges taken by whichever
-  // CTA is free next, no SM runs one long walk alone at the end (simulated over causal top-w
-  // selections, 16K-128K, H16 Hk4 w2048: the makespan 1.02-1.09x the average SM's work, against
-  // 1.27-1.38x for whole walks).
+  // 64 x 128-pair steps of which about 78% are kept pairs, spread over the SMs, and an eighth
+  // of that: the few key groups that every later query keeps walk G Sq / 64 steps, and cut
+  // into ranges taken by whichever CTA is free next, no SM runs one long walk alone at the end.
+  // Simulated (tools/profiling/simulate_dkdv_groups.py --keys 128 --windows 512: causal top-w,
+  // H16 Hk4 w2048, 16K-128K) the makespan is 1.03-1.07x the average SM's work, against
+  // 1.61-1.71x for whole walks in grid order.
   const double w = double(std::min<int64_t>(std::max<int64_t>(window, 1), f.Sk)), sq = f.Sq;
   const double pairs = f.causal ? (sq >= w ? sq * w - w * w / 2 : sq * sq / 2) : sq * w;
   const double steps = double(f.B) * f.H * pairs / (64.0 * 128.0) / 0.78;
