@@ -13,7 +13,9 @@
 // A call that does not ask for determinism takes the fused dq where it applies (sm_90a tiles,
 // keys not gathered, no dbias with a query dim, the same launch plan as the two kernels';
 // AttentionBwdParams::dq_acc): no dq kernel, the dk/dv kernel reduces each step's dS K into the
-// temporary with bulk reductions, and a convert kernel writes dq.
+// temporary with bulk reductions, and a convert kernel writes dq. The warp-specialized kernel
+// (attention_bwd_ws.cuh) takes such calls without a mask at D 64 and 128, and gathered ones
+// given its fp32 dk/dv rows and work list (dynamic_mask_attention, dma/gathered_backward.cu).
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 
