@@ -1,6 +1,7 @@
-// Dynamic-mask mode: which kept keys a dk/dv CTA takes (attention_bwd_dkdv.cuh, 64 keys, and
-// the warp-specialized backward, attention_bwd_ws.cuh, 128). A CTA walks every query that keeps
-// any of its keys, so keys are grouped by their intervals (docs/performance.md, "key lists").
+// Dynamic-mask mode: which kept keys a dk/dv CTA takes (attention_bwd_dkdv.cuh). A CTA walks
+// every query that keeps any of its keys, so keys are grouped by their intervals
+// (docs/performance.md, "key lists"). The warp-specialized backward groups 128 keys of windows
+// of 512 the same way, a window at a time (dma/bwd_ws_plan.cu).
 #pragma once
 
 #include <climits>
@@ -9,19 +10,17 @@
 
 namespace fdma::cuda {
 
-// Dynamic-mask mode: the kGroup keys of dk/dv CTA `x` of (b, hk). The kept keys ordered by
-// interval end (lists.kept_by_end: latest end first, then index) are cut into windows of
-// kWindow; window x / (kWindow / kGroup) is ranked by key index (the order of the intervals'
-// begins), so each key lands in exactly one group, and group x % (kWindow / kGroup) takes ranks
-// [kGroup (x % ...), +kGroup): keys whose intervals end close together and begin close
-// together. Fills keys (index or -1), their KeyInfo records, the queries they span [q_lo,
-// q_hi), and the group's size; returns false (uniformly) for an empty group. window holds
-// kWindow entries.
-template <int kGroup = kBwdBlockN, int kWindow = kBwdWindow>
+// Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). The kept keys ordered by interval
+// end (lists.kept_by_end: latest end first, then index) are cut into windows of kBwdWindow;
+// window x / 4 is ranked by key index (the order of the intervals' begins), so each key lands
+// in exactly one group, and group x % 4 takes ranks [64 (x % 4), +64): keys whose intervals end
+// close together and begin close together. Fills keys (index or -1), their KeyInfo records,
+// the queries they span [q_lo, q_hi), and the group's size; returns false (uniformly) for an
+// empty group.
 __device__ __forceinline__ bool gather_key_group(const AttentionFwdParams& f, int b, int hk, int x, int32_t* keys,
                                                  KeyInfo* kinfo, int32_t* window, int& q_lo, int& q_hi,
                                                  int& n_group) {
-  static_assert(kWindow % kGroup == 0 && kWindow % 4 == 0, "whole groups, whole 16-byte reads");
+  constexpr int kGroup = kBwdBlockN, kWindow = kBwdWindow;
   const int64_t bh = int64_t(b) * f.Hk + hk;
   const int kept = f.lists.kept_count[bh];
   const int w0 = x / (kWindow / kGroup) * kWindow, g0 = x % (kWindow / kGroup) * kGroup;

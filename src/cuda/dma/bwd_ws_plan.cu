@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 
-#include "cuda/attention/bwd_key_groups.cuh"
+#include "cuda/attention/attention_fwd_params.hpp"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
@@ -42,36 +43,71 @@ int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window) {
 
 namespace {
 
-__global__ void __launch_bounds__(256) bwd_ws_plan_kernel(const AttentionFwdParams f, const BwdWsPlan plan) {
+constexpr int kGroupsPerWindow = kBwdWsWindow / kBwdWsKeys;
+
+// One CTA per window of kBwdWsWindow kept keys of a (batch, KV head), a thread per key: the
+// grouping of gather_key_group (bwd_key_groups.cuh) for the window's groups at once. Keys in
+// order of interval end (latest first) are cut into windows; a key's rank in its window is the
+// number of the window's keys with a lower index, and group rank / kBwdWsKeys of the window
+// holds it at place rank % kBwdWsKeys. (A CTA per group, each ranking the whole window to keep
+// a quarter of it, took 46 us at 16K, H16 Hk4 w2048.)
+__global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const AttentionFwdParams f, const BwdWsPlan plan) {
   ptx::griddep_wait();  // the key lists
   ptx::griddep_launch_dependents();
-  __shared__ int32_t keys[kBwdWsKeys], window[kBwdWsWindow];
-  __shared__ KeyInfo info[kBwdWsKeys];
-  const int x = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int64_t g = (int64_t(b) * f.Hk + hk) * plan.groups_per_row + x;
-  int q_lo = 0, q_hi = 0, n_keys = 0;
-  const bool any = gather_key_group<kBwdWsKeys, kBwdWsWindow>(f, b, hk, x, keys, info, window, q_lo, q_hi, n_keys);
-  int32_t* out = plan.keys + g * kBwdWsKeys;
-  for (int i = threadIdx.x; i < kBwdWsKeys; i += blockDim.x) out[i] = any ? keys[i] : -1;
-  if (threadIdx.x != 0) return;
-  BwdWsGroup group{0, 0, 0, 0};
-  if (any && q_lo < q_hi) {
-    group.q_begin = q_lo / 64 * 64;
-    group.q_tiles = (q_hi - group.q_begin + 63) / 64;
-    group.n_keys = n_keys;
+  __shared__ __align__(16) int32_t window[kBwdWsWindow];
+  __shared__ int q_lo[kGroupsPerWindow], q_hi[kGroupsPerWindow];
+  __shared__ BwdWsGroup groups[kGroupsPerWindow];
+  const int t = threadIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t bh = int64_t(b) * f.Hk + hk;
+  const int64_t g0 = bh * plan.groups_per_row + int64_t(blockIdx.x) * kGroupsPerWindow;  // the window's first group
+  const int w0 = blockIdx.x * kBwdWsWindow, n_window = max(0, min(kBwdWsWindow, f.lists.kept_count[bh] - w0));
+  // Whole 16-byte reads below: padded with INT_MAX, which no key index reaches.
+  window[t] = t < n_window ? f.lists.kept_by_end[bh * f.Sk + w0 + t] : INT_MAX;
+  if (t < kGroupsPerWindow) q_lo[t] = INT_MAX, q_hi[t] = INT_MIN;
+  __syncthreads();
+  int32_t* keys = plan.keys + g0 * kBwdWsKeys;  // the window's groups' keys, contiguous
+  if (t < n_window) {
+    const int mine = window[t];
+    int rank = 0;
+    for (int o = 0; o < n_window; o += 4) {
+      const int4 w4 = *reinterpret_cast<const int4*>(window + o);
+      rank += (w4.x < mine) + (w4.y < mine) + (w4.z < mine) + (w4.w < mine);
+    }
+    const KeyInfo ki = f.lists.info[bh * f.Sk + mine];
+    keys[rank] = mine;
+    atomicMin(&q_lo[rank / kBwdWsKeys], ki.begin);  // integer min/max: the same in any order
+    atomicMax(&q_hi[rank / kBwdWsKeys], ki.end);
+  } else {
+    keys[t] = -1;  // ranks n_window.. hold no key
   }
-  plan.groups[g] = group;
+  __syncthreads();
+  if (t < kGroupsPerWindow) {
+    BwdWsGroup group{0, 0, 0, 0};
+    const int n_keys = max(0, min(kBwdWsKeys, n_window - t * kBwdWsKeys));
+    if (n_keys > 0 && q_lo[t] < q_hi[t]) {
+      group.q_begin = q_lo[t] / 64 * 64;
+      group.q_tiles = (q_hi[t] - group.q_begin + 63) / 64;
+      group.n_keys = n_keys;
+    }
+    groups[t] = group;
+    plan.groups[g0 + t] = group;
+  }
+  __syncthreads();
+  // The items: thread t takes group t % 4's ranges t / 4, t / 4 + 128, ...
+  const BwdWsGroup group = groups[t % kGroupsPerWindow];
   if (group.q_tiles == 0) return;
-  const int t0 = group.q_begin / 64, t1 = t0 + group.q_tiles;
-  for (int r = t0 / plan.tiles_per_range; r <= (t1 - 1) / plan.tiles_per_range; ++r)
-    plan.items[int64_t(r) * plan.n_groups + atomicAdd(plan.counts + r, 1)] = BwdWsItem{int32_t(g), r};
+  const int first = group.q_begin / 64 / plan.tiles_per_range;
+  const int last = (group.q_begin / 64 + group.q_tiles - 1) / plan.tiles_per_range;
+  for (int r = first + t / kGroupsPerWindow; r <= last; r += kBwdWsWindow / kGroupsPerWindow)
+    plan.items[int64_t(r) * plan.n_groups + atomicAdd(plan.counts + r, 1)] =
+        BwdWsItem{int32_t(g0 + t % kGroupsPerWindow), r};
 }
 
 }  // namespace
 
 cudaError_t bwd_ws_plan(const AttentionFwdParams& f, const BwdWsPlan& plan, cudaStream_t stream) {
-  const dim3 grid(unsigned(plan.groups_per_row), unsigned(f.Hk), unsigned(f.B));
-  return launch_kernel(f.overlap_previous, bwd_ws_plan_kernel, grid, 256, 0, stream, f, plan);
+  const dim3 grid(unsigned(plan.groups_per_row / kGroupsPerWindow), unsigned(f.Hk), unsigned(f.B));
+  return launch_kernel(f.overlap_previous, bwd_ws_plan_kernel, grid, kBwdWsWindow, 0, stream, f, plan);
 }
 
 }  // namespace fdma::cuda
