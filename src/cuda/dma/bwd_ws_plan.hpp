@@ -29,8 +29,8 @@ BwdWsPlanShape bwd_ws_plan_shape(int64_t B, int64_t Hk, int64_t G, int64_t Sq, i
 // its dq sums, Q and dO, but at least kMinRangeSteps steps.
 int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window);
 
-// Writes the list: one CTA per window of kept keys (its kBwdWsWindow / kBwdWsKeys groups). Reads the key lists' kept_by_end, kept_count and
-// info; plan.counts and plan.taken must be zero.
+// Writes the list: one CTA per window of kept keys (its kBwdWsWindow / kBwdWsKeys groups).
+// Reads the key lists' kept_by_end, kept_count and info; plan.counts and plan.taken must be zero.
 cudaError_t bwd_ws_plan(const AttentionFwdParams& f, const BwdWsPlan& plan, cudaStream_t stream);
 
 }  // namespace fdma::cuda
