@@ -30,7 +30,9 @@ constexpr int bwd_dkdv_groups(int head_dim, bool wgmma, bool gathered, bool mask
 // kBwdWsKeys kept keys, ranked within windows of kBwdWsWindow (gather_key_group), so
 // kBwdWsWindow / kBwdWsKeys groups per window of each (batch, KV head).
 constexpr int kBwdWsKeys = 128, kBwdWsWindow = 512;
-inline int64_t bwd_ws_groups_per_row(int64_t Sk) { return (Sk + kBwdWsWindow - 1) / kBwdWsWindow * (kBwdWsWindow / kBwdWsKeys); }
+inline int64_t bwd_ws_groups_per_row(int64_t Sk) {
+  return (Sk + kBwdWsWindow - 1) / kBwdWsWindow * (kBwdWsWindow / kBwdWsKeys);
+}
 
 // Its work list, written by bwd_ws_plan (dma/bwd_ws_plan.hpp) before the kernel runs. Group g =
 // (b * Hk + hk) * groups_per_row + x has its kBwdWsKeys key indices at keys[g * kBwdWsKeys] (-1

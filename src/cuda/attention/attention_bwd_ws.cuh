@@ -28,9 +28,9 @@
 // temporary and lost 10-20% at 16K-32K (docs/performance.md, "key lists"). The consumer groups
 // gather their keys' K and V rows (cp.async) at each item's start. One producer thread hands
 // the items out through two slots, each with a full and an empty mbarrier, and runs ahead into
-// the next item's copies; its step count and the stage barriers' phases run on across items. Scores outside a key's interval are -inf.
-// Every item adds its dk, dv and dscores into fp32 rows (red.global.add) that dkdv_split_sum
-// writes out; no dq kernel runs: five matmuls instead of seven.
+// the next item's copies; its step count and the stage barriers' phases run on across items.
+// Scores outside a key's interval are -inf. Every item adds its dk, dv and dscores into fp32
+// rows (red.global.add) that dkdv_split_sum writes out; no dq kernel runs: five matmuls, not seven.
 #pragma once
 
 #include <cuda.h>
@@ -359,9 +359,10 @@ __device__ __forceinline__ int bwd_ws_next_item(const BwdWsPlan& plan, int& rang
   return -1;
 }
 
-// Gathered: one consumer group over the items the CTA takes (-1 in the slot: none left). Per item: both groups done with the last one's keys (dq reads both K tiles), each gathers its
-// 64 keys' K and V rows, both see them landed; the steps; then the keys' dk, dv and dscores
-// added into the fp32 rows.
+// Gathered: one consumer group over the items the CTA takes (-1 in the slot: none left). Per
+// item: both groups done with the last one's keys (dq reads both K tiles), each gathers its 64
+// keys' K and V rows, both see them landed; the steps; then the keys' dk, dv and dscores added
+// into the fp32 rows.
 template <class T, int kHeadDim, class Shape>
 __device__ __forceinline__ void bwd_ws_consume_items(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
                                                      int group, int tid) {

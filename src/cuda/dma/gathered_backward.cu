@@ -94,7 +94,7 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   if (k.dkdv_splits <= 1 && !fused) return;
   DkdvSplitSum a{};
   a.dkdv_partial = k.dkdv_partial, a.dscores_partial = k.dscores_partial;
-  a.splits = fused ? 1 : k.dkdv_splits, a.B = f.B, a.Hk = f.Hk, a.Sk = f.Sk, a.D = f.D;
+  a.splits = k.dkdv_splits, a.B = f.B, a.Hk = f.Hk, a.Sk = f.Sk, a.D = f.D;  // fused: 1 (set_fused_temporaries)
   a.kept = f.lists.kept, a.kept_count = f.lists.kept_count;
   a.dk = dk.data, a.dv = dv.data;
   for (int i = 0; i < 3; ++i) a.dk_stride[i] = dk.stride[i], a.dv_stride[i] = dv.stride[i];
