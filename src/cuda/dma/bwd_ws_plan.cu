@@ -1,7 +1,6 @@
 #include "cuda/dma/bwd_ws_plan.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 
 #include "cuda/attention/attention_fwd_params.hpp"
@@ -33,8 +32,7 @@ int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window) {
   const int64_t range_steps = int64_t(steps / (8.0 * std::max(1, device_sm_count()))) + 1;
   // And a range's dq sums (fp32) with its Q and dO tiles (bf16) in half the L2, so that the
   // range the CTAs finish and the one they start share it: 64 rows x B x H x 8 D bytes a tile.
-  static std::atomic<int> l2_cache[kMaxDevices] = {};
-  const int64_t l2 = cached_per_device(l2_cache, [] { return device_attribute(cudaDevAttrL2CacheSize); });
+  const int64_t l2 = device_l2_bytes();
   const int64_t in_l2 = l2 / 2 / (int64_t(64) * f.B * f.H * 8 * f.D);
   const int64_t min_tiles = (BwdWsPlanShape::kMinRangeSteps + f.G - 1) / f.G;
   const int64_t tiles = std::min<int64_t>(range_steps / f.G, l2 > 0 ? in_l2 : range_steps);

@@ -47,7 +47,8 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
-// The current device's SM count and opt-in shared memory per block, queried once per device.
+// The current device's SM count, opt-in shared memory per block and L2 bytes, queried once per
+// device.
 inline int device_sm_count() {
   static std::atomic<int> cached[kMaxDevices] = {};
   return cached_per_device(cached, [] { return device_attribute(cudaDevAttrMultiProcessorCount); });
@@ -55,6 +56,10 @@ inline int device_sm_count() {
 inline int device_smem_optin() {
   static std::atomic<int> cached[kMaxDevices] = {};
   return cached_per_device(cached, [] { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); });
+}
+inline int device_l2_bytes() {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] { return device_attribute(cudaDevAttrL2CacheSize); });
 }
 
 // Raises a kernel's shared-memory limit once per device and size, not per call (the caller's
