@@ -3,7 +3,8 @@ row length and row count, run each way the library can (FDMA_SELECT_PATH=cluster
 up to 8 CTAs per row on sm_90, up to 32K keys; =shared: one CTA per
 row in shared memory, up to 32K keys; =global: a device-wide sort, then a CTA per row through
 global memory; =levels: a device-wide sort, then kernels per wavelet level; unset: the
-library's choice). Medians of CUDA events around one call; then the library's choice called 50 times back to back:
+library's choice; "wavelet ends": the library's choice of path with FDMA_SELECT_ENDS=wavelet, the
+causal interval ends through the wavelet matrix instead of the walk). Medians of CUDA events around one call; then the library's choice called 50 times back to back:
 host ms per call, and GPU ms per call (events around the 50). A markdown table last.
 
 Usage: python3 bench/bench_select.py [--lib build/libfdma.so] [--seqlens 4096,...] [--rows 4,64]
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_attention import median_ms, view  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
-BUILDS = ("auto", "cluster", "shared", "global", "levels")
+BUILDS = ("auto", "wavelet ends", "cluster", "shared", "global", "levels")
 
 
 def ok(lib, st):
@@ -51,8 +52,11 @@ def time_select(lib, S, rows, w, causal=True):
         if build in ("shared", "cluster") and S > 32768:
             out[build] = float("nan")
             continue
-        if build == "auto":
+        os.environ.pop("FDMA_SELECT_ENDS", None)
+        if build in ("auto", "wavelet ends"):
             os.environ.pop("FDMA_SELECT_PATH", None)
+            if build == "wavelet ends":
+                os.environ["FDMA_SELECT_ENDS"] = "wavelet"
         else:
             os.environ["FDMA_SELECT_PATH"] = build
         ok(lib, lib.fdma_select(ctypes.byref(sp)))
@@ -63,6 +67,7 @@ def time_select(lib, S, rows, w, causal=True):
             raise RuntimeError(f"S={S} rows={rows}: the {build} build selected differently")
         out[build] = median_ms(lambda: ok(lib, lib.fdma_select(ctypes.byref(sp))), warmup=3, iters=20)
     os.environ.pop("FDMA_SELECT_PATH", None)
+    os.environ.pop("FDMA_SELECT_ENDS", None)
     # The library's choice called back to back: host time per call, and GPU time per call when
     # the host runs ahead (what a training step sees) against one call timed alone (above).
     calls = 50
@@ -96,8 +101,8 @@ def main():
             t = time_select(lib, S, rows, args.window, bool(args.causal))
             table.append((rows, S, t))
             print(rows, S, t, flush=True)
-    print("\n| rows (B x Hk) | S | library's choice | cluster | shared | global | levels | host per call | back to back |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| rows (B x Hk) | S | library's choice | wavelet ends | cluster | shared | global | levels | host per call | back to back |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for rows, S, t in table:
         print(f"| {rows} | {S} | " + " | ".join(f"{t[b]:.3f}" for b in BUILDS + ("host", "streamed")) + " |")
 

@@ -19,6 +19,8 @@ Configurations (environment switches, read by the library per call):
   split1                    FDMA_DKDV_SPLITS=1: each dk/dv key group's queries walked by one CTA
                             (the default splits them for few KV heads and short windows; split,
                             dk, dv, dkey_scores differ bitwise)
+  wavelet                   FDMA_SELECT_ENDS=wavelet: the causal selection's interval ends through
+                            the wavelet matrix instead of the walk (the same intervals)
   det                       deterministic=1 (a call parameter): the dq and dk/dv kernels, where
                             the default on Hopper at D 64 and 128 is the warp-specialized backward
                             with fused dq (its gradients differ in the last bits: atomics)
@@ -52,12 +54,14 @@ CONFIGS = {
     "dkdv1": {"FDMA_DKDV_GROUPS": "1"},
     "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
     "split1": {"FDMA_DKDV_SPLITS": "1"},
+    "wavelet": {"FDMA_SELECT_ENDS": "wavelet"},
     "det": {"deterministic": 1},
 }
 
 
 def set_config(name, params):
-    for var in ("FDMA_FWD_WS", "FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS"):
+    for var in ("FDMA_FWD_WS", "FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS",
+                "FDMA_SELECT_ENDS"):
         os.environ.pop(var, None)
     config = dict(CONFIGS[name])
     params.deterministic = config.pop("deterministic", 0)

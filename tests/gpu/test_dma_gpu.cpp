@@ -228,13 +228,14 @@ TEST(SelectGpu, CausalLongRow) {
 // The selection runs one of four ways (select_topw.cu: a cluster of CTAs per row on sm_90, up to
 // 32768 keys; a CTA per row in shared memory, sorting there up to 16384 keys; a device-wide
 // sort, then a CTA per row through global memory; or kernels per wavelet level), chosen by row
-// length and count; FDMA_SELECT_PATH forces one. Each must give the CPU's selection, on rows
-// around the kernels' limits (512-key cluster segments, 4096 keys sorted in a CTA and per
-// cluster segment, 16384 keys sorted in a CTA, 16384-key chunks, 32768 keys in shared memory
-// and in a cluster).
+// length and count; FDMA_SELECT_PATH forces one. Causal interval ends come from the walk or the
+// wavelet matrix (FDMA_SELECT_ENDS=wavelet). Each must give the CPU's selection, on rows around
+// the kernels' limits (512-key cluster segments, 4096 keys sorted in a CTA and per cluster
+// segment, 16384 keys sorted in a CTA, 16384-key chunks, 32768 keys in shared memory and in a
+// cluster).
 TEST(SelectGpu, EveryPathMatchesTheCpu) {
   REQUIRE_GPU();
-  const ScopedEnv select_path("FDMA_SELECT_PATH");
+  const ScopedEnv select_path("FDMA_SELECT_PATH"), ends("FDMA_SELECT_ENDS");
   std::mt19937_64 rng(91);
   for (const char* path : {"cluster", "shared", "global", "levels"}) {
     SCOPED_TRACE(path);
@@ -244,12 +245,49 @@ TEST(SelectGpu, EveryPathMatchesTheCpu) {
       scores.fill_uniform(rng, -2, 2);  // bf16: many ties
       pad.fill_bool(rng, 0.9);
       for (int64_t w : {int64_t(1), int64_t(7), int64_t(2048)}) {
-        run_gpu_select(scores, &pad, Sk, w, true);
-        run_gpu_select(scores, nullptr, (Sk + 1) / 2, w, true);  // Sq < Sk
+        for (const char* how : {"walk", "wavelet"}) {
+          SCOPED_TRACE(how);
+          ends.set(how);
+          run_gpu_select(scores, &pad, Sk, w, true);
+          run_gpu_select(scores, nullptr, (Sk + 1) / 2, w, true);  // Sq < Sk
+        }
+        ends.clear();
         run_gpu_select(scores, &pad, Sk, w, false);
       }
     }
   }
+}
+
+// The walk (select_walk.cuh) against the CPU where its steps work hardest: scores rising with
+// the index (every key lands below the current end, 32 hits a step), falling (none), random,
+// and in blocks; rows of one span (up to 8192 keys) and of sixteen, pieces of 64 (few rows)
+// and 256 (many), windows at a piece's edge, of 1 (no index below the end), and past the row.
+TEST(SelectGpu, WalkMatchesTheCpuOnOrderedScores) {
+  REQUIRE_GPU();
+  const ScopedEnv ends("FDMA_SELECT_ENDS");
+  ends.set("walk");
+  std::mt19937_64 rng(95);
+  for (int64_t Sk : {31, 64, 65, 4000, 8192, 8193, 20011, 65536})
+    for (int64_t rows : {int64_t(1), int64_t(48)}) {
+      if (rows * Sk > 500000) continue;
+      for (int order = 0; order < 4; ++order) {
+        SCOPED_TRACE(::testing::Message() << "Sk " << Sk << " rows " << rows << " order " << order);
+        HostTensor scores(DType::f32, {rows == 1 ? 1 : 6, rows == 1 ? 1 : 8, Sk});
+        const int64_t n = scores.numel();
+        if (order == 3) scores.fill_uniform(rng, -1, 1);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t j = i % Sk;
+          if (order == 0) scores.set(i, double(j));
+          if (order == 1) scores.set(i, double(Sk - j));
+          if (order == 2) scores.set(i, double((j / 100) % 7) + 1e-3 * double(j % 100));
+        }
+        for (int64_t w : {int64_t(1), int64_t(2), int64_t(63), int64_t(64), int64_t(1000), Sk - 1, Sk + 1}) {
+          if (w < 1) continue;
+          run_gpu_select(scores, nullptr, Sk, w, true);
+          run_gpu_select(scores, nullptr, std::max<int64_t>(1, Sk / 3), w, true);  // Sq < Sk
+        }
+      }
+    }
 }
 
 // Past 32K keys the cluster path takes 16 CTAs per row (a non-portable cluster size; where

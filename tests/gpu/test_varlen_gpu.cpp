@@ -190,18 +190,21 @@ TEST(VarlenGpu, DynamicMaskAttention) {
 
 TEST(VarlenGpu, EverySelectionPath) {
   REQUIRE_GPU();
-  ScopedEnv path("FDMA_SELECT_PATH");
+  ScopedEnv path("FDMA_SELECT_PATH"), ends("FDMA_SELECT_ENDS");
   uint64_t seed = 100;
-  for (const char* forced : {"cluster", "shared", "global", "levels"}) {
-    path.set(forced);
-    SCOPED_TRACE(forced);
-    for (bool causal : {true, false}) {
-      VarlenCase c;
-      c.q_lens = {40, 0, 700, 3}, c.k_lens = {50, 9, 700, 1200}, c.causal = causal, c.w = 33, c.seed = seed++;
-      c.dtype = DType::bf16, c.H = 4, c.Hk = 2, c.D = 64;
-      run_gpu_varlen(c);
+  for (const char* forced : {"cluster", "shared", "global", "levels"})
+    for (bool walk : {true, false}) {  // causal interval ends by the walk or the wavelet matrix
+      path.set(forced);
+      ends.set(walk ? "walk" : "wavelet");
+      SCOPED_TRACE(::testing::Message() << forced << (walk ? ", walk" : ", wavelet"));
+      for (bool causal : {true, false}) {
+        if (!causal && !walk) continue;  // the same run as with the walk
+        VarlenCase c;
+        c.q_lens = {40, 0, 700, 3}, c.k_lens = {50, 9, 700, 1200}, c.causal = causal, c.w = 33, c.seed = seed++;
+        c.dtype = DType::bf16, c.H = 4, c.Hk = 2, c.D = 64;
+        run_gpu_varlen(c);
+      }
     }
-  }
 }
 
 // Offsets the GPU cannot check without a synchronization (decreasing, past the totals, longer

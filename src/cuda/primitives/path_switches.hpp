@@ -37,6 +37,10 @@ inline const char* forced_select_path() {
   return env ? env : "";
 }
 
+// FDMA_SELECT_ENDS=wavelet: causal interval ends through the wavelet matrix where the walk
+// (select_walk.cuh) would take the row.
+inline bool select_walk_allowed() { return !env_is("FDMA_SELECT_ENDS", "wavelet"); }
+
 // FDMA_FWD_LAST_TILE=full: a list's last key tile as wide as the others.
 inline bool narrow_last_tile() { return !env_is("FDMA_FWD_LAST_TILE", "full"); }
 

@@ -13,6 +13,7 @@
 #include "cuda/select/select_cluster.cuh"
 #include "cuda/select/select_rows.cuh"
 #include "cuda/select/select_topw.cuh"
+#include "cuda/select/select_walk.cuh"
 #include "cuda/primitives/path_switches.hpp"
 #include "cuda/primitives/per_device.cuh"
 
@@ -309,7 +310,8 @@ DeviceLimits device_limits() {
   return l;
 }
 
-SelectPath select_path(const TopwInputs& in) {
+// sort_only: the ranks without wavelet levels (non-causal, or causal ends by the walk).
+SelectPath select_path(const TopwInputs& in, bool sort_only) {
   const auto [sms, smem_optin, clusters, clusters16] = device_limits();
   // The cluster path spreads a row over up to 16 SMs: for the few-row case, where the others
   // leave SMs idle (measured on the H200 at c682e7d: 8 rows of 16K keys 0.080 ms against 0.132
@@ -326,6 +328,11 @@ SelectPath select_path(const TopwInputs& in) {
   if (std::strcmp(forced, "global") == 0) return SelectPath::global;
   if (std::strcmp(forced, "levels") == 0) return SelectPath::levels;
   if (cluster_pays) return SelectPath::cluster;
+  // Without levels, rows of 16K-32K keys sort faster in clusters than device-wide (the shared
+  // path's sort there) even when the clusters take several waves (H100, 64 rows of 32K keys,
+  // causal with the walk: 0.32 against 0.49 ms).
+  if (sort_only && fits_cluster && in.Sk <= kClusterPortableRowKeys && row_sort_items(in.Sk) == 0)
+    return SelectPath::cluster;
   // Many short rows (a packed batch of short sequences): a 1024-thread CTA per row of a few
   // hundred keys is mostly idle, and device-wide passes over all rows at once win (H100, 4000
   // rows of 128 keys, causal: 1226 us a CTA per row, 200 us sort + levels).
@@ -387,13 +394,68 @@ cudaError_t rank_rows(const TopwInputs& in, const TopwScratch& s, const WaveletS
   return cudaGetLastError();
 }
 
+// The walk (select_walk.cuh) where a row's bitmap is small: its cost grows as Sk^2 / piece
+// per row (every piece copies the prefix bitmap), the wavelet's as Sk log Sk.
+constexpr int kWalkMaxKeys = 1 << 18;
+
+bool walk_applies(const TopwInputs& in) { return in.Sk <= kWalkMaxKeys && select_walk_allowed(); }
+
+// Pieces of 64-256 positions, as many as fill the GPU about 8 times over (a piece's work is
+// mostly one warp's); spans of a sixteenth of the row, or the whole row where its keys are few
+// enough for every piece to place them with atomics (no prefix kernels then).
+WalkShape walk_shape(const TopwInputs& in, int sms) {
+  const int64_t rows = int64_t(in.B) * in.Hk;
+  WalkShape sh{};
+  const int64_t want = (rows * in.Sk + 8 * int64_t(sms) - 1) / (8 * int64_t(sms));
+  sh.piece = int(std::clamp<int64_t>((want + 31) / 32 * 32, 64, 256));
+  sh.span = in.Sk <= 8192 ? (in.Sk + sh.piece - 1) / sh.piece * sh.piece
+                          : ((in.Sk + 15) / 16 + sh.piece - 1) / sh.piece * sh.piece;
+  sh.spans = (in.Sk + sh.span - 1) / sh.span;
+  sh.words = (in.Sk + 31) / 32;
+  return sh;
+}
+
+// The causal intervals by the walk, after the sort (ranks in s); the prefix bitmaps go where
+// the wavelet's zero counts would (rows * (spans - 1) * words words, less than its
+// levels * (n + 1)).
+cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch& wv, int64_t w, int Sq,
+                           int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
+                           cudaStream_t stream, bool overlap) {
+  const int rows = in.B * in.Hk;
+  const WalkShape sh = walk_shape(in, device_limits().sms);
+  if (sh.spans > kWalkMaxSpans || int64_t(sh.spans - 1) * sh.words > int64_t(wv.levels) * in.Sk)
+    return cudaErrorInvalidValue;  // never: at most 16 spans of Sk / 32 words
+  auto* prefix = reinterpret_cast<uint32_t*>(wv.rank0);
+  const size_t bitmap_bytes = size_t(sh.words) * 4;
+  if (sh.spans > 1) {
+    if (const cudaError_t err = launch_kernel(overlap, walk_span_bits_kernel, dim3(rows, sh.spans - 1), kWalkThreads,
+                                              bitmap_bytes, stream, in.Sk, sh, s.idx_out, prefix);
+        err != cudaSuccess)
+      return err;
+    if (const cudaError_t err =
+            launch_kernel(overlap, walk_prefix_or_kernel, dim3(rows, (sh.words + kWalkThreads - 1) / kWalkThreads),
+                          kWalkThreads, 0, stream, sh, prefix);
+        err != cudaSuccess)
+      return err;
+  }
+  return launch_kernel(overlap, walk_intervals_kernel, dim3(rows, (in.Sk + sh.piece - 1) / sh.piece), kWalkThreads,
+                       bitmap_bytes, stream, in, sh, s.keys_out, s.idx_out, prefix, w, Sq, begin, bs[0], bs[1], bs[2],
+                       end, es[0], es[1], es[2]);
+}
+
 }  // namespace
 
 cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, int64_t w, int Sq,
                              int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
                              cudaStream_t stream, bool overlap) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
-  if (const cudaError_t err = rank_rows(in, s, wv, select_path(in), stream); err != cudaSuccess) return err;
+  if (wv && walk_applies(in)) {  // the sort alone, then the walk
+    if (const cudaError_t err = rank_rows(in, s, nullptr, select_path(in, true), stream); err != cudaSuccess)
+      return err;
+    return walk_intervals(in, s, *wv, w, Sq, begin, bs, end, es, stream, overlap);
+  }
+  if (const cudaError_t err = rank_rows(in, s, wv, select_path(in, wv == nullptr), stream); err != cudaSuccess)
+    return err;
   if (wv)
     return launch_kernel(overlap, causal_intervals_kernel, grid_for(n, 256), 256, 0, stream, in, s.keys_out, s.idx_out,
                          wv->rank0, wv->levels, w, Sq, begin, bs[0], bs[1], bs[2], end, es[0], es[1], es[2]);
