@@ -164,11 +164,11 @@ __global__ void __launch_bounds__(kWalkThreads)
   const int64_t base = int64_t(row) * Sk;
   const IntervalRow r = interval_row(in, b, Sq);  // a packed sequence's own Sq and offset
   // x < 0: kept to the end.
-  auto write = [&](int t, int j, int x) {
+  auto write = [&](int t, int j, bool exists, int x) {
     const int64_t at_b = interval_at(in, r, b, hk, j, b0, b1, b2), at_e = interval_at(in, r, b, hk, j, e0, e1, e2);
     if (at_b < 0) return;  // past a packed sequence's keys
     int64_t lo = 0, hi = 0;
-    if (rank_key_exists(keys[base + t], in.index_bits)) {  // padded keys rank last and are never kept
+    if (exists) {  // padded keys rank last and are never kept
       lo = j - r.offset > 0 ? j - r.offset : 0;
       hi = r.Sq;
       if (x >= 0) hi = x - r.offset < r.Sq ? x - r.offset : r.Sq;
@@ -177,18 +177,45 @@ __global__ void __launch_bounds__(kWalkThreads)
     begin[at_b] = int32_t(lo);
     end[at_e] = int32_t(hi);
   };
-  for (int t = t0 + threadIdx.x; t < walk0; t += kWalkThreads) write(t, idx_out[base + t], -1);
+  for (int t = t0 + threadIdx.x; t < walk0; t += kWalkThreads)
+    write(t, idx_out[base + t], rank_key_exists(keys[base + t], in.index_bits), -1);
   if (walk0 == t_end) return;  // the same for the whole CTA
 
-  // The bitmap of the first walk0 ranked keys: the whole spans before, then the rest.
+  // Every global read the walk needs, at once (the kernel is a chain of latencies): the piece's
+  // keys, a thread each (piece <= kWalkThreads), and the bitmap of the first walk0 ranked keys,
+  // from the prefix of the whole spans before and the keys of this span before walk0, ORed in
+  // by shared-memory atomics in batches of loads.
+  __shared__ int32_t piece_index[kWalkThreads];
+  __shared__ bool piece_exists[kWalkThreads];
+  const int tp = walk0 + threadIdx.x;
+  int my_index = 0;
+  bool my_exists = false;
+  if (tp < t_end) my_index = idx_out[base + tp], my_exists = rank_key_exists(keys[base + tp], in.index_bits);
+  for (int i = threadIdx.x; i < sh.words; i += kWalkThreads) bits[i] = 0u;
+  __syncthreads();
   const int k = walk0 / sh.span;
   const uint32_t* pre = prefix + (int64_t(row) * (sh.spans - 1) + k - 1) * sh.words;
-  for (int i = threadIdx.x; i < sh.words; i += kWalkThreads) bits[i] = k > 0 ? pre[i] : 0u;
-  __syncthreads();
-  for (int t = k * sh.span + threadIdx.x; t < walk0; t += kWalkThreads) {
-    const int j = idx_out[base + t];
-    atomicOr(&bits[j >> 5], 1u << (j & 31));
+  const int32_t* span_index = idx_out + base + int64_t(k) * sh.span;
+  const int n_words = k > 0 ? sh.words : 0, n_items = n_words + walk0 - k * sh.span;
+  constexpr int kBatch = 8;
+  for (int i0 = threadIdx.x; i0 < n_items; i0 += kBatch * kWalkThreads) {
+    uint32_t v[kBatch];
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {
+      const int i = i0 + q * kWalkThreads;
+      v[q] = i < n_words ? pre[i] : i < n_items ? uint32_t(span_index[i - n_words]) : 0u;
+    }
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {
+      const int i = i0 + q * kWalkThreads;
+      if (i < n_words) {
+        if (v[q]) atomicOr(&bits[i], v[q]);
+      } else if (i < n_items) {
+        atomicOr(&bits[v[q] >> 5], 1u << (v[q] & 31));
+      }
+    }
   }
+  if (tp < t_end) piece_index[threadIdx.x] = my_index, piece_exists[threadIdx.x] = my_exists;
   __syncthreads();
 
   // x_walk0: the w-th smallest index among them (walk0 >= w of them). Each thread counts a run
@@ -213,11 +240,12 @@ __global__ void __launch_bounds__(kWalkThreads)
   // One warp walks the piece, 32 keys a step.
   const int lane = threadIdx.x;
   int x = x_first;
-  for (int c = walk0; c < t_end; c += 32) {
-    const int t = c + lane;
-    const int j = t < t_end ? idx_out[base + t] : INT_MAX;
+  for (int c = 0; c < t_end - walk0; c += 32) {  // the same trip count in every lane
+    const int q = c + lane;
+    const bool in_piece = walk0 + q < t_end;
+    const int j = in_piece ? piece_index[q] : INT_MAX;
     const int mine = walk_step(bits, x, j, w, lane);
-    if (t < t_end) write(t, j, mine);
+    if (in_piece) write(walk0 + q, j, piece_exists[q], mine);
   }
 }
 
