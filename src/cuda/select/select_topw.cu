@@ -423,8 +423,10 @@ cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const Wav
                            cudaStream_t stream, bool overlap) {
   const int rows = in.B * in.Hk;
   const WalkShape sh = walk_shape(in, device_limits().sms);
-  if (sh.piece > kWalkThreads || sh.spans > kWalkMaxSpans || int64_t(sh.spans - 1) * sh.words > int64_t(wv.levels) * in.Sk)
-    return cudaErrorInvalidValue;  // never: pieces of at most 256, at most 16 spans of Sk / 32 words
+  // Never true: pieces of at most 256, at most 16 spans of Sk / 32 words.
+  if (sh.piece > kWalkThreads || sh.spans > kWalkMaxSpans ||
+      int64_t(sh.spans - 1) * sh.words > int64_t(wv.levels) * in.Sk)
+    return cudaErrorInvalidValue;
   auto* prefix = reinterpret_cast<uint32_t*>(wv.rank0);
   const size_t bitmap_bytes = size_t(sh.words) * 4;
   if (sh.spans > 1) {

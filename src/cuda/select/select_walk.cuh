@@ -1,13 +1,14 @@
 // Causal interval ends by a walk down the rank order, the alternative to the wavelet matrix
-// (select_topw.cuh) for rows whose bitmap of key indices fits a CTA's shared memory.
+// (select_topw.cuh) for rows of up to kWalkMaxKeys keys (select_topw.cu).
 //
 // Once a row is ranked, key t of the rank order (index j_t) is kept up to x_t, the w-th
 // smallest index among the keys ranked above it. x_t only falls as t grows, and one step is
 // cheap: with S the indices of the first t ranked keys and x_t the w-th smallest of them,
 //   j_t > x_t:  x_{t+1} = x_t,
 //   j_t < x_t:  x_{t+1} = max(j_t, largest index of S below x_t)   (j_t itself if w = 1),
-// so a bitmap of S carries the walk, and a warp takes 32 positions a step (walk_step). For random
-// scores a key falls below x ("hits") with probability about w / t: most steps are one ballot.
+// so a bitmap of S carries the walk, and a warp takes 32 positions a step (walk_step). For
+// random scores a key falls below x ("a hit") with probability about w / t: most steps are one
+// ballot.
 //
 // The row's rank order is cut into pieces, a CTA each. A piece's CTA needs the bitmap of every
 // key ranked before it: it copies the prefix bitmap of the whole spans before it (spans of many
