@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.." || exit 1
 source bench/device_build.sh
 device_build fdma fdma_gpu_tests
 device_gtests "SelectGpu.*:VarlenGpu.EverySelectionPath:VarlenGpu.DynamicMaskAttention:DmaGpu.Causal*" \
-  "SelectGpu.CausalMatchesTheCpuExactly:SelectGpu.SignedZerosTieByIndex"
+  "SelectGpu.CausalMatchesTheCpuExactly:SelectGpu.SignedZerosTieByIndex:SelectGpu.WalkEveryKeyHitsSmall"
 python3 bench/bench_select.py --seqlens "${SELECT_SEQLENS:-4096,16384,32768,131072}" --rows 1,4,64 \
   >"$OUT/select.log" 2>&1 || tail -5 "$OUT/select.log"
 python3 bench/bench_switches.py --configs default,wavelet --seqlens "${SEQLENS:-16384,32768,131072}" --rounds 3 \

@@ -309,6 +309,19 @@ TEST(SelectGpu, SixteenCtaClustersMatchTheCpu) {
   }
 }
 
+// A small case of the above for compute-sanitizer: scores rising with the index (32 hits a
+// step, the bitmap searched over several rounds of words) over rows of one and of sixteen spans.
+TEST(SelectGpu, WalkEveryKeyHitsSmall) {
+  REQUIRE_GPU();
+  const ScopedEnv ends("FDMA_SELECT_ENDS");
+  ends.set("walk");
+  for (int64_t Sk : {int64_t(300), int64_t(9000)}) {
+    HostTensor scores(DType::f32, {2, 3, Sk});
+    for (int64_t i = 0; i < scores.numel(); ++i) scores.set(i, double(i % Sk));
+    for (int64_t w : {int64_t(1), int64_t(40), int64_t(1000)}) run_gpu_select(scores, nullptr, Sk, w, true);
+  }
+}
+
 TEST(DmaGpu, AllKeysPaddedGivesZeros) {
   REQUIRE_GPU();
   DmaCase c;
