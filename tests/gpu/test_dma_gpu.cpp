@@ -282,7 +282,6 @@ TEST(SelectGpu, WalkMatchesTheCpuOnOrderedScores) {
           if (order == 2) scores.set(i, double((j / 100) % 7) + 1e-3 * double(j % 100));
         }
         for (int64_t w : {int64_t(1), int64_t(2), int64_t(63), int64_t(64), int64_t(1000), Sk - 1, Sk + 1}) {
-          if (w < 1) continue;
           run_gpu_select(scores, nullptr, Sk, w, true);
           run_gpu_select(scores, nullptr, std::max<int64_t>(1, Sk / 3), w, true);  // Sq < Sk
         }

@@ -72,6 +72,18 @@ __device__ __forceinline__ int64_t interval_at(const TopwInputs& in, const Inter
   return j < r.keys ? hk * s1 + int64_t(r.key_start + j) * s2 : -1;
 }
 
+// Key j's causal interval given x, the w-th smallest index ranked above it (x < 0: none, kept
+// to the end): [max(0, j - offset), min(x - offset, Sq)), (0, 0) where empty or padded.
+struct KeyInterval {
+  int32_t begin, end;
+};
+__device__ __forceinline__ KeyInterval causal_interval(const IntervalRow& r, int j, bool exists, int64_t x) {
+  if (!exists) return {0, 0};  // padded keys rank last and are never kept
+  const int64_t lo = j - r.offset > 0 ? j - r.offset : 0;
+  const int64_t hi = x >= 0 && x - r.offset < r.Sq ? x - r.offset : r.Sq;
+  return hi <= lo ? KeyInterval{0, 0} : KeyInterval{int32_t(lo), int32_t(hi)};
+}
+
 // Descending order of these keys: rows in order, then higher scores, then lower indices.
 __device__ __forceinline__ uint64_t rank_key(const TopwInputs& in, int row, uint32_t score, int j) {
   const uint64_t inv_index = (uint64_t(1) << in.index_bits) - 1 - uint64_t(j);

@@ -104,19 +104,12 @@ __global__ void causal_intervals_kernel(TopwInputs in, const uint64_t* keys, con
     const IntervalRow r = interval_row(in, b, Sq);  // a packed sequence's own Sq and offset
     const int64_t at_b = interval_at(in, r, b, hk, j, b0, b1, b2), at_e = interval_at(in, r, b, hk, j, e0, e1, e2);
     if (at_b < 0) continue;  // past a packed sequence's keys
-    const int64_t off = r.offset;
-    int64_t lo = 0, hi = 0;
-    if (rank_key_exists(keys[t], in.index_bits)) {  // padded keys rank last and are never kept
-      lo = j - off > 0 ? j - off : 0;
-      hi = r.Sq;
-      if (rank >= w) {
-        const int64_t x = wavelet_kth(rank0, levels, n, int64_t(row) * in.Sk, in.Sk, rank, int(w - 1));
-        hi = x - off < r.Sq ? x - off : r.Sq;
-      }
-      if (hi <= lo) lo = hi = 0;
-    }
-    begin[at_b] = int32_t(lo);
-    end[at_e] = int32_t(hi);
+    const bool exists = rank_key_exists(keys[t], in.index_bits);
+    const int64_t x =
+        exists && rank >= w ? wavelet_kth(rank0, levels, n, int64_t(row) * in.Sk, in.Sk, rank, int(w - 1)) : -1;
+    const KeyInterval kept = causal_interval(r, j, exists, x);
+    begin[at_b] = kept.begin;
+    end[at_e] = kept.end;
   }
 }
 

@@ -165,21 +165,15 @@ __global__ void __launch_bounds__(kWalkThreads)
   const int64_t base = int64_t(row) * Sk;
   const IntervalRow r = interval_row(in, b, Sq);  // a packed sequence's own Sq and offset
   // x < 0: kept to the end.
-  auto write = [&](int t, int j, bool exists, int x) {
+  auto write = [&](int j, bool exists, int x) {
     const int64_t at_b = interval_at(in, r, b, hk, j, b0, b1, b2), at_e = interval_at(in, r, b, hk, j, e0, e1, e2);
     if (at_b < 0) return;  // past a packed sequence's keys
-    int64_t lo = 0, hi = 0;
-    if (exists) {  // padded keys rank last and are never kept
-      lo = j - r.offset > 0 ? j - r.offset : 0;
-      hi = r.Sq;
-      if (x >= 0) hi = x - r.offset < r.Sq ? x - r.offset : r.Sq;
-      if (hi <= lo) lo = hi = 0;
-    }
-    begin[at_b] = int32_t(lo);
-    end[at_e] = int32_t(hi);
+    const KeyInterval kept = causal_interval(r, j, exists, x);
+    begin[at_b] = kept.begin;
+    end[at_e] = kept.end;
   };
   for (int t = t0 + threadIdx.x; t < walk0; t += kWalkThreads)
-    write(t, idx_out[base + t], rank_key_exists(keys[base + t], in.index_bits), -1);
+    write(idx_out[base + t], rank_key_exists(keys[base + t], in.index_bits), -1);
   if (walk0 == t_end) return;  // the same for the whole CTA
 
   // Every global read the walk needs, at once (the kernel is a chain of latencies): the piece's
@@ -246,7 +240,7 @@ __global__ void __launch_bounds__(kWalkThreads)
     const bool in_piece = walk0 + q < t_end;
     const int j = in_piece ? piece_index[q] : INT_MAX;
     const int mine = walk_step(bits, x, j, w, lane);
-    if (in_piece) write(walk0 + q, j, piece_exists[q], mine);
+    if (in_piece) write(j, piece_exists[q], mine);
   }
 }
 
