@@ -48,6 +48,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default="dense", help="dense and/or per-key (a bias [B, H, 1, S])")
     ap.add_argument("--keys", type=int, default=0, help="Sk, when not S (non-causal only)")
+    ap.add_argument("--systems", default="", help="time only these columns (comma-separated: "
+                    "ws, cpasync, flash, cudnn); default all")
     args = ap.parse_args()
     dev, B, H = torch.device("cuda"), args.batch, args.heads
     rows = []
@@ -77,13 +79,16 @@ def main():
                 if bias is None:
                     systems.update({"SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
                                     "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)})
+                short = {"ws": "flash-dma ws", "cpasync": "flash-dma cp.async", "flash": "SDPA flash",
+                         "cudnn": "SDPA cuDNN"}
+                timed = [short[x] for x in args.systems.split(",") if short[x] in systems] if args.systems else list(systems)
                 with torch.no_grad():
                     # the reference: SDPA flash, or with a bias the cp.async kernel
                     ref = (systems["SDPA flash"]().transpose(1, 2) if bias is None else
                            systems["flash-dma cp.async"]()).float()
                     errs = {n: (systems[n]().float() - ref).abs().max().item() for n in ("flash-dma ws", "flash-dma cp.async")}
-                    times = {n: [] for n in systems}
-                    names = list(systems)
+                    names = [n for n in systems if n in timed]
+                    times = {n: [] for n in names}
                     for r in range(args.rounds):
                         for n in names[r % len(names):] + names[:r % len(names)]:
                             times[n].append(median_ms(systems[n], warmup=2, iters=10))

@@ -525,7 +525,7 @@ struct DevicePlace {
 
 // The warp-specialized forward (attention_fwd_ws.cuh; calls without a mask at D 64, 128 and
 // 256 on Hopper) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend: ragged
-// and multi-stage key walks, causal with more and fewer keys than queries (whole query tiles
+// and multi-stage key walks, key counts that fill whole wide tiles (352 = 2 x 176, 384 = 2 x 192), causal with more and fewer keys than queries (whole query tiles
 // that see no key), GQA, softcap, both dtypes, the strided layouts the copy engine describes,
 // and per-key biases ([B or 1, H or Hk or 1, 1, Sk], q's dtype or fp32, expanded or not).
 TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
@@ -535,7 +535,8 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
   for (const char* on : {"1", "0"}) {
     SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
     ws.set(on);
-    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {127, 129}, {300, 100}, {200, 700}, {640, 1100}})
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {127, 129}, {300, 100}, {200, 700}, {640, 1100}, {400, 352},
+                          {200, 384}})
       for (int64_t D : {64, 128, 256})
         for (bool causal : {false, true}) {
           AttnCase c = base(Sq, Sk, 6, 2, D, causal, D == 128 ? DType::bf16 : DType::f16, seed++);

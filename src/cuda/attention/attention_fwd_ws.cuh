@@ -53,13 +53,21 @@ struct FwdTensorMaps {
   CUtensorMap q, k, v, bias;
 };
 
+// Keys per tile: 128 for gathered calls (their lists' tiles); for dense calls 192 at D = 64,
+// 176 at D = 128 and 80 at D = 256 (O takes 128 registers a thread there): the widest S the
+// consumers' registers hold, which spreads a step's fixed costs (the turn barriers, the row
+// maxima's shuffles, O's rescale) over the most keys (docs/performance.md, "attention forward").
+constexpr int fwd_ws_key_tile(int head_dim, bool gather) {
+  return gather ? 128 : head_dim == 64 ? 192 : head_dim == 128 ? 176 : 80;
+}
+
 // The CTA's shape and shared memory: Q, then kStages K buffers, kStages V buffers (each
 // 1024-byte aligned for the swizzle), per stage the gathered keys' KeyInfo records (gathered
 // calls) or the key tile's bias row (dense calls), then the mbarriers.
-template <class T, int kHeadDim, bool kGather>
+template <class T, int kHeadDim, bool kGather, int kKeyTile = fwd_ws_key_tile(kHeadDim, kGather)>
 struct FwdWsShape {
   static_assert(kHeadDim <= 128 || !kGather, "gathered calls: D = 64 and 128 (lists of 128-row query tiles)");
-  using Mma = FwdMmaSm90<T, kHeadDim, kHeadDim == 256 ? 64 : 128>;
+  using Mma = FwdMmaSm90<T, kHeadDim, kKeyTile>;
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows
@@ -70,8 +78,8 @@ struct FwdWsShape {
   static constexpr int kProducerRegs = kGather ? 40 : 24, kConsumerRegs = kGather ? 232 : 240;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the register file holds the split");
   static constexpr int kColBlocks = kHeadDim / 64;  // TMA copies per tile: one per 128-byte column block
-  static constexpr int kInfoBytes = kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4;  // fp32 bias at most
-  static_assert(kInfoBytes % 128 == 0, "the copy engine writes bias rows to 128-byte aligned addresses");
+  // fp32 bias at most; 128-byte aligned stages: the copy engine writes bias rows there.
+  static constexpr int kInfoBytes = (kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4 + 127) / 128 * 128;
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
   static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;

@@ -132,10 +132,24 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
 #define FDMA_WG_D16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define FDMA_WG_D32 \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define FDMA_WG_D40 \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
+  "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}"
+
 #define FDMA_WG_D64                                                                                                \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
   "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,"   \
   "%57,%58,%59,%60,%61,%62,%63}"
+
+#define FDMA_WG_D88 \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
+  "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59," \
+  "%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}"
+
+#define FDMA_WG_D96 \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
+  "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59," \
+  "%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}"
 
 #define FDMA_WG_D128 \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
@@ -174,7 +188,12 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
 #if FDMA_SM90_ENABLED
 #define FDMA_WG_ACC16(d) FDMA_WG_ACC4(d, 0), FDMA_WG_ACC4(d, 1), FDMA_WG_ACC4(d, 2), FDMA_WG_ACC4(d, 3)
 #define FDMA_WG_ACC32(d) FDMA_WG_ACC8X4(d, 0)
+#define FDMA_WG_ACC40(d) FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC4(d, 8), FDMA_WG_ACC4(d, 9)
 #define FDMA_WG_ACC64(d) FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC8X4(d, 8)
+#define FDMA_WG_ACC88(d)                                                                                    \
+  FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC8X4(d, 8), FDMA_WG_ACC4(d, 16), FDMA_WG_ACC4(d, 17), FDMA_WG_ACC4(d, 18), \
+      FDMA_WG_ACC4(d, 19), FDMA_WG_ACC4(d, 20), FDMA_WG_ACC4(d, 21)
+#define FDMA_WG_ACC96(d) FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC8X4(d, 8), FDMA_WG_ACC8X4(d, 16)
 #define FDMA_WG_ACC128(d) FDMA_WG_ACC8X4(d, 0), FDMA_WG_ACC8X4(d, 8), FDMA_WG_ACC8X4(d, 16), FDMA_WG_ACC8X4(d, 24)
 FDMA_WG_SS(__nv_bfloat16, "bf16", 32, FDMA_WG_D16, 16, 17, 18, FDMA_WG_ACC16(d))
 FDMA_WG_SS(__half, "f16", 32, FDMA_WG_D16, 16, 17, 18, FDMA_WG_ACC16(d))
@@ -182,6 +201,14 @@ FDMA_WG_SS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
 FDMA_WG_SS(__half, "f16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
+// S = Q K^T over 176-key tiles (the warp-specialized forward's dense non-causal calls at D 128)
+FDMA_WG_SS(__nv_bfloat16, "bf16", 176, FDMA_WG_D88, 88, 89, 90, FDMA_WG_ACC88(d))
+FDMA_WG_SS(__half, "f16", 176, FDMA_WG_D88, 88, 89, 90, FDMA_WG_ACC88(d))
+// and over 80-key tiles (at D 256) and 192-key tiles (at D 64).
+FDMA_WG_SS(__nv_bfloat16, "bf16", 80, FDMA_WG_D40, 40, 41, 42, FDMA_WG_ACC40(d))
+FDMA_WG_SS(__half, "f16", 80, FDMA_WG_D40, 40, 41, 42, FDMA_WG_ACC40(d))
+FDMA_WG_SS(__nv_bfloat16, "bf16", 192, FDMA_WG_D96, 96, 97, 98, FDMA_WG_ACC96(d))
+FDMA_WG_SS(__half, "f16", 192, FDMA_WG_D96, 96, 97, 98, FDMA_WG_ACC96(d))
 // dQ = dS K in the fused backward (dS written to shared memory, K read as N-major).
 FDMA_WG_SS_N(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS_N(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
@@ -194,7 +221,10 @@ FDMA_WG_RS(__nv_bfloat16, "bf16", 256, FDMA_WG_D128, 128, 129, 130, 131, 132, 13
 FDMA_WG_RS(__half, "f16", 256, FDMA_WG_D128, 128, 129, 130, 131, 132, 133, FDMA_WG_ACC128(d))
 #undef FDMA_WG_ACC16
 #undef FDMA_WG_ACC32
+#undef FDMA_WG_ACC40
 #undef FDMA_WG_ACC64
+#undef FDMA_WG_ACC88
+#undef FDMA_WG_ACC96
 #undef FDMA_WG_ACC128
 #else
 // Other targets never run these (dispatch checks the device); they compile to a trap.
