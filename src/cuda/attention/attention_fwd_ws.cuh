@@ -3,8 +3,8 @@
 // 64, 128 and 256, and the gathered forward of dynamic-mask mode (key lists,
 // attention_fwd_params.hpp) at D = 64 and 128.
 //
-// Three warp groups per CTA of 128 query rows, key tiles of 128 keys (64 at D = 256, where O
-// takes 128 registers a thread). The producer group gives most of its registers away
+// Three warp groups per CTA of 128 query rows; key tiles of 128 keys for gathered calls and
+// wider ones for dense calls (fwd_ws_key_tile). The producer group gives most of its registers away
 // (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier the
 // copies complete and an "empty" one the consumers arrive on. Dense calls: one thread issues
 // every copy with the bulk tensor copy engine (TMA), a key tile's bias row with its K.

@@ -16,8 +16,8 @@
 
 namespace fdma::cuda {
 
-// kKeyTile: keys per tile, 128; 64 at D = 256 (the warp-specialized forward's dense calls
-// only), where O alone takes 128 registers a thread.
+// kKeyTile: keys per tile, 128; the warp-specialized forward's dense calls take wider ones
+// (fwd_ws_key_tile: 192, 176, 80 at D = 64, 128, 256, where O alone takes 128 registers a thread).
 template <class T, int kHeadDim, int kKeyTile = 128>
 struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "wgmma forward tiles: D = 64, 128 or 256");
