@@ -5,7 +5,7 @@ bias [B, H, 1, S] too. Each round times every system once per problem, the order
 rotated each round; the table gives medians over rounds of per-round medians of CUDA events.
 
 Usage: python3 bench/bench_fwd_ws.py [--seqlens 8192,16384] [--headdims 64,128] [--rounds 3]
-                                     [--cases dense,per-key] [--keys 2176]
+                                     [--cases dense,per-key] [--keys 2176] [--systems ws,cudnn]
 bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*Sk*D / t, halved for causal. --keys: Sk keys
 against S queries, non-causal only (short rows: each CTA walks few key tiles, as in the
 dynamic-mask forward, whose query tiles list about w + 128 keys). Also checks each
@@ -81,7 +81,8 @@ def main():
                                     "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)})
                 short = {"ws": "flash-dma ws", "cpasync": "flash-dma cp.async", "flash": "SDPA flash",
                          "cudnn": "SDPA cuDNN"}
-                timed = [short[x] for x in args.systems.split(",") if short[x] in systems] if args.systems else list(systems)
+                timed = ([short[x] for x in args.systems.split(",") if short[x] in systems] if args.systems
+                         else list(systems))
                 with torch.no_grad():
                     # the reference: SDPA flash, or with a bias the cp.async kernel
                     ref = (systems["SDPA flash"]().transpose(1, 2) if bias is None else

@@ -524,10 +524,12 @@ struct DevicePlace {
 }  // namespace
 
 // The warp-specialized forward (attention_fwd_ws.cuh; calls without a mask at D 64, 128 and
-// 256 on Hopper) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend: ragged
-// and multi-stage key walks, key counts that fill whole wide tiles (352 = 2 x 176, 384 = 2 x 192), causal with more and fewer keys than queries (whole query tiles
-// that see no key), GQA, softcap, both dtypes, the strided layouts the copy engine describes,
-// and per-key biases ([B or 1, H or Hk or 1, 1, Sk], q's dtype or fp32, expanded or not).
+// 256 on Hopper) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend:
+// ragged and multi-stage key walks, key counts that fill whole key tiles (352 = 2 x 176 at
+// D 128, 384 = 2 x 192 at D 64), causal with more and fewer keys than queries (whole query
+// tiles that see no key), GQA, softcap, both dtypes, the strided layouts the copy engine
+// describes, and per-key biases ([B or 1, H or Hk or 1, 1, Sk], q's dtype or fp32, expanded or
+// not).
 TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_FWD_WS");

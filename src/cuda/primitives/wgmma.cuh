@@ -135,7 +135,6 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[N / 8][4], const uint3
 #define FDMA_WG_D40 \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
   "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}"
-
 #define FDMA_WG_D64                                                                                                \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
   "%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,"   \
@@ -201,10 +200,10 @@ FDMA_WG_SS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
 FDMA_WG_SS(__half, "f16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
-// S = Q K^T over 176-key tiles (the warp-specialized forward's dense non-causal calls at D 128)
+// S = Q K^T over the warp-specialized forward's dense key tiles: 176 keys at D 128, 80 at
+// D 256, 192 at D 64.
 FDMA_WG_SS(__nv_bfloat16, "bf16", 176, FDMA_WG_D88, 88, 89, 90, FDMA_WG_ACC88(d))
 FDMA_WG_SS(__half, "f16", 176, FDMA_WG_D88, 88, 89, 90, FDMA_WG_ACC88(d))
-// and over 80-key tiles (at D 256) and 192-key tiles (at D 64).
 FDMA_WG_SS(__nv_bfloat16, "bf16", 80, FDMA_WG_D40, 40, 41, 42, FDMA_WG_ACC40(d))
 FDMA_WG_SS(__half, "f16", 80, FDMA_WG_D40, 40, 41, 42, FDMA_WG_ACC40(d))
 FDMA_WG_SS(__nv_bfloat16, "bf16", 192, FDMA_WG_D96, 96, 97, 98, FDMA_WG_ACC96(d))
