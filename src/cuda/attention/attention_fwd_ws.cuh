@@ -4,8 +4,8 @@
 // attention_fwd_params.hpp) at D = 64 and 128.
 //
 // Three warp groups per CTA of 128 query rows; key tiles of 128 keys for gathered calls and
-// wider ones for dense calls (fwd_ws_key_tile). The producer group gives most of its registers away
-// (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier the
+// wider ones for dense calls (fwd_ws_key_tile). The producer group gives most of its registers
+// away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier the
 // copies complete and an "empty" one the consumers arrive on. Dense calls: one thread issues
 // every copy with the bulk tensor copy engine (TMA), a key tile's bias row with its K.
 // Gathered calls: the group's 128 threads gather the listed keys' rows (and their KeyInfo
@@ -78,8 +78,10 @@ struct FwdWsShape {
   static constexpr int kProducerRegs = kGather ? 40 : 24, kConsumerRegs = kGather ? 232 : 240;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the register file holds the split");
   static constexpr int kColBlocks = kHeadDim / 64;  // TMA copies per tile: one per 128-byte column block
-  // fp32 bias at most; 128-byte aligned stages: the copy engine writes bias rows there.
-  static constexpr int kInfoBytes = (kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4 + 127) / 128 * 128;
+  // A stage's KeyInfo records or bias row (fp32 at most), padded to 128 bytes: the copy engine
+  // writes bias rows to 128-byte aligned addresses.
+  static constexpr int kInfoUsed = kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4;
+  static constexpr int kInfoBytes = (kInfoUsed + 127) / 128 * 128;
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
   static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;
