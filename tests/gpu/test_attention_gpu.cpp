@@ -564,7 +564,7 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
 // The warp-specialized backward (attention_bwd_ws.cuh; non-deterministic calls without a mask
 // at D 64 and 128 on Hopper, no bias or a per-key one) and the dk/dv kernel's fused dq (FDMA_BWD_WS=0), each against the
 // CPU backend: key counts that leave a CTA's second group partly or wholly past the end, query
-// tails, causal with more and fewer keys than queries (key groups that no query sees), GQA and
+// tails (of 64- and, at D 64, 128-query steps) and whole steps, causal with more and fewer keys than queries (key groups that no query sees), GQA and
 // MQA, softcap, both dtypes, the strided layouts the copy engine describes, and per-key biases
 // with their dbias.
 TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
@@ -574,7 +574,7 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
   for (const char* on : {"1", "0"}) {
     SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
     ws.set(on);
-    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {64, 128}, {127, 129}, {300, 100}, {200, 700}, {517, 333}})
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {64, 128}, {127, 129}, {300, 100}, {200, 700}, {517, 333}, {256, 384}})
       for (int variant = 0; variant < 4; ++variant) {
         const bool causal = variant % 2 == 1;
         const int64_t D = variant < 2 ? 128 : 64;

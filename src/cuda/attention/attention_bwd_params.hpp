@@ -13,6 +13,8 @@ namespace fdma::cuda {
 // serves both; the dq kernel walks keys 32 at a time above D = 128 to stay inside registers,
 // and the dk/dv kernel writes its output columns in chunks of at most 128.
 constexpr int kBwdBlockM = 64, kBwdBlockN = 64;
+// The dense backward's row padding: the warp-specialized kernel's 128-query steps at D = 64.
+constexpr int kBwdRowPad = 128;
 constexpr int bwd_dq_block_n(int head_dim) { return head_dim > 128 ? 32 : 64; }
 constexpr int bwd_dkdv_block_m(int head_dim) { return head_dim > 64 ? 32 : 64; }
 constexpr int bwd_dkdv_chunk(int head_dim) { return head_dim <= 128 ? head_dim : head_dim / 2; }
@@ -68,6 +70,8 @@ struct AttentionBwdParams {
   // [B, H, Sq_pad] each: rowsum(dO * O), and lse * log2(e) with -inf (a row that sees
   // nothing) replaced by +inf so that every probability of that row comes out 0.
   float *delta, *lse2;  // written by the prepare kernel, read by dq and dk/dv
+  // Sq rounded up to kBwdRowPad (dense calls) or kBwdBlockM (gathered ones, whose steps are 64
+  // queries): every step's rows exist.
   int Sq_pad;
   // dbias: owner, its tensor, and the fp32 reduction slots [slots][numel] (dense, in the
   // bias's declared shape) when the owner cannot write it directly.

@@ -4,17 +4,18 @@
 // k, v and dout the copy engine can read.
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
-// 64-row query tiles, as the dk/dv kernel does, but with three warp groups:
+// query tiles (steps of 128 rows at D = 64, 64 otherwise), as the dk/dv kernel does, but with
+// three warp groups:
 //   producer  gives most of its registers away (setmaxnreg); one thread loads K and V once,
 //             then each step's Q, dO (tensor copies) and lse2, delta (bulk copies) into a ring
 //             of kStages buffers, each with a "full" mbarrier the copies complete and an
 //             "empty" one every consumer thread arrives on;
 //   consumers two groups of 64 keys each, sharing every step's Q and dO: S^T and dP^T, the
 //             scores' gradients, dv += P^T dO and dk += dS^T Q for their own keys; each stores
-//             its dS half into the step's [64 queries][128 keys] tile. At D = 128, after one
-//             barrier of both groups, each computes dq's 64 columns of its own over all 128
-//             keys; at D = 64 (one 64-column block) each computes dS K over its own 64 keys.
-//             Each adds its block into dq_acc with two bulk reductions.
+//             its dS half into the step's [queries][128 keys] tile. After one barrier of both
+//             groups, each computes one 64 x 64 block of dq over all 128 keys: its own 64
+//             columns at D = 128, its own 64 of the step's 128 rows at D = 64. Each adds its
+//             block into dq_acc with two bulk reductions.
 // Against the dk/dv kernel's 64-key CTAs (attention_bwd_dkdv.cuh): each Q and dO tile is read
 // once per 128 keys instead of once per 64, at D = 128 dq's reductions into the temporary are
 // halved, and no consumer thread issues a load.
@@ -29,7 +30,8 @@
 // gather their keys' K and V rows (cp.async) at each item's start. One producer thread hands
 // the items out through two slots, each with a full and an empty mbarrier, and runs ahead into
 // the next item's copies; its step count and the stage barriers' phases run on across items.
-// Scores outside a key's interval are -inf. Every item adds its dk, dv and dscores into fp32
+// Scores outside a key's interval are -inf. Steps are 64 queries (the plan's tiles); at D = 64
+// each group computes dS K over its own keys. Every item adds its dk, dv and dscores into fp32
 // rows (red.global.add) that dkdv_split_sum writes out; no dq kernel runs: five matmuls, not seven.
 #pragma once
 
@@ -49,13 +51,13 @@
 
 namespace fdma::cuda {
 
-// Copy-engine descriptors of q, dout (boxes of 64 columns by 64 rows of one head) and k, v
+// Copy-engine descriptors of q, dout (boxes of 64 columns by a step's rows of one head) and k, v
 // (the same boxes: one per consumer group's 64 keys and column block; unused when gathered).
 struct BwdTensorMaps {
   CUtensorMap q, dout, k, v;
 };
 
-// Shared memory: K and V as one 64-key tile per consumer group; per stage Q, dO and the 64
+// Shared memory: K and V as one 64-key tile per consumer group; per stage Q, dO and the step's
 // rows' lse2 and delta; two dS tiles (steps alternate); per consumer group the staging of its
 // dq block (two dq_acc tiles); gathered, two slots for the item being handed out; then the
 // mbarriers. Every tile 1024-byte aligned (the swizzle).
@@ -63,18 +65,25 @@ template <class T, int kHeadDim, bool kGather = false>
 struct BwdWsShape {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the warp-specialized backward: D = 64 or 128");
   using Mma = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
-  static constexpr int kBlockM = 64, kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers;
+  // Queries a step: 128 for dense calls at D = 64, where a step's fixed costs (the barriers, the
+  // dq staging and its reductions) would otherwise weigh as much as its matmuls; 64 elsewhere
+  // (D = 128 leaves no registers for wider S^T and dP^T; gathered items walk 64-query tiles).
+  static constexpr int kBlockM = kHeadDim == 64 && !kGather ? 128 : 64;
+  static constexpr int kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers;
   static constexpr int kStages = 2;
-  // Whether dq's column blocks are split between the groups (each over all 128 keys) or, with
-  // one block, the keys (each group its own 64).
-  static constexpr bool kSplitColumns = kHeadDim / 64 == kConsumers;
+  // How the groups share dq = dS K, each one 64 x 64 block a step: split by column blocks (D =
+  // 128) or by 64-row halves of the step (128-query steps), each over all 128 keys; or, with
+  // one block of each, by keys (each group over its own 64).
+  static constexpr bool kSplitColumns = kHeadDim / 64 == kConsumers, kSplitRows = kBlockM / 64 == kConsumers;
+  static constexpr bool kDqOverBothGroups = kSplitColumns || kSplitRows;
+  static_assert(!(kSplitColumns && kSplitRows), "one 64 x 64 dq block per group and step");
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // 24 x 128 + 240 x 256 registers fit the SM's 64 K (168 a thread at launch); gathered, the
   // producer's item hand-out spilled at 24: 40 x 128 + 232 x 256.
   static constexpr int kProducerRegs = kGather ? 40 : 24, kConsumerRegs = kGather ? 232 : 240;
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kKeyTile = Mma::tile_bytes(kGroupKeys), kQTile = Mma::tile_bytes(kBlockM);
-  static constexpr int kDsTile = kBlockM * kBlockN * 2;  // [64 queries][128 keys], a 64-key block per group
+  static constexpr int kDsTile = kBlockM * kBlockN * 2;  // [queries][128 keys], a 64-key block per group
   static constexpr int kStageTile = 2 * kDqAccTileBytes;
   static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;  // the step's lse2 then delta
   static constexpr int kK = 0, kV = kK + kConsumers * kKeyTile, kQ = kV + kConsumers * kKeyTile;
@@ -122,9 +131,9 @@ struct BwdWsWalk {
   __device__ int head(const AttentionFwdParams& f, int i) const {
     return hk * f.G + (kGather ? by_group.mod(i) : i / n_q);
   }
-  template <bool kGather>
+  template <bool kGather, int kRows>
   __device__ int q0(int i) const {
-    return q_begin + (kGather ? n_q - 1 - by_group.div(i) : i % n_q) * 64;
+    return q_begin + (kGather ? n_q - 1 - by_group.div(i) : i % n_q) * kRows;
   }
 };
 
@@ -153,7 +162,7 @@ __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, 
   constexpr int kQBlock = Shape::kBlockM * wgmma::kSwizzleRowBytes;
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
     const int j = j0 + i - walk.it_begin, s = j % Shape::kStages;
-    const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather>(i);
+    const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather, Shape::kBlockM>(i);
     const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
     mbar::wait(Shape::empty(base, s), free_parity);
     mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes);
@@ -213,13 +222,13 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
   float kb[2] = {0.f, 0.f};
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
     const int j = j0 + i - walk.it_begin, s = j % Shape::kStages;
-    const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather>(i);
+    const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather, Shape::kBlockM>(i);
     const uint32_t q_tile = Shape::q_tile(base, s), do_tile = Shape::do_tile(base, s);
     const bool head_starts = !kGather && i % walk.n_q == 0, head_ends = !kGather && i % walk.n_q == walk.n_q - 1;
     if (key_bias && head_starts)
       kb[0] = key_bias_at<T>(f, walk.b, h, keys[0]), kb[1] = key_bias_at<T>(f, walk.b, h, keys[1]);
     mbar::wait(Shape::full(base, s), (j / Shape::kStages) & 1);
-    // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the 64 queries.
+    // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the step's queries.
     float st[kNq][4], dpt[kNq][4];
     Mma::template a_bt_pair<Shape::kGroupKeys, kBM>(st, k_tile, q_tile, dpt, v_tile, do_tile, warp, lane);
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s));
@@ -256,17 +265,20 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
     uint32_t p_frag[kNq / 2][4], ds_frag[kNq / 2][4];
     Mma::template issue_regs_b_pair<kBM>(dv, st, do_tile, p_frag, dk, dpt, q_tile, ds_frag, 0);
 
-    // dq's columns [64 group, +64) over the 128 keys, once both groups' dS is stored (D = 128),
-    // or dS K over the group's own keys (D = 64); staged in the group's own tiles, whose
-    // previous reductions its first thread has seen read out. (Two dS tiles: a group writes
-    // step j + 2's over step j's only after passing step j + 1's barrier, which the other group
-    // reaches after its dq of step j.)
+    // dq's block of this group over the 128 keys, once both groups' dS is stored: columns
+    // [64 group, +64) (D = 128) or query rows [64 group, +64) (128-query steps); or dS K over
+    // the group's own keys (gathered, D = 64). Staged in the group's own tiles, whose previous
+    // reductions its first thread has seen read out. (Two dS tiles: a group writes step j +
+    // 2's over step j's only after passing step j + 1's barrier, which the other group reaches
+    // after its dq of step j.)
     if (tid == 0) tma::bulk_wait_group_read<0>();
     wgmma::fence_proxy_async_smem();  // the dS stores, before the wgmmas read them
     float acc[8][4];
-    if constexpr (Shape::kSplitColumns) {
+    if constexpr (Shape::kDqOverBothGroups) {
       ptx::named_barrier_sync<1, 2 * kBwdThreads>();
-      Mma::template issue_ds_times_k<Shape::kConsumers>(acc, ptx::smem_addr(ds), Shape::k_tile(base, 0), group);
+      const int rows = Shape::kSplitRows ? group * 64 : 0, block = Shape::kSplitColumns ? group : 0;
+      Mma::template issue_ds_times_k<Shape::kConsumers, kBM>(acc, ptx::smem_addr(ds + rows * wgmma::kSwizzleRowBytes),
+                                                             Shape::k_tile(base, 0), block);
     } else {
       sync_group();
       Mma::issue_ds_times_k(acc, ptx::smem_addr(ds + group * kBM * wgmma::kSwizzleRowBytes), k_tile, 0);
@@ -284,8 +296,9 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
     sync_group();
     if (tid == 0) {
       constexpr int kBlocks = kHeadDim / kDqAccTileCols;
+      const int row0 = q0 + (Shape::kSplitRows ? group * 64 : 0);
       const int64_t tile0 =
-          ((int64_t(walk.b) * f.H + h) * (p.Sq_pad / kDqAccTileRows) + q0 / kDqAccTileRows) * kBlocks;
+          ((int64_t(walk.b) * f.H + h) * (p.Sq_pad / kDqAccTileRows) + row0 / kDqAccTileRows) * kBlocks;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
         tma::reduce_add_f32(p.dq_acc + (tile0 + half * kBlocks + (Shape::kSplitColumns ? group : 0)) *
@@ -504,11 +517,13 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
                    p.dbias_owner != DbiasOwner::none
              : (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
     return false;
+  // 128-query steps read lse2 and delta up to Sq_pad rounded to 128 (attention_cuda.cu pads so).
+  if (!gather && p.Sq_pad % BwdWsShape<T, kHeadDim, false>::kBlockM != 0) return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   using Shape = BwdWsShape<T, kHeadDim>;
-  constexpr int kRows = Shape::kBlockM;
-  if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, kRows) ||
-      !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, kRows))
+  const int rows = gather ? BwdWsShape<T, kHeadDim, true>::kBlockM : Shape::kBlockM;  // a step's Q and dO box
+  if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, rows) ||
+      !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, rows))
     return false;
   return gather || (encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, Shape::kGroupKeys) &&
                     encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, Shape::kGroupKeys));

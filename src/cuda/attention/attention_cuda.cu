@@ -128,7 +128,7 @@ BwdPlan plan_backward(const detail::AttentionProblem& prob) {
   const detail::Dims& d = prob.dims;
   const detail::Broadcast& bias = prob.bias;
   BwdPlan plan;
-  plan.Sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
+  plan.Sq_pad = (d.Sq + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
   if (prob.mask.present) plan.grid = mask_tile_grid(prob.mask, d.Sq, d.Sk, kBwdBlockM, kBwdBlockN);
   if (prob.has_dbias) {
     plan.numel = bias.size[0] * bias.size[1] * bias.size[2] * bias.size[3];
@@ -146,7 +146,7 @@ BwdPlan plan_backward(const detail::AttentionProblem& prob) {
       plan.rows_heads = bias.head_mode == detail::Broadcast::shared ? int(d.H)
                         : bias.head_mode == detail::Broadcast::per_kv_head ? int(d.G()) : 1;
       plan.use_acc = k_reduced || plan.rows_batches * plan.rows_heads > 1;
-      plan.slots = q_reduced ? int(plan.Sq_pad / kBwdBlockM) : 1;
+      plan.slots = q_reduced ? int((d.Sq + kBwdBlockM - 1) / kBwdBlockM) : 1;  // one per dq kernel query tile
     }
   }
   const size_t rows = size_t(d.B * d.H * plan.Sq_pad) * sizeof(float);

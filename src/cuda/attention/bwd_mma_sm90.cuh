@@ -143,18 +143,18 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
         ptx::st_shared_f32x2(out + 4 * dq_acc_in_tile(16 * (warp % 2) + g + 8 * hr, nt * 8 + 2 * t), acc[nt][2 * hr],
                              acc[nt][2 * hr + 1]);
   }
-  // acc = dS K over output columns [64 block, 64 block + 64) and kKeyTiles * 64 keys: A the dS
-  // tile, K-major with one 64-key column block per key tile ([queries][64 keys] each, 64 rows),
-  // B rows [0, 64) of each [keys][D] K tile (key tile j at k_tile + j * tile_bytes(64)) read
-  // N-major, as regs_b reads its B.
+  // acc = dS K over output columns [64 block, 64 block + 64) and kKeyTiles * 64 keys, for the 64
+  // queries from ds_tile: A the dS tile, K-major with one 64-key column block per key tile
+  // ([kBlockRows queries][64 keys] each), B rows [0, 64) of each [keys][D] K tile (key tile j
+  // at k_tile + j * tile_bytes(64)) read N-major, as regs_b reads its B.
   // The same issued and committed only (the caller waits).
-  template <int kKeyTiles = 1>
+  template <int kKeyTiles = 1, int kBlockRows = 64>
   __device__ static void issue_ds_times_k(float (&acc)[8][4], uint32_t ds_tile, uint32_t k_tile, int block) {
-    constexpr int kKeys = 64, kQueries = 64;
+    constexpr int kKeys = 64;
     wgmma::fence();
 #pragma unroll
     for (int j = 0; j < kKeyTiles; ++j) {
-      const uint64_t a_desc = wgmma::desc_k_major(ds_tile + j * kQueries * kRowBytes);
+      const uint64_t a_desc = wgmma::desc_k_major(ds_tile + j * kBlockRows * kRowBytes);
       const uint64_t b_desc =
           wgmma::desc_n_major(k_tile + j * tile_bytes(kKeys) + block * kKeys * kRowBytes, kKeys * kRowBytes);
 #pragma unroll
