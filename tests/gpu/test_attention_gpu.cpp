@@ -599,6 +599,38 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
   }
 }
 
+// The same for D 256 (attention_bwd_ws_d256.cuh: the groups split dk's and dv's columns and
+// each step's queries) and the two kernels (FDMA_BWD_WS=0), each against the CPU backend:
+// tails of 64-query steps and 64-key CTAs, causal with more and fewer keys than queries, GQA
+// and MQA, softcap, both dtypes, the strided layouts, and per-key biases with their dbias
+// (whose two slot halves the groups fill).
+TEST(AttentionGpu, WarpSpecializedBackwardD256MatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_BWD_WS");
+  uint64_t seed = 2600;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
+    ws.set(on);
+    // Not one key: dS = P (dP - delta) would be an exact cancellation of two 256-term sums that
+    // the backends add in different orders (0 on the CPU, about 1e-6 here).
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 3}, {64, 64}, {127, 129}, {300, 100}, {130, 200}})
+      for (bool causal : {false, true}) {
+        AttnCase c = base(Sq, Sk, causal ? 4 : 6, causal ? 1 : 2, 256, causal, seed % 2 ? DType::f16 : DType::bf16, seed);
+        ++seed;
+        c.layout = int(seed % 3 == 0 ? 1 : seed % 3 == 1 ? 3 : 0);
+        c.softcap = seed % 4 == 0 ? 5.0 : 0.0;
+        run_gpu(c);
+      }
+    for (int heads : {0, 1, 2}) {
+      AttnCase c = base(150, 170, 4, 2, 256, heads == 1, heads == 2 ? DType::f16 : DType::bf16, seed++);
+      c.bias.present = true;
+      c.bias.q = false, c.bias.b = heads != 2, c.bias.heads = heads;
+      c.bias.dtype = heads == 2 ? DType::f32 : DType::unset;
+      run_gpu(c);
+    }
+  }
+}
+
 TEST(AttentionGpu, EmptyProblems) {
   REQUIRE_GPU();
   DevicePlace place;

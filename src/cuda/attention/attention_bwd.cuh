@@ -13,9 +13,10 @@
 // A call that does not ask for determinism takes the fused dq where it applies (sm_90a tiles,
 // keys not gathered, no dbias with a query dim, the same launch plan as the two kernels';
 // AttentionBwdParams::dq_acc): no dq kernel, the dk/dv kernel reduces each step's dS K into the
-// temporary with bulk reductions, and a convert kernel writes dq. The warp-specialized kernel
-// (attention_bwd_ws.cuh) takes such calls without a mask at D 64 and 128, and gathered ones
-// given its fp32 dk/dv rows and work list (dynamic_mask_attention, dma/gathered_backward.cu).
+// temporary with bulk reductions, and a convert kernel writes dq. The warp-specialized kernels
+// take such calls without a mask: attention_bwd_ws.cuh at D 64 and 128, dense or gathered
+// (given its fp32 dk/dv rows and work list: dynamic_mask_attention, dma/gathered_backward.cu),
+// attention_bwd_ws_d256.cuh dense at D 256.
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 
@@ -27,6 +28,7 @@
 #include "cuda/attention/attention_bwd_dkdv.cuh"
 #include "cuda/attention/attention_bwd_dq.cuh"
 #include "cuda/attention/attention_bwd_ws.cuh"
+#include "cuda/attention/attention_bwd_ws_d256.cuh"
 
 namespace fdma::cuda {
 
@@ -141,6 +143,8 @@ bool attention_bwd_ws_takes(const AttentionBwdParams& p, int device, BwdTensorMa
                                        : attention_bwd_ws_kernel<T, kHeadDim, false>,
                                 device) &&
            attention_bwd_ws_applies<T, kHeadDim>(p, maps);
+  } else if constexpr (kHeadDim == 256) {
+    return wgmma_path_available(attention_bwd_ws256_kernel<T>, device) && attention_bwd_ws256_applies<T>(p, maps);
   } else {
     return false;
   }
@@ -157,8 +161,8 @@ bool attention_bwd_ws_takes(const AttentionBwdParams& p) {
   return attention_bwd_ws_takes<T, kHeadDim>(p, device, maps);
 }
 
-// On Hopper the warp-specialized kernel for the fused dq at D = 64 and 128 where it applies, the
-// wgmma kernels for D = 64 and 128 (arch_dispatch.cuh); the mma.sync kernels elsewhere.
+// On Hopper the warp-specialized kernel for the fused dq at D = 64, 128 and 256 where it
+// applies, the wgmma kernels for D = 64 and 128 (arch_dispatch.cuh); the mma.sync kernels elsewhere.
 template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
   int device = 0;
@@ -170,6 +174,10 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
       return launch_attention_bwd_ws<T, kHeadDim>(p, maps, device, stream);
     // Key lists with fp32 rows asked for: only that kernel writes them (the caller asked first).
     if (p.f.lists.keys && p.dq_acc) return cudaErrorNotSupported;
+  }
+  if constexpr (kHeadDim == 256) {  // its own warp-specialized kernel (attention_bwd_ws_d256.cuh)
+    BwdTensorMaps maps{};
+    if (attention_bwd_ws_takes<T, kHeadDim>(p, device, maps)) return launch_attention_bwd_ws256<T>(p, maps, device, stream);
   }
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = BwdMmaSm90<T, kHeadDim, kBwdThreads>;

@@ -105,11 +105,13 @@ struct BwdPlan {
 // thread's device a Hopper running the sm_90a code (where it is not, the launch takes the two
 // kernels and the temporary goes unused). The launcher also declines it where its shared
 // memory would change the two kernels' plan (attention_bwd.cuh): always with a mask at D 128,
-// so no temporary is asked for there.
+// so no temporary is asked for there. At D 256 only the warp-specialized kernel has it: D
+// exactly 256, no mask, no bias with a query dim.
 bool fused_dq_applies(const detail::AttentionProblem& prob, DbiasOwner owner) {
   if (prob.deterministic || owner == DbiasOwner::rows || !fused_dq_allowed() || wgmma_disabled()) return false;
   const int bucket = head_dim_bucket(int(prob.dims.D));
-  if (bucket != 64 && (bucket != 128 || prob.mask.present)) return false;
+  const bool wide = prob.dims.D == 256 && !prob.mask.present && (!prob.bias.present || prob.bias.size[2] == 1);
+  if (bucket != 64 && (bucket != 128 || prob.mask.present) && !wide) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();

@@ -26,6 +26,9 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src_g
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
 // Adds two floats to global memory (8-byte aligned) without returning the old values: one
 // vector reduction on sm_90, two scalar ones before it.
 __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {

@@ -211,6 +211,9 @@ FDMA_WG_SS(__half, "f16", 192, FDMA_WG_D96, 96, 97, 98, FDMA_WG_ACC96(d))
 // dQ = dS K in the fused backward (dS written to shared memory, K read as N-major).
 FDMA_WG_SS_N(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
 FDMA_WG_SS_N(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, FDMA_WG_ACC32(d))
+// dv, dk and dq over 128-column halves at D = 256 (attention_bwd_ws_d256.cuh).
+FDMA_WG_SS_N(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
+FDMA_WG_SS_N(__half, "f16", 128, FDMA_WG_D64, 64, 65, 66, FDMA_WG_ACC64(d))
 FDMA_WG_RS(__nv_bfloat16, "bf16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_WG_ACC32(d))
 FDMA_WG_RS(__half, "f16", 64, FDMA_WG_D32, 32, 33, 34, 35, 36, 37, FDMA_WG_ACC32(d))
 FDMA_WG_RS(__nv_bfloat16, "bf16", 128, FDMA_WG_D64, 64, 65, 66, 67, 68, 69, FDMA_WG_ACC64(d))

@@ -1,0 +1,329 @@
+// Warp-specialized attention backward for Hopper (sm_90a) at D = 256: dk, dv and the fused dq
+// of dense calls without a mask that do not ask for determinism (AttentionBwdParams::dq_acc
+// set), with no bias or a per-key one, whose q, k, v and dout the copy engine can read.
+//
+// At D = 256 one warp group cannot hold dk and dv of 64 keys (256 registers a thread), so the
+// groups split the columns instead of the keys (attention_bwd_ws.cuh splits keys at D = 64 and
+// 128). One CTA = 64 keys of a (batch, KV head); it walks the G query heads of the group and
+// their 64-row query tiles:
+//   producer  one thread loads K and V once, then each step's Q, dO (tensor copies) and lse2,
+//             delta (bulk copies) into a two-stage ring (the same steps as attention_bwd_ws.cuh);
+//   consumers group g computes S^T and dP^T of all 64 keys against the step's queries
+//             [32 g, +32), their gradients, and stores its halves of P^T, dS^T ([keys][queries])
+//             and dS ([queries][keys]); after a barrier of both groups, dv += P^T dO, dk +=
+//             dS^T Q and dq = dS K for the columns [128 g, +128), all three read from shared
+//             memory. After a second barrier (both groups done with the stage and the three
+//             tiles) each group stages its dq block, 64 x 128 fp32, in the stage's Q (g = 0) or
+//             dO (g = 1) buffer, which its first thread adds into dq_acc with four bulk
+//             reductions; that thread releases the stage once the copy engine has read them,
+//             one step later, the group's other threads once their staging stores are in.
+// Shared memory: K, V 64 KB; two stages of Q, dO 128 KB; the three 8 KB tiles; 217 KB in all.
+// There is no room for a separate dq staging buffer or a second set of P^T / dS tiles, hence
+// the staging in the stage and the second barrier.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <type_traits>
+
+#include "cuda/attention/attention_bwd_ws.cuh"
+
+namespace fdma::cuda {
+
+template <class T>
+struct BwdWs256Shape {
+  static constexpr int kHeadDim = 256, kBlockM = 64, kBlockN = 64, kStages = 2, kConsumers = 2;
+  static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
+  static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kTile = wgmma::sw128_tile_bytes(64, kHeadDim);  // K, V, and a stage's Q, dO: 32 KB
+  static constexpr int kPairTile = 64 * 64 * 2;                        // P^T, dS^T, dS: 8 KB
+  static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;
+  static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + kStages * kTile, kPt = kDo + kStages * kTile;
+  static constexpr int kDst = kPt + kPairTile, kDs = kDst + kPairTile, kLseDelta = kDs + kPairTile;
+  static constexpr int kBars = kLseDelta + kStages * kLseDeltaBytes;
+  static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, then per stage full, empty
+  static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
+  static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
+  static_assert(kTile == kConsumers * 2 * kDqAccTileBytes, "a group's dq block fits its stage buffer");
+  static constexpr uint32_t kStepBytes = 2 * kTile + kLseDeltaBytes;
+
+  __device__ static uint32_t kv_full(uint32_t base) { return base + kBars; }
+  __device__ static uint32_t full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
+  __device__ static uint32_t empty(uint32_t base, int s) { return base + kBars + 8 * (1 + kStages + s); }
+  __device__ static uint32_t q_tile(uint32_t base, int s) { return base + kQ + s * kTile; }
+  __device__ static uint32_t do_tile(uint32_t base, int s) { return base + kDo + s * kTile; }
+  __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
+};
+
+// The products of one group. A-operand tiles in shared memory are [64 rows][64 columns] of
+// 16-bit elements, 128-byte swizzled (wgmma.cuh); the [64][256] tiles hold 4 column blocks.
+template <class T>
+struct BwdWs256Mma {
+  static constexpr int kRowBytes = wgmma::kSwizzleRowBytes, kBlockBytes = 64 * kRowBytes;
+
+  // acc = A B^T for 32 columns: A the [64][256] tile `a` (K or V), B rows [32 g, +32) of the
+  // [64][256] tile `b` (Q or dO); K = 256 in 16 steps.
+  __device__ static void issue_a_bt32(float (&acc)[4][4], uint32_t a, uint32_t b, int g) {
+    const uint64_t a_desc = wgmma::desc_k_major(a), b_desc = wgmma::desc_k_major(b + 32 * g * kRowBytes);
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;
+      wgmma::mma_ss<T, 32>(acc, wgmma::desc_advance(a_desc, off), wgmma::desc_advance(b_desc, off), kk > 0);
+    }
+  }
+  // acc (+)= A B over 128 columns: A a [64][64] tile read K-major (K = its 64 columns), B
+  // columns [128 g, +128) of a [64][256] tile read N-major (K = its 64 rows).
+  __device__ static void issue_a_b128(float (&acc)[16][4], uint32_t a, uint32_t b, int g, bool accumulate) {
+    const uint64_t a_desc = wgmma::desc_k_major(a), b_desc = wgmma::desc_n_major(b + 2 * g * kBlockBytes, kBlockBytes);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma::mma_ss_n_major<T, 128>(acc, wgmma::desc_advance(a_desc, kk * 32),
+                                    wgmma::desc_advance(b_desc, kk * 16 * kRowBytes), accumulate || kk > 0);
+  }
+  // Accumulator element (row 16w + g8 + 8 (e >> 1), column c0 + 8 nt + 2t + (e & 1)) of a
+  // 32-column block into a [64][64] tile: as is (rows stay rows: P^T, dS^T) with column pairs
+  // in one 4-byte store, or transposed (dS, whose rows are queries).
+  __device__ static void store_rows(uint32_t tile, const float (&v)[4][4], int c0, int warp, int lane) {
+    const int g8 = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t r = 16 * warp + g8 + 8 * h, c = c0 + 8 * nt + 2 * t;
+        ptx::st_shared_b32(tile + r * kRowBytes + (((c / 8) ^ (r % 8)) << 4) + (c % 8) * 2,
+                           ptx::pack2<T>(v[nt][2 * h], v[nt][2 * h + 1]));
+      }
+  }
+  __device__ static void store_transposed(unsigned char* tile, const float (&v)[4][4], int c0, int warp, int lane) {
+    const int g8 = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t q = c0 + nt * 8 + 2 * t + (e & 1), chunk = 2 * warp + (e >> 1);
+        *reinterpret_cast<T*>(tile + q * kRowBytes + ((chunk ^ (q % 8)) << 4) + g8 * 2) = T(v[nt][e]);
+      }
+  }
+  // A 64 x 128 fp32 block into four dq_acc tiles from `stage`: column block c, rows 32 h at
+  // stage + (2 c + h) * kDqAccTileBytes.
+  __device__ static void store_dq(uint32_t stage, const float (&acc)[16][4], int warp, int lane) {
+    const int g8 = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t out = stage + (2 * (nt / 8) + warp / 2) * kDqAccTileBytes;
+        ptx::st_shared_f32x2(out + 4 * dq_acc_in_tile(16 * (warp % 2) + g8 + 8 * h, (nt % 8) * 8 + 2 * t),
+                             acc[nt][2 * h], acc[nt][2 * h + 1]);
+      }
+  }
+};
+
+// Dense: K and V, once, by tensor copies onto kv_full.
+template <class Shape>
+__device__ __forceinline__ void bwd_ws256_produce(const BwdTensorMaps& maps, const AttentionBwdParams& p,
+                                                  uint32_t base, const BwdWsWalk& walk) {
+  tma::prefetch_map(&maps.q);
+  tma::prefetch_map(&maps.dout);
+  tma::prefetch_map(&maps.k);
+  tma::prefetch_map(&maps.v);
+  if (walk.it_begin >= walk.it_end) return;  // the consumers wait for nothing: no copy may outlive the CTA
+  mbar::arrive_expect_tx(Shape::kv_full(base), 2 * Shape::kTile);
+#pragma unroll
+  for (int c = 0; c < Shape::kColBlocks; ++c) {
+    const uint32_t off = c * 64 * wgmma::kSwizzleRowBytes;
+    tma::load_4d(base + Shape::kK + off, &maps.k, Shape::kv_full(base), c * 64, walk.key0, walk.hk, walk.b);
+    tma::load_4d(base + Shape::kV + off, &maps.v, Shape::kv_full(base), c * 64, walk.key0, walk.hk, walk.b);
+  }
+  bwd_ws_produce_steps<Shape, false>(maps, p, base, walk, 0);
+}
+
+// Consumer group `group` (tid 0..127 within it) over the CTA's walk, then its columns of dk, dv.
+template <class T, class Shape>
+__device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
+                                                  const BwdWsWalk& walk, int group, int tid) {
+  using Mma = BwdWs256Mma<T>;
+  constexpr int kQ = Shape::kGroupQueries;
+  const AttentionFwdParams& f = p.f;
+  const int warp = tid / 32, lane = tid % 32, t = lane % 4;
+  const int keys[2] = {walk.key0 + 16 * warp + lane / 4, walk.key0 + 16 * warp + lane / 4 + 8};
+  const uint32_t k_tile = base + Shape::kK, v_tile = base + Shape::kV;
+  const uint32_t pt = base + Shape::kPt, dst = base + Shape::kDst, ds = base + Shape::kDs;
+  const bool key_bias = f.bias != nullptr, db_cols = p.dbias_owner == DbiasOwner::columns;
+  float dk[16][4], dv[16][4], db[2] = {0.f, 0.f}, kb[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.f;
+  if (walk.it_begin < walk.it_end) mbar::wait(Shape::kv_full(base), 0);
+  for (int i = walk.it_begin; i < walk.it_end; ++i) {
+    const int s = i % Shape::kStages;
+    const int h = walk.template head<false>(f, i), q0 = walk.template q0<false, Shape::kBlockM>(i);
+    const int my_q0 = q0 + kQ * group;  // this group's 32 queries
+    const uint32_t q_tile = Shape::q_tile(base, s), do_tile = Shape::do_tile(base, s);
+    const bool head_starts = i % walk.n_q == 0, head_ends = i % walk.n_q == walk.n_q - 1;
+    if (key_bias && head_starts)
+      kb[0] = key_bias_at<T>(f, walk.b, h, keys[0]), kb[1] = key_bias_at<T>(f, walk.b, h, keys[1]);
+    mbar::wait(Shape::full(base, s), (i / Shape::kStages) & 1);
+    float st[4][4], dpt[4][4];
+    wgmma::fence();
+    Mma::issue_a_bt32(st, k_tile, q_tile, group);
+    Mma::issue_a_bt32(dpt, v_tile, do_tile, group);
+    wgmma::commit_group();
+    // The last step's stage: free once the copy engine has read this group's dq block from it.
+    if (tid == 0 && i > walk.it_begin) {
+      tma::bulk_wait_group_read<0>();
+      mbar::arrive(Shape::empty(base, (i - 1) % Shape::kStages));
+    }
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(st);
+    wgmma::fence_operands(dpt);
+    const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s)) + kQ * group;
+    const float* delta = lse2 + Shape::kBlockM;
+    const bool interior = my_q0 + kQ <= f.Sq && walk.key0 + Shape::kBlockN <= f.Sk &&
+                          (!f.causal || walk.key0 + 16 * warp + 15 <= my_q0 + f.Sk - f.Sq);
+    if (interior && key_bias) {
+      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
+    } else if (interior) {
+      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
+    } else {  // kb is zero without a bias
+      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+        return visible_at(f, my_q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
+      });
+    }
+    if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, group, keys, db, t);
+    if (head_ends) db[0] = db[1] = 0.f;
+    Mma::store_rows(pt, st, kQ * group, warp, lane);
+    Mma::store_rows(dst, dpt, kQ * group, warp, lane);
+    Mma::store_transposed(smem + Shape::kDs, dpt, kQ * group, warp, lane);
+    wgmma::fence_proxy_async_smem();  // the stores, before the wgmmas read them
+    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups' halves stored
+    float acc[16][4];
+    wgmma::fence();
+    Mma::issue_a_b128(dv, pt, do_tile, group, true);
+    Mma::issue_a_b128(dk, dst, q_tile, group, true);
+    Mma::issue_a_b128(acc, ds, k_tile, group, false);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(dv);
+    wgmma::fence_operands(dk);
+    wgmma::fence_operands(acc);
+    // Both groups done with the stage's Q and dO and with the three tiles: the stage becomes
+    // dq's staging, the tiles the next step's.
+    ptx::named_barrier_sync<1, 2 * kBwdThreads>();
+    const uint32_t stage = group == 0 ? q_tile : do_tile;
+    Mma::store_dq(stage, acc, warp, lane);
+    wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
+    if (group == 0)
+      ptx::named_barrier_sync<2, kBwdThreads>();
+    else
+      ptx::named_barrier_sync<3, kBwdThreads>();
+    // Done with the stage (its staging stores are in); the first thread arrives a step later,
+    // once the copy engine has read the staging. (One arrival from every thread, not a group's
+    // first thread alone after the barriers: racecheck sees the order only so.)
+    if (tid != 0) mbar::arrive(Shape::empty(base, s));
+    if (tid == 0) {
+      constexpr int kBlocks = Shape::kColBlocks;
+      const int64_t tile0 = ((int64_t(walk.b) * f.H + h) * (p.Sq_pad / kDqAccTileRows) + q0 / kDqAccTileRows) * kBlocks;
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          tma::reduce_add_f32(p.dq_acc + (tile0 + half * kBlocks + 2 * group + c) * (kDqAccTileRows * kDqAccTileCols),
+                              stage + (2 * c + half) * kDqAccTileBytes, kDqAccTileBytes);
+      tma::bulk_commit_group();
+    }
+  }
+  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
+  T* dk_base = static_cast<T*>(p.dk) + walk.b * p.dk_stride[0] + walk.hk * p.dk_stride[2];
+  T* dv_base = static_cast<T*>(p.dv) + walk.b * p.dv_stride[0] + walk.hk * p.dv_stride[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (keys[r] >= f.Sk) continue;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      const int d = Shape::kGroupCols * group + nt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(dk_base + keys[r] * p.dk_stride[1] + d) = ptx::pack2<T>(dk[nt][2 * r], dk[nt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_base + keys[r] * p.dv_stride[1] + d) = ptx::pack2<T>(dv[nt][2 * r], dv[nt][2 * r + 1]);
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(BwdWs256Shape<T>::kThreads, 1)
+    attention_bwd_ws256_kernel(const AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps) {
+#if FDMA_SM90_ENABLED
+  using Shape = BwdWs256Shape<T>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = aligned_smem<1024>(smem_raw);
+  const uint32_t base = ptx::smem_addr(smem);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    mbar::init(Shape::kv_full(base), 1);
+    for (int s = 0; s < Shape::kStages; ++s) {
+      mbar::init(Shape::full(base, s), 1);
+      mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
+    }
+    mbar::fence_init();
+  }
+  __syncthreads();
+  ptx::griddep_wait();  // the prepare kernel's delta and lse2 and the zeroed temporary, before any read
+  ptx::griddep_launch_dependents();
+  const AttentionFwdParams& f = p.f;
+  // Causal: the first key blocks walk the most queries, every head's first (cta_order.cuh).
+  const CtaTile cta = cta_tile(f.causal);
+  BwdWsWalk walk;
+  walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = blockIdx.z, walk.group = 0;
+  walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
+  walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
+  walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
+  if (warp < 4) {
+    wgmma::regs_shrink<Shape::kProducerRegs>();
+    if (warp == 0 && lane == 0) bwd_ws256_produce<Shape>(maps, p, base, walk);
+  } else {
+    wgmma::regs_grow<Shape::kConsumerRegs>();
+    bwd_ws256_consume<T, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
+  }
+#else
+  __trap();  // dispatch launches it only on sm_90a code (arch_dispatch.cuh)
+#endif
+}
+
+// Whether this kernel takes the call (the caller checks the device): the fused dq's temporary
+// given, D = 256, no mask, no key lists, no bias or one broadcast over queries (whose dbias, if
+// any, the columns own), and tensors the copy engine can describe (maps filled here).
+template <class T>
+bool attention_bwd_ws256_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
+  const AttentionFwdParams& f = p.f;
+  if (!bwd_ws_allowed() || f.D != 256 || !p.dq_acc || f.mask || f.tile_active || f.lists.keys || p.dkdv_splits > 1 ||
+      (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
+    return false;
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  return encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, 64) &&
+         encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, 64) &&
+         encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, 64) &&
+         encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, 64);
+}
+
+// The kernel, then the convert kernel that writes dq from the temporary.
+template <class T>
+cudaError_t launch_attention_bwd_ws256(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
+                                       cudaStream_t stream) {
+  using Shape = BwdWs256Shape<T>;
+  const AttentionFwdParams& f = p.f;
+  static std::atomic<int> granted[kMaxDevices] = {};
+  cudaError_t err = grant_smem_once(attention_bwd_ws256_kernel<T>, Shape::kSmemBytes,
+                                    device < kMaxDevices ? granted : nullptr, device);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
+  err = launch_kernel(f.overlap_previous, attention_bwd_ws256_kernel<T>, grid, Shape::kThreads, Shape::kSmemBytes,
+                      stream, p, maps);
+  if (err != cudaSuccess) return err;
+  return launch_bwd_dq_convert<T>(p, Shape::kHeadDim, stream);
+}
+
+}  // namespace fdma::cuda
