@@ -105,8 +105,8 @@ typedef struct fdma_attention_params {
   int32_t causal; /* bottom-right: key j visible to query i iff j <= i + Sk - Sq */
   int32_t deterministic; /* bitwise-reproducible backward (the CPU always is). 0: on Hopper the
                           * backward may sum dq with atomics into an fp32 temporary (B*H*Sq*D
-                          * floats of workspace, Sq rounded up to 128 and D to 64 or 128; query
-                          * the size with the same flag) */
+                          * floats of workspace, Sq rounded up to 128 and D to 64, 128 or 256;
+                          * query the size with the same flag) */
   fdma_tensor out, lse;
   fdma_tensor dout, dq, dk, dv, dbias;
   int32_t backend; /* fdma_backend */
