@@ -69,7 +69,7 @@ struct BwdWsShape {
   // dq staging and its reductions) would otherwise weigh as much as its matmuls; 64 elsewhere
   // (D = 128 leaves no registers for wider S^T and dP^T; gathered items walk 64-query tiles).
   static constexpr int kBlockM = kHeadDim == 64 && !kGather ? 128 : 64;
-  static constexpr int kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers;
+  static constexpr int kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers, kKeyTiles = kConsumers;
   static constexpr int kStages = 2;
   // How the groups share dq = dS K, each one 64 x 64 block a step: split by column blocks (D =
   // 128) or by 64-row halves of the step (128-query steps), each over all 128 keys; or, with
@@ -137,13 +137,26 @@ struct BwdWsWalk {
   }
 };
 
-// Dense: K and V, once, by tensor copies onto kv_full.
+// Dense: the CTA's walk over its kBlockN keys (causal: from the first key's diagonal; the first
+// key blocks walk the most queries, so every head's start first, cta_order.cuh).
+template <class Shape>
+__device__ __forceinline__ BwdWsWalk bwd_ws_dense_walk(const AttentionFwdParams& f) {
+  const CtaTile cta = cta_tile(f.causal);
+  BwdWsWalk walk;
+  walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = blockIdx.z, walk.group = 0;
+  walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
+  walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
+  walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
+  return walk;
+}
+
+// Dense: K and V, once, by tensor copies onto kv_full: kKeyTiles tiles of 64 keys each.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_produce_keys(const BwdTensorMaps& maps, uint32_t base, const BwdWsWalk& walk) {
   constexpr int kBlock = Shape::kGroupKeys * wgmma::kSwizzleRowBytes;  // one column block of a key tile
-  mbar::arrive_expect_tx(Shape::kv_full(base), 2 * Shape::kConsumers * Shape::kKeyTile);
+  mbar::arrive_expect_tx(Shape::kv_full(base), 2 * Shape::kKeyTiles * Shape::kKeyTile);
 #pragma unroll
-  for (int g = 0; g < Shape::kConsumers; ++g)
+  for (int g = 0; g < Shape::kKeyTiles; ++g)
 #pragma unroll
     for (int c = 0; c < Shape::kColBlocks; ++c) {
       const int key = walk.key0 + g * Shape::kGroupKeys;
@@ -482,13 +495,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
       bwd_ws_consume_items<T, kHeadDim, Shape>(p, base, smem, (tid - 128) / 128, tid % 128);
     }
   } else {
-    // Causal: the first key groups walk the most queries, every head's first (cta_order.cuh).
-    const CtaTile cta = cta_tile(f.causal);
-    BwdWsWalk walk;
-    walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = blockIdx.z, walk.group = 0;
-    walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
-    walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
-    walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
+    const BwdWsWalk walk = bwd_ws_dense_walk<Shape>(f);
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
       if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, walk);

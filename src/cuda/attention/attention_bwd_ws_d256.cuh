@@ -7,7 +7,7 @@
 // 128). One CTA = 64 keys of a (batch, KV head); it walks the G query heads of the group and
 // their 64-row query tiles:
 //   producer  one thread loads K and V once, then each step's Q, dO (tensor copies) and lse2,
-//             delta (bulk copies) into a two-stage ring (the same steps as attention_bwd_ws.cuh);
+//             delta (bulk copies) into a two-stage ring (attention_bwd_ws.cuh's producer);
 //   consumers group g computes S^T and dP^T of all 64 keys against the step's queries
 //             [32 g, +32), their gradients, and stores its halves of P^T, dS^T ([keys][queries])
 //             and dS ([queries][keys]); after a barrier of both groups, dv += P^T dO, dk +=
@@ -35,11 +35,13 @@ namespace fdma::cuda {
 template <class T>
 struct BwdWs256Shape {
   static constexpr int kHeadDim = 256, kBlockM = 64, kBlockN = 64, kStages = 2, kConsumers = 2;
+  static constexpr int kGroupKeys = 64, kKeyTiles = 1;  // K and V: one tile each (bwd_ws_produce_keys)
   static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
   static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kTile = wgmma::sw128_tile_bytes(64, kHeadDim);  // K, V, and a stage's Q, dO: 32 KB
+  static constexpr int kKeyTile = kTile;
   static constexpr int kPairTile = 64 * 64 * 2;                        // P^T, dS^T, dS: 8 KB
   static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;
   static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + kStages * kTile, kPt = kDo + kStages * kTile;
@@ -54,6 +56,8 @@ struct BwdWs256Shape {
   __device__ static uint32_t kv_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
   __device__ static uint32_t empty(uint32_t base, int s) { return base + kBars + 8 * (1 + kStages + s); }
+  __device__ static uint32_t k_tile(uint32_t base, int) { return base + kK; }
+  __device__ static uint32_t v_tile(uint32_t base, int) { return base + kV; }
   __device__ static uint32_t q_tile(uint32_t base, int s) { return base + kQ + s * kTile; }
   __device__ static uint32_t do_tile(uint32_t base, int s) { return base + kDo + s * kTile; }
   __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
@@ -122,25 +126,6 @@ struct BwdWs256Mma {
       }
   }
 };
-
-// Dense: K and V, once, by tensor copies onto kv_full.
-template <class Shape>
-__device__ __forceinline__ void bwd_ws256_produce(const BwdTensorMaps& maps, const AttentionBwdParams& p,
-                                                  uint32_t base, const BwdWsWalk& walk) {
-  tma::prefetch_map(&maps.q);
-  tma::prefetch_map(&maps.dout);
-  tma::prefetch_map(&maps.k);
-  tma::prefetch_map(&maps.v);
-  if (walk.it_begin >= walk.it_end) return;  // the consumers wait for nothing: no copy may outlive the CTA
-  mbar::arrive_expect_tx(Shape::kv_full(base), 2 * Shape::kTile);
-#pragma unroll
-  for (int c = 0; c < Shape::kColBlocks; ++c) {
-    const uint32_t off = c * 64 * wgmma::kSwizzleRowBytes;
-    tma::load_4d(base + Shape::kK + off, &maps.k, Shape::kv_full(base), c * 64, walk.key0, walk.hk, walk.b);
-    tma::load_4d(base + Shape::kV + off, &maps.v, Shape::kv_full(base), c * 64, walk.key0, walk.hk, walk.b);
-  }
-  bwd_ws_produce_steps<Shape, false>(maps, p, base, walk, 0);
-}
 
 // Consumer group `group` (tid 0..127 within it) over the CTA's walk, then its columns of dk, dv.
 template <class T, class Shape>
@@ -273,17 +258,10 @@ __global__ void __launch_bounds__(BwdWs256Shape<T>::kThreads, 1)
   __syncthreads();
   ptx::griddep_wait();  // the prepare kernel's delta and lse2 and the zeroed temporary, before any read
   ptx::griddep_launch_dependents();
-  const AttentionFwdParams& f = p.f;
-  // Causal: the first key blocks walk the most queries, every head's first (cta_order.cuh).
-  const CtaTile cta = cta_tile(f.causal);
-  BwdWsWalk walk;
-  walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = blockIdx.z, walk.group = 0;
-  walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
-  walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
-  walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
+  const BwdWsWalk walk = bwd_ws_dense_walk<Shape>(p.f);
   if (warp < 4) {
     wgmma::regs_shrink<Shape::kProducerRegs>();
-    if (warp == 0 && lane == 0) bwd_ws256_produce<Shape>(maps, p, base, walk);
+    if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, walk);
   } else {
     wgmma::regs_grow<Shape::kConsumerRegs>();
     bwd_ws256_consume<T, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
