@@ -137,6 +137,16 @@ struct BwdWsWalk {
   }
 };
 
+// The K/V barrier and the stages' full (the copies) and empty (every consumer thread) barriers.
+template <class Shape>
+__device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
+  mbar::init(Shape::kv_full(base), 1);
+  for (int s = 0; s < Shape::kStages; ++s) {
+    mbar::init(Shape::full(base, s), 1);
+    mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
+  }
+}
+
 // Dense: the CTA's walk over its kBlockN keys (causal: from the first key's diagonal; the first
 // key blocks walk the most queries, so every head's start first, cta_order.cuh).
 template <class Shape>
@@ -453,11 +463,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
   const uint32_t base = ptx::smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
-    mbar::init(Shape::kv_full(base), 1);
-    for (int s = 0; s < Shape::kStages; ++s) {
-      mbar::init(Shape::full(base, s), 1);
-      mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
-    }
+    bwd_ws_init_ring<Shape>(base);
     if constexpr (kGather)
       for (int n = 0; n < 2; ++n) {
         mbar::init(Shape::item_full(base, n), 1);

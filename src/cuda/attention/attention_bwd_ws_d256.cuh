@@ -248,11 +248,7 @@ __global__ void __launch_bounds__(BwdWs256Shape<T>::kThreads, 1)
   const uint32_t base = ptx::smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
-    mbar::init(Shape::kv_full(base), 1);
-    for (int s = 0; s < Shape::kStages; ++s) {
-      mbar::init(Shape::full(base, s), 1);
-      mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
-    }
+    bwd_ws_init_ring<Shape>(base);
     mbar::fence_init();
   }
   __syncthreads();
