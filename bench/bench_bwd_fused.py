@@ -10,6 +10,9 @@ dk/dv kernel's fused dq).
 Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
                                         [--headdims 64,128] [--rounds 3]
                                         [--cases dense,per-key,block,block-all]
+With several comma-separated libraries (--lib base.so,new.so) the fused call also runs with
+each, as "fused@0", "fused@1", ... in the same rotation (an A/B of two builds in one process);
+the other columns use the first.
 bf16, B1 H16 Hk16. TF/s = 3.5 * 4*B*H*S*S*D / t (bwd = 2.5x fwd), halved for causal (the block
 cases count every score too). Also checks the fused call against the two-kernel one: dk, dv
 (and dbias) bitwise, and the largest differences of dq and of dk, dv.
@@ -41,7 +44,8 @@ def main():
                     help="dense, per-key (a bias [B, H, 1, S]), block (a [B, 1, S, S] mask of 128 x 128 blocks, "
                     "1/8 kept), block-all (the same with every block kept)")
     args = ap.parse_args()
-    lib = _abi.load_library(args.lib)
+    libs = [_abi.load_library(path) for path in args.lib.split(",")]
+    lib = libs[0]
     dev, B, H = torch.device("cuda"), 1, 16
     rows = []
     for D in [int(d) for d in args.headdims.split(",")]:
@@ -79,7 +83,7 @@ def main():
                 for p in params.values():
                     p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
 
-                def ours(det, ws=True):
+                def ours(det, ws=True, lib=lib):
                     def run():
                         call(lib, lib.fdma_attention_fwd, params[det])
                         os.environ["FDMA_BWD_WS"] = "1" if ws else "0"
@@ -100,6 +104,8 @@ def main():
                     return run
 
                 systems = {"fused": ours(0), "two-kernel": ours(1)}
+                if len(libs) > 1:
+                    systems.update({f"fused@{i}": ours(0, lib=other) for i, other in enumerate(libs)})
                 if D in (64, 128) and mask is None:
                     systems["fused dk/dv kernel"] = ours(0, ws=False)
                 if bias is None and mask is None:
@@ -131,7 +137,8 @@ def main():
                       f"{dkv_diff:.3g}", flush=True)
                 del ws, params, grads
                 torch.cuda.empty_cache()
-    names = ("fused", "fused dk/dv kernel", "two-kernel", "sdpa flash", "sdpa cudnn")
+    names = ("fused", *(f"fused@{i}" for i in range(len(libs)) if len(libs) > 1), "fused dk/dv kernel",
+             "two-kernel", "sdpa flash", "sdpa cudnn")
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{H}; fwd+bwd ms (TF/s), "
           f"medians of {args.rounds} rounds")
     print("| D | S | case | causal | " + " | ".join(names) + " | dk, dv == two-kernel | max abs dq diff | dk, dv |")
