@@ -28,7 +28,8 @@ inline bool fwd_ws_allowed() { return !env_is("FDMA_FWD_WS", "0"); }
 // FDMA_BWD_FUSED_DQ=0: non-deterministic backwards on the two-kernel path too (no dq atomics).
 inline bool fused_dq_allowed() { return !env_is("FDMA_BWD_FUSED_DQ", "0"); }
 
-// FDMA_BWD_WS=0: fused-dq backwards at D = 64 and 128 on the dk/dv kernel, not the warp-specialized one.
+// FDMA_BWD_WS=0: fused-dq backwards at D = 64 and 128 on the dk/dv kernel, not the warp-specialized
+// one; at D = 256 the two kernels.
 inline bool bwd_ws_allowed() { return !env_is("FDMA_BWD_WS", "0"); }
 
 // FDMA_SELECT_PATH=cluster|shared|global|levels: the training selection's path ("" = per call).
