@@ -90,14 +90,14 @@ __global__ void ds_k_probe(const float* dst_in, const T* k, float* dq) {
   float dst[8][4];
   for (int nt = 0; nt < 8; ++nt)
     for (int e = 0; e < 4; ++e) dst[nt][e] = dst_in[(16 * warp + g + 8 * (e >> 1)) * 64 + 8 * nt + 2 * t + (e & 1)];
-  Mma::store_ds_t<8>(ds, dst, warp, lane);
+  fc::store_ds_t<T>(ds, dst, warp, lane);
   wg::fence_proxy_async_smem();
   __syncthreads();
   constexpr int kTile = fc::kDqAccTileRows * fc::kDqAccTileCols;
   for (int block = 0; block < kD / 64; ++block) {
     float acc[8][4];
     Mma::ds_times_k(acc, fc::ptx::smem_addr(ds), s_k, block);
-    Mma::store_dq_block(fc::ptx::smem_addr(stage + 2 * block * kTile), acc, warp, lane);
+    fc::store_dq_block(fc::ptx::smem_addr(stage + 2 * block * kTile), acc, warp, lane);
   }
   wg::fence_proxy_async_smem();
   __syncthreads();

@@ -270,7 +270,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
                        [&](int nt, int e) { return score_add_at<T>(f, b, h, query(nt, e), keys[e >> 1]); });
     }
     if constexpr (kFusedDq)  // dS for dq = dS K, while dpt still holds it
-      Mma::store_ds_t(smem + Tile::ds_offset(n_groups, f) + wg * Tile::kDsBytes, dpt, warp, lane);
+      store_ds_t<T>(smem + Tile::ds_offset(n_groups, f) + wg * Tile::kDsBytes, dpt, warp, lane);
     Mma::template regs_b_pair<kBM>(dv, st, do_tile, dk, dpt, q_tile, col0, lane);  // dv += P^T dO, dk += dS^T Q
     if constexpr (kFusedDq) {
       // dS K in 64-column blocks, each through shared memory into dq_acc as two 8 KB bulk
@@ -295,7 +295,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
         float acc[8][4];
         Mma::ds_times_k(acc, ds_tile, s_k, block);
         const uint32_t stage = block == kBlocks - 1 ? own_stage : q_tile;
-        Mma::store_dq_block(stage, acc, warp, lane);
+        store_dq_block(stage, acc, warp, lane);
         wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
         sync_group();
         if (tid == 0) {

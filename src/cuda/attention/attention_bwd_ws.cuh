@@ -137,6 +137,29 @@ struct BwdWsWalk {
   }
 };
 
+// Dense steps: a warp group's S^T and dP^T (its warp's 16 keys from key0, this thread's keys[2];
+// queries from q0, 8 kTilesN of them) to P^T and dS^T, one loop per case: tiles whose scores
+// are all visible (in range, and causal below the diagonal) with a per-key bias (kb, the
+// thread's keys') or none, else the visibility tested per score (kb is zero without a bias).
+template <int kTilesN>
+__device__ __forceinline__ void dense_scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
+                                                       float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
+                                                       const float* delta, int q0, int key0, int n_keys,
+                                                       const int (&keys)[2], bool key_bias, const float (&kb)[2],
+                                                       int warp, int t) {
+  const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + n_keys <= f.Sk &&
+                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+  if (interior && key_bias) {
+    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
+  } else if (interior) {
+    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
+  } else {
+    scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+      return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
+    });
+  }
+}
+
 // The K/V barrier and the stages' full (the copies) and empty (every consumer thread) barriers.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
@@ -267,23 +290,13 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
         });
       }
     } else {
-      const bool interior = q0 + kBM <= f.Sq && key0 + Shape::kGroupKeys <= f.Sk &&
-                            (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-      if (interior && key_bias) {
-        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
-      } else if (interior) {
-        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
-      } else {  // kb is zero without a bias
-        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-          return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
-        });
-      }
+      dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, key0, Shape::kGroupKeys, keys, key_bias, kb, warp, t);
     }
     if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, 0, keys, db, t);
     if (head_ends) db[0] = db[1] = 0.f;
     // dS for dq = dS K: this group's 64-key block of the step's tile, while dpt still holds it.
     unsigned char* ds = smem + Shape::ds_offset(j);
-    Mma::store_ds_t(ds + group * kBM * wgmma::kSwizzleRowBytes, dpt, warp, lane);
+    store_ds_t<T>(ds + group * kBM * wgmma::kSwizzleRowBytes, dpt, warp, lane);
     // dv += P^T dO, dk += dS^T Q, left running under the barrier and dq's product below.
     uint32_t p_frag[kNq / 2][4], ds_frag[kNq / 2][4];
     Mma::template issue_regs_b_pair<kBM>(dv, st, do_tile, p_frag, dk, dpt, q_tile, ds_frag, 0);
@@ -314,7 +327,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
     Mma::template keep_live<kNq>(ds_frag);
     mbar::arrive(Shape::empty(base, s));  // this thread is done with the stage's Q, dO, lse2, delta
     const uint32_t stage = Shape::stage_tile(base, group);
-    Mma::store_dq_block(stage, acc, warp, lane);
+    store_dq_block(stage, acc, warp, lane);
     wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
     sync_group();
     if (tid == 0) {

@@ -89,8 +89,8 @@ struct BwdWs256Mma {
                                     wgmma::desc_advance(b_desc, kk * 16 * kRowBytes), accumulate || kk > 0);
   }
   // Accumulator element (row 16w + g8 + 8 (e >> 1), column c0 + 8 nt + 2t + (e & 1)) of a
-  // 32-column block into a [64][64] tile: as is (rows stay rows: P^T, dS^T) with column pairs
-  // in one 4-byte store, or transposed (dS, whose rows are queries).
+  // 32-column block into a [64][64] tile, rows staying rows (P^T, dS^T), column pairs in one
+  // 4-byte store. (dS, transposed: store_ds_t at the block's first row.)
   __device__ static void store_rows(uint32_t tile, const float (&v)[4][4], int c0, int warp, int lane) {
     const int g8 = lane / 4, t = lane % 4;
 #pragma unroll
@@ -102,28 +102,12 @@ struct BwdWs256Mma {
                            ptx::pack2<T>(v[nt][2 * h], v[nt][2 * h + 1]));
       }
   }
-  __device__ static void store_transposed(unsigned char* tile, const float (&v)[4][4], int c0, int warp, int lane) {
-    const int g8 = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint32_t q = c0 + nt * 8 + 2 * t + (e & 1), chunk = 2 * warp + (e >> 1);
-        *reinterpret_cast<T*>(tile + q * kRowBytes + ((chunk ^ (q % 8)) << 4) + g8 * 2) = T(v[nt][e]);
-      }
-  }
-  // A 64 x 128 fp32 block into four dq_acc tiles from `stage`: column block c, rows 32 h at
-  // stage + (2 c + h) * kDqAccTileBytes.
+  // A 64 x 128 fp32 block into four dq_acc tiles from `stage`: column block c at stage + 2 c
+  // tiles (store_dq_block: rows 0-31, then 32-63).
   __device__ static void store_dq(uint32_t stage, const float (&acc)[16][4], int warp, int lane) {
-    const int g8 = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t out = stage + (2 * (nt / 8) + warp / 2) * kDqAccTileBytes;
-        ptx::st_shared_f32x2(out + 4 * dq_acc_in_tile(16 * (warp % 2) + g8 + 8 * h, (nt % 8) * 8 + 2 * t),
-                             acc[nt][2 * h], acc[nt][2 * h + 1]);
-      }
+    for (int c = 0; c < 2; ++c)
+      store_dq_block(stage + 2 * c * kDqAccTileBytes, *reinterpret_cast<const float(*)[8][4]>(acc[8 * c]), warp, lane);
   }
 };
 
@@ -169,22 +153,12 @@ __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, u
     wgmma::fence_operands(dpt);
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s)) + kQ * group;
     const float* delta = lse2 + Shape::kBlockM;
-    const bool interior = my_q0 + kQ <= f.Sq && walk.key0 + Shape::kBlockN <= f.Sk &&
-                          (!f.causal || walk.key0 + 16 * warp + 15 <= my_q0 + f.Sk - f.Sq);
-    if (interior && key_bias) {
-      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
-    } else if (interior) {
-      scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
-    } else {  // kb is zero without a bias
-      scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-        return visible_at(f, my_q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
-      });
-    }
+    dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, my_q0, walk.key0, Shape::kBlockN, keys, key_bias, kb, warp, t);
     if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, group, keys, db, t);
     if (head_ends) db[0] = db[1] = 0.f;
     Mma::store_rows(pt, st, kQ * group, warp, lane);
     Mma::store_rows(dst, dpt, kQ * group, warp, lane);
-    Mma::store_transposed(smem + Shape::kDs, dpt, kQ * group, warp, lane);
+    store_ds_t<T>(smem + Shape::kDs + kQ * group * wgmma::kSwizzleRowBytes, dpt, warp, lane);
     wgmma::fence_proxy_async_smem();  // the stores, before the wgmmas read them
     ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups' halves stored
     float acc[16][4];

@@ -14,6 +14,37 @@
 
 namespace fdma::cuda {
 
+// The fused dq's shared-memory stores (the dk/dv kernel and the warp-specialized backwards).
+// dS^T of a step, rows = a warp group's 64 keys, columns = 8 * kTilesQ queries (the dk/dv
+// accumulator layout), stored transposed as dq's K-major A operand: a [queries][64 keys] tile,
+// one 128-byte swizzled row a query. Element (key 16w + g + 8 (e >> 1), query 8 nt + 2t + (e &
+// 1)) is 16-byte chunk 2w + (e >> 1) of its query's row, half-word g.
+template <class T, int kTilesQ>
+__device__ __forceinline__ void store_ds_t(unsigned char* ds_tile, const float (&dst)[kTilesQ][4], int warp, int lane) {
+  constexpr int kRowBytes = wgmma::kSwizzleRowBytes;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTilesQ; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t q = nt * 8 + 2 * t + (e & 1), chunk = 2 * warp + (e >> 1);
+      *reinterpret_cast<T*>(ds_tile + q * kRowBytes + ((chunk ^ (q % 8)) << 4) + g * 2) = T(dst[nt][e]);
+    }
+}
+// One 64-column block of dS K (64 rows, the accumulator layout) into two consecutive staging
+// tiles in dq_acc's tile layout (attention_bwd_params.hpp) from shared address `stage`: rows
+// 0-31 (warps 0, 1) to the first, rows 32-63 to the second.
+__device__ __forceinline__ void store_dq_block(uint32_t stage, const float (&acc)[8][4], int warp, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const uint32_t out = warp < 2 ? stage : stage + kDqAccTileBytes;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+      ptx::st_shared_f32x2(out + 4 * dq_acc_in_tile(16 * (warp % 2) + g + 8 * hr, nt * 8 + 2 * t), acc[nt][2 * hr],
+                           acc[nt][2 * hr + 1]);
+}
+
 template <class T, int kHeadDim, int kThreads>
 struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma backward tiles: D = 64 or 128");
@@ -114,35 +145,6 @@ struct BwdMmaSm90 : TileIoSm90<T, kHeadDim, kThreads> {
     keep_live<kTilesK>(a1);
   }
 
-  // The fused dq (dk/dv kernel, one warp group a step). dS^T of the step, rows = the group's
-  // 64 keys, columns = the step's 8 * kTilesQ queries (the dk/dv accumulator layout), stored
-  // transposed as dq's K-major A operand: a [queries][64 keys] tile, one 128-byte swizzled row
-  // a query. Element (key 16w + g + 8 (e >> 1), query 8 nt + 2t + (e & 1)) is 16-byte chunk
-  // 2w + (e >> 1) of its query's row, half-word g.
-  template <int kTilesQ>
-  __device__ static void store_ds_t(unsigned char* ds_tile, const float (&dst)[kTilesQ][4], int warp, int lane) {
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int nt = 0; nt < kTilesQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint32_t q = nt * 8 + 2 * t + (e & 1), chunk = 2 * warp + (e >> 1);
-        *reinterpret_cast<T*>(ds_tile + q * kRowBytes + ((chunk ^ (q % 8)) << 4) + g * 2) = T(dst[nt][e]);
-      }
-  }
-  // One 64-column block of dS K (acc, ds_times_k) into two consecutive staging tiles in dq_acc's
-  // tile layout (attention_bwd_params.hpp) from shared address `stage`: rows 0-31 (warps 0, 1)
-  // to the first, rows 32-63 to the second.
-  __device__ static void store_dq_block(uint32_t stage, const float (&acc)[8][4], int warp, int lane) {
-    const int g = lane / 4, t = lane % 4;
-    const uint32_t out = warp < 2 ? stage : stage + kDqAccTileBytes;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-        ptx::st_shared_f32x2(out + 4 * dq_acc_in_tile(16 * (warp % 2) + g + 8 * hr, nt * 8 + 2 * t), acc[nt][2 * hr],
-                             acc[nt][2 * hr + 1]);
-  }
   // acc = dS K over output columns [64 block, 64 block + 64) and kKeyTiles * 64 keys, for the 64
   // queries from ds_tile: A the dS tile, K-major with one 64-key column block per key tile
   // ([kBlockRows queries][64 keys] each), B rows [0, 64) of each [keys][D] K tile (key tile j
