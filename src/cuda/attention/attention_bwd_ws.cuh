@@ -345,6 +345,26 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
   }
 }
 
+// Dense: this thread's two keys' rows of dk and dv, columns col0 + 8 dt + 2t (+1) of the
+// accumulators' layout; keys past Sk not written.
+template <class T, int kTiles>
+__device__ __forceinline__ void bwd_ws_store_dk_dv(const AttentionBwdParams& p, const BwdWsWalk& walk,
+                                                   const int (&keys)[2], const float (&dk)[kTiles][4],
+                                                   const float (&dv)[kTiles][4], int col0, int t) {
+  T* dk_base = static_cast<T*>(p.dk) + walk.b * p.dk_stride[0] + walk.hk * p.dk_stride[2];
+  T* dv_base = static_cast<T*>(p.dv) + walk.b * p.dv_stride[0] + walk.hk * p.dv_stride[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (keys[r] >= p.f.Sk) continue;
+#pragma unroll
+    for (int dt = 0; dt < kTiles; ++dt) {
+      const int d = col0 + dt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(dk_base + keys[r] * p.dk_stride[1] + d) = ptx::pack2<T>(dk[dt][2 * r], dk[dt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_base + keys[r] * p.dv_stride[1] + d) = ptx::pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    }
+  }
+}
+
 template <int kDC>
 __device__ __forceinline__ void bwd_ws_zero(float (&dk)[kDC][4], float (&dv)[kDC][4], float (&db)[2]) {
 #pragma unroll
@@ -359,7 +379,6 @@ template <class T, int kHeadDim, class Shape>
 __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
                                                const BwdWsWalk& walk, int group, int tid) {
   constexpr int kDC = kHeadDim / 8;
-  const AttentionFwdParams& f = p.f;
   const int t = tid % 4, key0 = walk.key0 + group * Shape::kGroupKeys + 16 * (tid / 32) + (tid % 32) / 4;
   const int keys[2] = {key0, key0 + 8};
   float dk[kDC][4], dv[kDC][4], db[2];
@@ -368,18 +387,7 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
   if (walk.it_begin < walk.it_end) mbar::wait(Shape::kv_full(base), 0);
   bwd_ws_consume_steps<T, kHeadDim, Shape, false>(p, base, smem, walk, group, tid, 0, none, dk, dv, db);
   if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
-  T* dk_base = static_cast<T*>(p.dk) + walk.b * p.dk_stride[0] + walk.hk * p.dk_stride[2];
-  T* dv_base = static_cast<T*>(p.dv) + walk.b * p.dv_stride[0] + walk.hk * p.dv_stride[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (keys[r] >= f.Sk) continue;
-#pragma unroll
-    for (int dt = 0; dt < kDC; ++dt) {
-      const int d = dt * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dk_base + keys[r] * p.dk_stride[1] + d) = ptx::pack2<T>(dk[dt][2 * r], dk[dt][2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dv_base + keys[r] * p.dv_stride[1] + d) = ptx::pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
-    }
-  }
+  bwd_ws_store_dk_dv<T>(p, walk, keys, dk, dv, 0, t);
 }
 
 // Gathered: item `item` of the plan as a walk: its group's steps over the query tiles of its range.

@@ -198,18 +198,7 @@ __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, u
     }
   }
   if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
-  T* dk_base = static_cast<T*>(p.dk) + walk.b * p.dk_stride[0] + walk.hk * p.dk_stride[2];
-  T* dv_base = static_cast<T*>(p.dv) + walk.b * p.dv_stride[0] + walk.hk * p.dv_stride[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (keys[r] >= f.Sk) continue;
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      const int d = Shape::kGroupCols * group + nt * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dk_base + keys[r] * p.dk_stride[1] + d) = ptx::pack2<T>(dk[nt][2 * r], dk[nt][2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dv_base + keys[r] * p.dv_stride[1] + d) = ptx::pack2<T>(dv[nt][2 * r], dv[nt][2 * r + 1]);
-    }
-  }
+  bwd_ws_store_dk_dv<T>(p, walk, keys, dk, dv, Shape::kGroupCols * group, t);
 }
 
 template <class T>
