@@ -1,15 +1,20 @@
-"""Attention forward on Hopper without a mask: the warp-specialized kernel (the default at D 64,
-128 and 256) against the cp.async wgmma kernel (FDMA_FWD_WS=0; mma.sync at D 256), SDPA flash
-(FlashAttention-2) and SDPA cuDNN (dense cases only), in one process; with --cases per-key, a
-bias [B, H, 1, S] too. Each round times every system once per problem, the order
-rotated each round; the table gives medians over rounds of per-round medians of CUDA events.
+"""Attention forward on Hopper: the warp-specialized kernel (the default at D 64, 128 and 256)
+against the cp.async wgmma kernel (FDMA_FWD_WS=0; mma.sync at D 256), SDPA flash
+(FlashAttention-2) and SDPA cuDNN (dense cases), in one process. Cases: dense; per-key (a bias
+[B, H, 1, S]); mask (a [1, 1, S, S] mask keeping each score with probability 0.9: every tile
+masked, none skipped); block (a [1, 1, S, S] mask of 128 x 128 blocks, 1/8 of them kept whole);
+bias (a [1, H, S, S] bias in q's dtype). For mask, block and bias, SDPA's memory-efficient
+backend with the same mask or bias is the baseline. Each round times every system once per
+problem, the order rotated each round; the table gives medians over rounds of per-round
+medians of CUDA events.
 
 Usage: python3 bench/bench_fwd_ws.py [--seqlens 8192,16384] [--headdims 64,128] [--rounds 3]
                                      [--cases dense,per-key] [--keys 2176] [--systems ws,cudnn]
-bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*Sk*D / t, halved for causal. --keys: Sk keys
+bf16, B1 H16 Hk16 unless told. TF/s = 4*B*H*S*Sk*D / t, halved for causal (the block mask's
+kept share not counted: the same work as dense). --keys: Sk keys
 against S queries, non-causal only (short rows: each CTA walks few key tiles, as in the
 dynamic-mask forward, whose query tiles list about w + 128 keys). Also checks each
-flash-dma output against SDPA flash (dense) or the cp.async kernel (per-key): max |diff|.
+flash-dma output against SDPA flash (dense) or the cp.async kernel (the other cases): max |diff|.
 """
 import argparse
 import os
@@ -46,10 +51,10 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cases", default="dense", help="dense and/or per-key (a bias [B, H, 1, S])")
+    ap.add_argument("--cases", default="dense", help="dense, per-key, mask, block, bias (comma-separated)")
     ap.add_argument("--keys", type=int, default=0, help="Sk, when not S (non-causal only)")
     ap.add_argument("--systems", default="", help="time only these columns (comma-separated: "
-                    "ws, cpasync, flash, cudnn); default all")
+                    "ws, cpasync, flash, cudnn, efficient); default all")
     args = ap.parse_args()
     dev, B, H = torch.device("cuda"), args.batch, args.heads
     rows = []
@@ -64,28 +69,49 @@ def main():
             causals = (False,) if args.keys else (False, True)
             for case, causal in [(c, cz) for c in args.cases.split(",") for cz in causals]:
                 bias = key_bias if case == "per-key" else None
+                mask = None
+                if case == "mask":
+                    mask = torch.rand(1, 1, S, Sk, device=dev) < 0.9
+                elif case == "block":
+                    blocks = torch.rand(1, 1, (S + 127) // 128, (Sk + 127) // 128, device=dev) < 0.125
+                    mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)[:, :, :S, :Sk].contiguous()
+                elif case == "bias":
+                    bias = torch.randn(1, H, S, Sk, device=dev, dtype=torch.bfloat16)
+                # SDPA's form of the same terms: an additive float mask (-inf where hidden)
+                sdpa_terms = None
+                if mask is not None:
+                    sdpa_terms = torch.zeros(1, 1, S, Sk, device=dev, dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))
+                    if causal:  # bottom-right aligned, as ours; S == Sk here
+                        sdpa_terms = sdpa_terms.masked_fill(torch.ones(S, Sk, device=dev, dtype=torch.bool).triu(1), float("-inf"))
+                elif case == "bias":
+                    sdpa_terms = bias if not causal else bias.masked_fill(
+                        torch.ones(S, Sk, device=dev, dtype=torch.bool).triu(1), float("-inf"))
 
                 def sdpa(backend):
                     def run():
                         with sdpa_kernel(backend):
+                            if sdpa_terms is not None:
+                                return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=sdpa_terms)
                             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                     return run
 
                 def ours():
-                    return flash_dma.attention(q, k, v, attn_bias=bias, is_causal=causal)
+                    return flash_dma.attention(q, k, v, attn_mask=mask, attn_bias=bias, is_causal=causal)
 
                 systems = {"flash-dma ws": with_env(None, ours),
                            "flash-dma cp.async": with_env({"FDMA_FWD_WS": "0"}, ours)}
-                if bias is None:
+                if case == "dense":
                     systems.update({"SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
                                     "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)})
+                elif case != "per-key":
+                    systems["SDPA efficient"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
                 short = {"ws": "flash-dma ws", "cpasync": "flash-dma cp.async", "flash": "SDPA flash",
-                         "cudnn": "SDPA cuDNN"}
+                         "cudnn": "SDPA cuDNN", "efficient": "SDPA efficient"}
                 timed = ([short[x] for x in args.systems.split(",") if short[x] in systems] if args.systems
                          else list(systems))
                 with torch.no_grad():
-                    # the reference: SDPA flash, or with a bias the cp.async kernel
-                    ref = (systems["SDPA flash"]().transpose(1, 2) if bias is None else
+                    # the reference: SDPA flash, or with a mask or bias the cp.async kernel
+                    ref = (systems["SDPA flash"]().transpose(1, 2) if case == "dense" else
                            systems["flash-dma cp.async"]()).float()
                     errs = {n: (systems[n]().float() - ref).abs().max().item() for n in ("flash-dma ws", "flash-dma cp.async")}
                     names = [n for n in systems if n in timed]
@@ -99,7 +125,7 @@ def main():
                 rows.append((case, D, S if Sk == S else f"{S} x {Sk}", causal, med, flops, errs))
                 print(case, D, S, Sk, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H}, forward; ms (TF/s), medians of {args.rounds} rotated rounds")
-    columns = ["flash-dma ws", "flash-dma cp.async", "SDPA flash", "SDPA cuDNN"]
+    columns = ["flash-dma ws", "flash-dma cp.async", "SDPA flash", "SDPA cuDNN", "SDPA efficient"]
     print("| case | D | S | causal | " + " | ".join(columns) + " | max abs diff ws / cp.async |")
     print("|---" * (len(columns) + 5) + "|")
     for case, D, S, causal, med, flops, errs in rows:

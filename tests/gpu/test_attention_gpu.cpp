@@ -561,6 +561,84 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
   }
 }
 
+// Every plane of r.mask as blocks of 128 queries x 64 keys, each off, kept whole or kept
+// elementwise (probability 0.7), so that the kernels skip some key tiles, run some unmasked
+// and test the mask in the rest (and plane 0's first 128 rows keep nothing: zeros out); into
+// the reference's keep too.
+void fill_mixed_blocks(AttnRun& r, uint64_t seed) {
+  const AttnCase& c = r.c;
+  const std::vector<int64_t> s = declared_shape(c, c.mask);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> kind(0, 2);
+  std::bernoulli_distribution elem_on(0.7);
+  const int64_t rows = s[2], cols = s[3], planes = s[0] * s[1];
+  const int64_t nbq = (rows + 127) / 128, nbk = (cols + 63) / 64;
+  std::vector<int> block(planes * nbq * nbk);
+  for (auto& x : block) x = kind(rng);
+  for (int64_t bk = 0; bk < nbk; ++bk) block[bk] = 0;  // plane 0's first query tile sees no key
+  for (int64_t pl = 0; pl < planes; ++pl)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const int k = block[(pl * nbq + i / 128) * nbk + j / 64];
+        r.mask.set((pl * rows + i) * cols + j, k == 1 || (k == 2 && elem_on(rng)));
+      }
+  auto full = expand_full(c, r.mask.values(), s);
+  r.rp.keep.assign(full.begin(), full.end());
+}
+
+// The warp-specialized forward's scored calls (a mask, or a bias with a query dim: tiles the
+// copy engine brings with K, the mask summary's empty tiles skipped and its full ones run
+// unmasked) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend, at
+// D 64, 128 and 256: masks per query head, per KV head and shared, of mixed blocks; masks
+// broadcast over queries; biases with a query dim in q's dtype, alone and with a mask (a mask
+// tile and a bias tile together fit only at D 64: the other head dims take the other kernel);
+// per-key biases beside a mask; softcap, causal with more and fewer keys than queries, GQA,
+// both dtypes, ragged ends, and key counts whose rows the copy engine cannot read (the other
+// kernel).
+TEST(AttentionGpu, WarpSpecializedScoredForwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_FWD_WS");
+  uint64_t seed = 3500;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
+    ws.set(on);
+    for (int64_t D : {64, 128, 256})
+      for (int variant = 0; variant < 7; ++variant) {
+        const bool causal = (variant + D / 64) % 2 == 1;
+        const auto [Sq, Sk] = variant == 5   ? std::pair<int64_t, int64_t>{400, 160}
+                              : variant == 6 ? std::pair<int64_t, int64_t>{130, 200}
+                                             : std::pair<int64_t, int64_t>{333, 640};
+        AttnCase c = base(Sq, Sk, 4, 2, D, causal, (variant + D / 64) % 3 == 0 ? DType::f16 : DType::bf16, seed++);
+        c.softcap = variant == 2 || variant == 4 ? 5.0 : 0.0;
+        switch (variant) {
+          case 0:  // [B, H, Sq, Sk] mask of mixed blocks
+          case 5:  // the same with fewer keys than queries
+          case 6:  // 200-byte mask rows: not for the copy engine
+            c.mask.present = true;
+            break;
+          case 1:  // a shared [1, Hk, Sq, Sk] mask and a per-key float32 bias
+            c.mask.present = true, c.mask.b = false, c.mask.heads = 1;
+            c.bias.present = true, c.bias.q = false, c.bias.dtype = DType::f32;
+            break;
+          case 2:  // a [B, H, Sq, Sk] bias alone
+            c.bias.present = true;
+            break;
+          case 3:  // a key padding mask [B, 1, 1, Sk] and a [1, Hk, Sq, Sk] bias
+            c.mask.present = true, c.mask.heads = 0, c.mask.q = false;
+            c.bias.present = true, c.bias.b = false, c.bias.heads = 1;
+            break;
+          case 4:  // a [1, 1, Sq, Sk] mask and a [B, H, Sq, Sk] bias
+            c.mask.present = true, c.mask.b = false, c.mask.heads = 0;
+            c.bias.present = true;
+            break;
+        }
+        AttnRun r(c);
+        if (c.mask.present && c.mask.q) fill_mixed_blocks(r, seed);
+        run_gpu(r, false);
+      }
+  }
+}
+
 // The warp-specialized backward (attention_bwd_ws.cuh; non-deterministic calls without a mask
 // at D 64 and 128 on Hopper, no bias or a per-key one) and the dk/dv kernel's fused dq (FDMA_BWD_WS=0), each against the
 // CPU backend: key counts that leave a CTA's second group partly or wholly past the end, query

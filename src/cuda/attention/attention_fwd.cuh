@@ -394,11 +394,27 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if constexpr (kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kGather)) {
-    // The warp-specialized kernel where it applies (attention_fwd_ws.cuh).
+    // The warp-specialized kernel of the call's kind where it applies (attention_fwd_ws.cuh).
     FwdTensorMaps maps{};
-    if (wgmma_path_available(attention_fwd_ws_kernel<T, kHeadDim, kGather>, device) &&
-        attention_fwd_ws_applies<T, kHeadDim, kGather>(p, maps))
-      return launch_attention_fwd_ws<T, kHeadDim, kGather>(p, maps, device, stream);
+    auto try_kind = [&](auto kind_tag, cudaError_t& err) {
+      constexpr FwdWsKind kKind = decltype(kind_tag)::value;
+      if (!wgmma_path_available(attention_fwd_ws_kernel<T, kHeadDim, kKind>, device) ||
+          !attention_fwd_ws_applies<T, kHeadDim, kKind>(p, maps))
+        return false;
+      err = launch_attention_fwd_ws<T, kHeadDim, kKind>(p, maps, device, stream);
+      return true;
+    };
+    using Gathered = std::integral_constant<FwdWsKind, FwdWsKind::gathered>;
+    using Scored = std::integral_constant<FwdWsKind, FwdWsKind::scored>;
+    using Dense = std::integral_constant<FwdWsKind, FwdWsKind::dense>;
+    cudaError_t ws_err = cudaSuccess;
+    if constexpr (kGather) {
+      if (try_kind(Gathered{}, ws_err)) return ws_err;
+    } else if (fwd_ws_kind(p) == FwdWsKind::scored) {
+      if (try_kind(Scored{}, ws_err)) return ws_err;
+    } else if (try_kind(Dense{}, ws_err)) {
+      return ws_err;
+    }
   }
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = FwdMmaSm90<T, kHeadDim>;

@@ -1,13 +1,16 @@
-// Warp-specialized attention forward for Hopper (sm_90a): calls without a mask (causal,
-// softcap and a per-key bias allowed) whose q, k, v and bias the copy engine can read, at D =
-// 64, 128 and 256, and the gathered forward of dynamic-mask mode (key lists,
-// attention_fwd_params.hpp) at D = 64 and 128.
+// Warp-specialized attention forward for Hopper (sm_90a) at D = 64, 128 and 256: calls whose
+// q, k, v, mask and bias the copy engine can read (causal and softcap allowed), and the
+// gathered forward of dynamic-mask mode (key lists, attention_fwd_params.hpp) at D = 64 and 128.
+// One kernel per kind of call (FwdWsKind): dense calls (no mask; no bias or a per-key one),
+// scored calls (a mask, or a bias with a query dim) and gathered calls.
 //
 // Three warp groups per CTA of 128 query rows; key tiles of 128 keys for gathered calls and
 // wider ones for dense calls (fwd_ws_key_tile). The producer group gives most of its registers
 // away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier the
-// copies complete and an "empty" one the consumers arrive on. Dense calls: one thread issues
-// every copy with the bulk tensor copy engine (TMA), a key tile's bias row with its K.
+// copies complete and an "empty" one the consumers arrive on. Dense and scored calls: one
+// thread issues every copy with the bulk tensor copy engine (TMA), a key tile's bias row, or
+// its mask and bias tiles, with its K; scored calls skip the key tiles the mask summary rules
+// out (mask_tile_summary.cu), and the mask tiles of those it keeps whole.
 // Gathered calls: the group's 128 threads gather the listed keys' rows (and their KeyInfo
 // records) with cp.async, each thread arriving on the full barrier when its copies land. The
 // two consumer groups own 64 rows each and run the wgmma forward of FwdMmaSm90 (S = Q K^T, the
@@ -17,8 +20,9 @@
 // issued its own, so one group's softmax runs under the other's matmuls.
 //
 // The other forward (attention_fwd.cuh) loads tiles with cp.async from every thread and meets
-// at a CTA barrier per key tile; it stays for masks, biases with a query dim and the other head
-// dims.
+// at a CTA barrier per key tile; it stays for the other head dims, for masks and biases the
+// copy engine cannot read or whose tiles do not fit beside K and V (a mask and a bias tile
+// together at D = 128 and 256; a float32 bias with a query dim).
 #pragma once
 
 #include <cuda.h>
@@ -32,7 +36,9 @@
 #include "cuda/attention/cta_order.cuh"
 #include "cuda/attention/fwd_epilogue.cuh"
 #include "cuda/attention/fwd_mma_sm90.cuh"
+#include "cuda/attention/next_active.cuh"
 #include "cuda/attention/score_mod_sm80.cuh"
+#include "cuda/attention/score_tiles_sm90.cuh"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/mbarrier.cuh"
 #include "cuda/primitives/path_switches.hpp"
@@ -47,27 +53,42 @@
 
 namespace fdma::cuda {
 
-// Copy-engine descriptors of q, k and v (boxes of 64 columns by 128 rows of one head) and of a
-// per-key bias (boxes of 128 keys).
+// Copy-engine descriptors of q, k and v (boxes of 64 columns by 128 rows of one head), of a
+// bias (per-key rows of a key tile, or 64-key blocks of 128 rows) and of a mask (a key tile's
+// row, or its 128 rows).
 struct FwdTensorMaps {
-  CUtensorMap q, k, v, bias;
+  CUtensorMap q, k, v, bias, mask;
+};
+
+// The calls a kernel takes; each kind is an instantiation of its own, so that a kernel's
+// unrolled loop holds only its own score path.
+enum class FwdWsKind {
+  dense,     // no mask; no bias or a per-key one ([.., 1, Sk])
+  scored,    // a mask and/or a bias with a query dim: tiles copied with K, the mask summary walked
+  gathered,  // dynamic-mask mode: the keys of a query tile's list
 };
 
 // Keys per tile: 128 for gathered calls (their lists' tiles); for dense calls 192 at D = 64,
 // 176 at D = 128 and 80 at D = 256 (O takes 128 registers a thread there): the widest S the
 // consumers' registers hold, which spreads a step's fixed costs (the turn barriers, the row
 // maxima's shuffles, O's rescale) over the most keys (docs/performance.md, "attention forward").
-constexpr int fwd_ws_key_tile(int head_dim, bool gather) {
-  return gather ? 128 : head_dim == 64 ? 192 : head_dim == 128 ? 176 : 80;
+// Scored calls: 128 (64 at D = 256), where a stage's mask and bias tiles fit beside K and V and
+// their rows are one swizzle span (128 or 64 bytes of mask, 64-key blocks of bias).
+constexpr int fwd_ws_key_tile(int head_dim, FwdWsKind kind) {
+  if (kind == FwdWsKind::gathered) return 128;
+  if (kind == FwdWsKind::scored) return head_dim == 256 ? 64 : 128;
+  return head_dim == 64 ? 192 : head_dim == 128 ? 176 : 80;
 }
 
 // The CTA's shape and shared memory: Q, then kStages K buffers, kStages V buffers (each
 // 1024-byte aligned for the swizzle), per stage the gathered keys' KeyInfo records (gathered
-// calls) or the key tile's bias row (dense calls), then the mbarriers.
-template <class T, int kHeadDim, bool kGather, int kKeyTile = fwd_ws_key_tile(kHeadDim, kGather)>
+// calls) or the key tile's bias row (dense calls), then the mbarriers; scored calls then their
+// terms (FwdWsTerms), sized per call.
+template <class T, int kHeadDim, FwdWsKind kKind>
 struct FwdWsShape {
+  static constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = kKind == FwdWsKind::scored;
   static_assert(kHeadDim <= 128 || !kGather, "gathered calls: D = 64 and 128 (lists of 128-row query tiles)");
-  using Mma = FwdMmaSm90<T, kHeadDim, kKeyTile>;
+  using Mma = FwdMmaSm90<T, kHeadDim, fwd_ws_key_tile(kHeadDim, kKind)>;
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows
@@ -80,15 +101,16 @@ struct FwdWsShape {
   static constexpr int kColBlocks = kHeadDim / 64;  // TMA copies per tile: one per 128-byte column block
   // A stage's KeyInfo records or bias row (fp32 at most), padded to 128 bytes: the copy engine
   // writes bias rows to 128-byte aligned addresses.
-  static constexpr int kInfoUsed = kGather ? kBlockN * int(sizeof(KeyInfo)) : kBlockN * 4;
+  static constexpr int kInfoUsed = kGather ? kBlockN * int(sizeof(KeyInfo)) : kScored ? 0 : kBlockN * 4;
   static constexpr int kInfoBytes = (kInfoUsed + 127) / 128 * 128;
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
   static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;
   // q_full, then per stage k_full, k_empty, v_full, v_empty.
   static constexpr int kNumBars = 1 + 4 * kStages;
-  static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
+  static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;  // without a scored call's terms
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
+  static constexpr int kTerms = (kBars + kNumBars * 8 + 1023) / 1024 * 1024;  // scored calls' terms (1024-aligned)
   // Arrivals that fill a buffer: the TMA thread's one, or one per gathering thread.
   static constexpr int kFillArrivals = kGather ? 128 : 1;
 
@@ -101,6 +123,59 @@ struct FwdWsShape {
   __device__ static uint32_t v_tile(uint32_t base, int s) { return base + kV + s * Mma::kKVBytes; }
   __device__ static int info_offset(int s) { return kInfo + s * kInfoBytes; }
   __device__ static int bias_offset(int s) { return info_offset(s); }
+};
+
+// A scored call's terms in shared memory after the barriers: per stage the key tile's mask
+// tile (128 rows of kBlockN bytes) or, for a mask broadcast over queries, its mask row; and its
+// bias tile (kBlockN / 64 blocks of 128 rows x 64 elements in q's dtype) or bias row (q's dtype
+// or float32). Tiles first, 1024-byte aligned for the swizzle; rows after them, 128-byte
+// aligned for the copy engine; the next-active table last. Sized per call, so that a call
+// pays shared memory only for the terms it has.
+template <class Shape>
+struct FwdWsTerms {
+  static constexpr int kS = Shape::kStages;
+  int mask_tile, mask_row, bias_tile, bias_row;  // bytes a stage; 0 where absent
+
+  __host__ __device__ explicit FwdWsTerms(const AttentionFwdParams& p) {
+    const bool mask_keys = p.mask && p.mask_stride[2] == 0, bias_keys = p.bias && p.bias_stride[2] == 0;
+    mask_tile = p.mask && !mask_keys ? Shape::kBlockM * Shape::kBlockN : 0;
+    mask_row = mask_keys ? 128 : 0;  // kBlockN <= 128 bytes
+    bias_tile = p.bias && !bias_keys ? Shape::kBlockM * Shape::kBlockN * 2 : 0;
+    bias_row = bias_keys ? Shape::kBlockN * (p.bias_f32 ? 4 : 2) : 0;  // a multiple of 128
+  }
+  __host__ __device__ int mask_tile_at(int s) const { return Shape::kTerms + s * mask_tile; }
+  __host__ __device__ int bias_tile_at(int s) const { return Shape::kTerms + kS * mask_tile + s * bias_tile; }
+  __host__ __device__ int mask_row_at(int s) const { return Shape::kTerms + kS * (mask_tile + bias_tile) + s * mask_row; }
+  __host__ __device__ int bias_row_at(int s) const {
+    return Shape::kTerms + kS * (mask_tile + bias_tile + mask_row) + s * bias_row;
+  }
+  __host__ __device__ int table_at() const { return Shape::kTerms + kS * (mask_tile + bias_tile + mask_row + bias_row); }
+  // Bytes the copies of a key tile's terms bring (the mask's none where the tile is kept whole).
+  __host__ __device__ int copy_bytes(bool mask_keeps_all) const {
+    return (mask_keeps_all ? 0 : mask_tile + (mask_row ? Shape::kBlockN : 0)) + bias_tile + bias_row;
+  }
+  __host__ __device__ int smem_bytes(const AttentionFwdParams& p) const {
+    return align_slack<1024>() + table_at() + next_active_bytes(p, Shape::kBlockN);
+  }
+};
+
+// The summary tiles a scored CTA's tile covers: its 128 query rows and kBlockN keys over the
+// summary's fwd_block_m x fwd_block_n tiles (mask_tile_summary.cu).
+template <class Shape, int kHeadDim>
+using FwdWsSummary = SummaryTiles<Shape::kBlockM / fwd_block_m(kHeadDim), Shape::kBlockN / fwd_block_n(kHeadDim)>;
+
+// The key tiles a scored CTA walks, in order: the active ones below n_blocks, through the
+// next-active table in shared memory where the call has one (next_active.cuh).
+template <class Summary>
+struct FwdWsWalk {
+  Summary tiles;
+  const int16_t* table;  // null: step through the summary
+  int n_blocks;
+  __device__ int next(int nb) const {
+    if (table) return nb < n_blocks ? int(table[nb]) : nb;
+    while (nb < n_blocks && !tiles.active(nb)) ++nb;
+    return nb;
+  }
 };
 
 // The copy-issuing thread of a dense call: Q, then K(j) and V(j) for every key tile, each into
@@ -133,6 +208,56 @@ __device__ __forceinline__ void fwd_ws_produce_tma(const FwdTensorMaps& maps, ui
     for (int c = 0; c < Shape::kColBlocks; ++c)
       tma::load_4d(Shape::k_tile(base, s) + c * Mma::kBlockBytesKV, &maps.k, Shape::k_full(base, s), c * 64, key0, hk,
                    b);
+    mbar::wait(Shape::v_empty(base, s), free_parity);
+    mbar::arrive_expect_tx(Shape::v_full(base, s), Mma::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < Shape::kColBlocks; ++c)
+      tma::load_4d(Shape::v_tile(base, s) + c * Mma::kBlockBytesKV, &maps.v, Shape::v_full(base, s), c * 64, key0, hk,
+                   b);
+  }
+}
+
+// The copy-issuing thread of a scored call: as fwd_ws_produce_tma over the key tiles of `walk`,
+// each K copy bringing the tile's mask (unless the summary keeps the tile whole) and bias with
+// it: as a tile of the CTA's 128 rows, or one row shared by every query row.
+template <class Shape, class Walk>
+__device__ __forceinline__ void fwd_ws_produce_scored(const AttentionFwdParams& p, const FwdTensorMaps& maps,
+                                                      uint32_t base, const Walk& walk, int first, int row0, int h,
+                                                      int hk, int b) {
+  using Mma = typename Shape::Mma;
+  tma::prefetch_map(&maps.q);
+  tma::prefetch_map(&maps.k);
+  tma::prefetch_map(&maps.v);
+  if (p.mask) tma::prefetch_map(&maps.mask);
+  if (p.bias) tma::prefetch_map(&maps.bias);
+  if (first >= walk.n_blocks) return;  // the consumers wait for nothing: no copy may outlive the CTA
+  const FwdWsTerms<Shape> terms(p);
+  const int mask_head = int(head_index(p.mask_head_mode, h, p.G)), mask_batch = p.mask_stride[0] == 0 ? 0 : b;
+  const int bias_head = int(head_index(p.bias_head_mode, h, p.G)), bias_batch = p.bias_stride[0] == 0 ? 0 : b;
+  mbar::arrive_expect_tx(Shape::q_full(base), Mma::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Shape::kColBlocks; ++c)
+    tma::load_4d(base + Shape::kQ + c * Mma::kBlockBytesQ, &maps.q, Shape::q_full(base), c * 64, row0, h, b);
+  for (int j = 0, nb = first; nb < walk.n_blocks; ++j, nb = walk.next(nb + 1)) {
+    const int s = j % Shape::kStages;
+    const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
+    const int key0 = nb * Shape::kBlockN;
+    const uint32_t full = Shape::k_full(base, s);
+    const bool mask_all = walk.tiles.keeps_all(nb);
+    mbar::wait(Shape::k_empty(base, s), free_parity);
+    mbar::arrive_expect_tx(full, Mma::kKVBytes + terms.copy_bytes(mask_all));
+    if (terms.mask_tile && !mask_all)
+      tma::load_4d(base + terms.mask_tile_at(s), &maps.mask, full, key0, row0, mask_head, mask_batch);
+    if (terms.mask_row && !mask_all)
+      tma::load_3d(base + terms.mask_row_at(s), &maps.mask, full, key0, mask_head, mask_batch);
+    if (terms.bias_tile)
+      for (int c = 0; c < Shape::kBlockN / 64; ++c)
+        tma::load_4d(base + terms.bias_tile_at(s) + c * Shape::kBlockM * 128, &maps.bias, full, key0 + c * 64, row0,
+                     bias_head, bias_batch);
+    if (terms.bias_row) tma::load_3d(base + terms.bias_row_at(s), &maps.bias, full, key0, bias_head, bias_batch);
+#pragma unroll
+    for (int c = 0; c < Shape::kColBlocks; ++c)
+      tma::load_4d(Shape::k_tile(base, s) + c * Mma::kBlockBytesKV, &maps.k, full, c * 64, key0, hk, b);
     mbar::wait(Shape::v_empty(base, s), free_parity);
     mbar::arrive_expect_tx(Shape::v_full(base, s), Mma::kKVBytes);
 #pragma unroll
@@ -211,20 +336,59 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
 }
 
 // The score modification of the key tile at key0 in stage st: causality, bounds, softcap and
-// the bias row from the stage (dense), or the gathered keys' intervals and biases from their
-// KeyInfo records. `raw` (dense, no bias or softcap, scale > 0): causality and bounds only, the
-// scores left unscaled for the softmax to scale in its exponent; with a bias and no softcap,
-// scale and bias in one multiply-add. The K buffer goes back once S is done and the stage's
-// bias row or records are read.
+// the bias row from the stage (dense), the stage's mask and bias tiles or rows (scored; none of
+// the mask where the summary keeps the tile whole, `mask_all`), or the gathered keys' intervals
+// and biases from their KeyInfo records. `raw` (no bias or softcap, scale > 0): causality,
+// bounds and the mask only, the scores left unscaled for the softmax to scale in its exponent;
+// with a bias and no softcap, scale and bias in one multiply-add. The K buffer goes back once S
+// is done and the stage's terms or records are read. `tile_row`: the thread's first row within
+// the CTA's 128 (scored calls).
 // Each consumer thread arrives on the stage's empty barrier itself (initialised to 256): no
 // thread's reads rely on another's arrival.
-template <class T, bool kGather, class Shape, int kCols>
+template <class T, FwdWsKind kKind, class Shape, int kCols>
 __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const AttentionFwdParams& p,
                                               const unsigned char* smem, uint32_t base, int st, int key0, int b, int h,
-                                              int warp_row0, int lane, bool raw) {
-  if constexpr (kGather) {
+                                              int warp_row0, int lane, bool raw, int tile_row, bool mask_all) {
+  if constexpr (kKind == FwdWsKind::gathered) {
     apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
     mbar::arrive(Shape::k_empty(base, st));
+  } else if constexpr (kKind == FwdWsKind::scored) {
+    const FwdWsTerms<Shape> terms(p);
+    const int t = lane % 4;
+    if (terms.bias_tile) {
+      const uint32_t tile = base + terms.bias_tile_at(st);
+      if (p.softcap == 0.f) {
+        add_bias_tile<T, true>(s, tile, tile_row, t, p.scale);
+      } else {
+        cap_scores(s, p);
+        add_bias_tile<T, false>(s, tile, tile_row, t, 1.f);
+      }
+    } else if (terms.bias_row) {
+      const unsigned char* row = smem + terms.bias_row_at(st);
+      if (p.softcap == 0.f) {
+        if (p.bias_f32)
+          scale_add_key_row(s, reinterpret_cast<const float*>(row), t, p.scale);
+        else
+          scale_add_key_row(s, reinterpret_cast<const T*>(row), t, p.scale);
+      } else {
+        cap_scores(s, p);
+        if (p.bias_f32)
+          add_key_row(s, reinterpret_cast<const float*>(row), t);
+        else
+          add_key_row(s, reinterpret_cast<const T*>(row), t);
+      }
+    } else if (!raw) {
+      cap_scores(s, p);
+    }
+    if (terms.mask_tile && !mask_all)
+      hide_masked_tile<Shape::kBlockN>(s, base + terms.mask_tile_at(st), tile_row, t);
+    else if (terms.mask_row && !mask_all)
+      hide_masked_keys(s, base + terms.mask_row_at(st), t);
+    mbar::arrive(Shape::k_empty(base, st));
+    if (!interior_tile<kCols>(p, warp_row0, key0)) {
+      const int rows[2] = {warp_row0 + lane / 4, warp_row0 + lane / 4 + 8};
+      hide_out_of_range(s, p, rows, key0, t);
+    }
   } else if (p.bias && p.softcap == 0.f) {  // scale and bias in one multiply-add a score
     const bool interior = interior_tile<kCols>(p, warp_row0, key0);
     if (p.bias_f32)
@@ -252,14 +416,17 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
   }
 }
 
-// One consumer warp group: 64 query rows against every key tile, then the epilogue.
+// One consumer warp group: 64 query rows against every key tile of `walk` (every tile below
+// n_blocks but for scored calls, which skip those the mask rules out), then the epilogue.
 // `warp` counts the consumer warps (0..7): group `group` holds warps 4 * group .. + 3.
-template <class T, int kHeadDim, bool kGather, class Shape>
+template <class T, int kHeadDim, FwdWsKind kKind, class Shape, class Walk>
 __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint32_t base, const unsigned char* smem,
-                                               int n_listed, int n_blocks, int row0, int h, int b, int group, int warp,
-                                               int lane) {
+                                               int n_listed, const Walk& walk, int first, int row0, int h, int b,
+                                               int group, int warp, int lane) {
+  constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = kKind == FwdWsKind::scored;
   using Mma = typename Shape::Mma;
   constexpr int kN = Mma::kTilesN, kDT = Mma::kTilesD;
+  const int n_blocks = walk.n_blocks;
   const int warp_row0 = row0 + Mma::warp_row_offset(warp);
   float o[1][kDT][4];
 #pragma unroll
@@ -268,6 +435,14 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
   // Unscaled scores where only the scale applies: the exponent's multiply-add scales them.
   const bool raw = !kGather && !p.bias && p.softcap == 0.f && p.scale > 0.f;
   const float log2_scale = (raw ? p.scale : 1.f) * 1.4426950408889634f;
+  // The tile's terms of a scored call: the summary's "kept whole" bit, the thread's row in them.
+  auto mask_all = [&](int nb) {
+    if constexpr (kScored)
+      return walk.tiles.keeps_all(nb);
+    else
+      return false;
+  };
+  const int tile_row = Mma::warp_row_offset(warp) + lane / 4;
 
   // The ping-pong: barrier 1 + g is group g's turn to issue; it takes 256 threads, its own
   // group waiting and the other arriving. Group 0 starts; each group passes the turn after
@@ -293,7 +468,7 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
   // Every consumer thread hands a V buffer back itself once its P V is done (fwd_ws_scores).
   auto release = [&](uint32_t bar) { mbar::arrive(bar); };
 
-  if (n_blocks > 0) {
+  if (first < n_blocks) {
     const uint32_t s_q = base + Shape::kQ;
     typename Mma::PFrag pf;
     // A gathered list's last tile runs 32 or 64 keys wide where it holds no more, as in the
@@ -303,22 +478,23 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
       const int tail = n_listed - (n_blocks - 1) * Shape::kBlockN;
       if (p.narrow_last_tile && n_blocks >= 2) last_keys = tail <= 32 ? 32 : tail <= 64 ? 64 : Shape::kBlockN;
     }
-    // Key tile 0: S only (O is zero, nothing to rescale).
-    auto first_step = [&] {
+    // The first key tile: S only (O is zero, nothing to rescale).
+    auto first_step = [&](bool last) {
       float s[1][kN][4], alpha[2];
       wait_full(Shape::k_full(base, 0), 0);
       take_turn();
       Mma::qk_issue(s, s_q, Shape::k_tile(base, 0), warp);
-      pass_turn(n_blocks == 1);
+      pass_turn(last);
       Mma::template wait_qk<false>(s);
-      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, 0, 0, b, h, warp_row0, lane, raw);
+      fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, 0, first * Shape::kBlockN, b, h, warp_row0, lane, raw,
+                                     tile_row, mask_all(first));
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
       Mma::pack_p(pf, s);
     };
-    // Key tile j >= 1, kKeys wide: S(j) and P(j-1) V(j-1) issued together; the softmax of S(j)
-    // runs while P V does. Every wgmma a step issues is waited on within it (one in flight
-    // across a branch makes ptxas serialise them all, warning C7514).
-    auto step = [&](auto keys_tag, int j) {
+    // Step j >= 1 (key tile nb), kKeys wide: S(j) and P(j-1) V(j-1) issued together; the
+    // softmax of S(j) runs while P V does. Every wgmma a step issues is waited on within it
+    // (one in flight across a branch makes ptxas serialise them all, warning C7514).
+    auto step = [&](auto keys_tag, int j, int nb, bool last) {
       constexpr int kKeys = decltype(keys_tag)::value;
       const int s_now = j % Shape::kStages, s_prev = (j - 1) % Shape::kStages;
       float s[1][kKeys / 8][4], alpha[2];
@@ -327,19 +503,19 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
       take_turn();
       Mma::template qk_issue<kKeys>(s, s_q, Shape::k_tile(base, s_now), warp);
       Mma::pv_issue(o, pf, Shape::v_tile(base, s_prev));
-      pass_turn(j == n_blocks - 1);
+      pass_turn(last);
       Mma::template wait_qk<true>(s);
-      fwd_ws_scores<T, kGather, Shape>(s[0], p, smem, base, s_now, j * Shape::kBlockN, b, h, warp_row0, lane, raw);
+      fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, s_now, nb * Shape::kBlockN, b, h, warp_row0, lane, raw,
+                                     tile_row, mask_all(nb));
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
       Mma::wait_pv(o, pf);
       release(Shape::v_empty(base, s_prev));
       softmax.rescale(o[0], alpha);
       Mma::pack_p(pf, s);
     };
-    // The last tile's P V over its kKeys keys.
-    auto last_pv = [&](auto keys_tag) {
+    // The P V of the last step, `last`, over its kKeys keys.
+    auto last_pv = [&](auto keys_tag, int last) {
       constexpr int kKeys = decltype(keys_tag)::value;
-      const int last = n_blocks - 1;
       wait_full(Shape::v_full(base, last % Shape::kStages), (last / Shape::kStages) & 1);
       Mma::template pv_issue<kKeys>(o, pf, Shape::v_tile(base, last % Shape::kStages));
       Mma::wait_pv(o, pf);
@@ -347,21 +523,32 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
     using Full = std::integral_constant<int, Shape::kBlockN>;
     if (group == 1) ptx::named_barrier_arrive<1, 256>();
     wait_full(Shape::q_full(base), 0);
-    const int full_end = last_keys < Shape::kBlockN ? n_blocks - 1 : n_blocks;
-    first_step();
-    for (int j = 1; j < full_end; ++j) step(Full{}, j);
-    if constexpr (kGather) {
-      if (last_keys == 32) {
-        step(std::integral_constant<int, 32>{}, n_blocks - 1);
-        last_pv(std::integral_constant<int, 32>{});
-      } else if (last_keys == 64) {
-        step(std::integral_constant<int, 64>{}, n_blocks - 1);
-        last_pv(std::integral_constant<int, 64>{});
-      } else {
-        last_pv(Full{});
+    if constexpr (kScored) {
+      int j = 0, nb = walk.next(first + 1);
+      first_step(nb >= n_blocks);
+      while (nb < n_blocks) {
+        const int after = walk.next(nb + 1);
+        step(Full{}, ++j, nb, after >= n_blocks);
+        nb = after;
       }
+      last_pv(Full{}, j);
     } else {
-      last_pv(Full{});
+      const int full_end = last_keys < Shape::kBlockN ? n_blocks - 1 : n_blocks;
+      first_step(n_blocks == 1);
+      for (int j = 1; j < full_end; ++j) step(Full{}, j, j, j == n_blocks - 1);
+      if constexpr (kGather) {
+        if (last_keys == 32) {
+          step(std::integral_constant<int, 32>{}, n_blocks - 1, n_blocks - 1, true);
+          last_pv(std::integral_constant<int, 32>{}, n_blocks - 1);
+        } else if (last_keys == 64) {
+          step(std::integral_constant<int, 64>{}, n_blocks - 1, n_blocks - 1, true);
+          last_pv(std::integral_constant<int, 64>{}, n_blocks - 1);
+        } else {
+          last_pv(Full{}, n_blocks - 1);
+        }
+      } else {
+        last_pv(Full{}, n_blocks - 1);
+      }
     }
   }
 
@@ -370,11 +557,18 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
   store_output_rows<T, true>(o[0], softmax, p, b, h, warp_row0, lane / 4, lane % 4, raw ? p.scale : 1.f);
 }
 
-template <class T, int kHeadDim, bool kGather>
-__global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
+// Every tile below n_blocks, in order (dense and gathered calls).
+struct FwdWsEveryTile {
+  int n_blocks;
+  __device__ int next(int nb) const { return nb; }
+};
+
+template <class T, int kHeadDim, FwdWsKind kKind>
+__global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     attention_fwd_ws_kernel(const AttentionFwdParams p, const __grid_constant__ FwdTensorMaps maps) {
 #if FDMA_SM90_ENABLED
-  using Shape = FwdWsShape<T, kHeadDim, kGather>;
+  using Shape = FwdWsShape<T, kHeadDim, kKind>;
+  constexpr bool kGather = Shape::kGather, kScored = Shape::kScored;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<1024>(smem_raw);
   const uint32_t base = ptx::smem_addr(smem);
@@ -390,7 +584,7 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
     mbar::fence_init();
   }
   __syncthreads();
-  ptx::griddep_wait();  // launched overlapping its predecessor (the list kernels): its writes
+  ptx::griddep_wait();  // launched overlapping its predecessor (the list kernels, the mask summary): its writes
 
   // Causal: the longest tiles first. Gathered CTAs keep grid order (attention_fwd.cuh).
   const QueryTileCta cta = query_tile_cta(!kGather && p.causal);
@@ -402,47 +596,99 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
   const int key_end = kGather ? n_listed : p.causal ? min(p.Sk, row0 + Shape::kBlockM + p.Sk - p.Sq) : p.Sk;
   const int n_blocks = key_end > 0 ? (key_end + Shape::kBlockN - 1) / Shape::kBlockN : 0;
 
-  if (warp < 4) {
-    wgmma::regs_shrink<Shape::kProducerRegs>();
-    if constexpr (kGather)
-      fwd_ws_produce_gather<T, kHeadDim, Shape>(p, base, list, n_listed, n_blocks, row0, h, hk, b, tid);
-    else if (warp == 0 && lane == 0)
-      fwd_ws_produce_tma<Shape>(maps, base, n_blocks, row0, h, hk, b,
-                                p.bias ? Shape::kBlockN * (p.bias_f32 ? 4 : 2) : 0,
-                                int(head_index(p.bias_head_mode, h, p.G)), p.bias_stride[0] == 0 ? 0 : b);
-  } else {
-    wgmma::regs_grow<Shape::kConsumerRegs>();
-    const int consumer_warp = warp - 4;
-    fwd_ws_consume<T, kHeadDim, kGather, Shape>(p, base, smem, n_listed, n_blocks, row0, h, b, consumer_warp / 4,
+  // Scored calls walk the tiles the mask summary leaves active, through a table every thread
+  // helps build where the call has room for one (FwdWsTerms).
+  auto run = [&](const auto& walk, int first) {
+    if (warp < 4) {
+      wgmma::regs_shrink<Shape::kProducerRegs>();
+      if constexpr (kGather)
+        fwd_ws_produce_gather<T, kHeadDim, Shape>(p, base, list, n_listed, n_blocks, row0, h, hk, b, tid);
+      else if constexpr (kScored) {
+        if (warp == 0 && lane == 0) fwd_ws_produce_scored<Shape>(p, maps, base, walk, first, row0, h, hk, b);
+      } else if (warp == 0 && lane == 0)
+        fwd_ws_produce_tma<Shape>(maps, base, n_blocks, row0, h, hk, b,
+                                  p.bias ? Shape::kBlockN * (p.bias_f32 ? 4 : 2) : 0,
+                                  int(head_index(p.bias_head_mode, h, p.G)), p.bias_stride[0] == 0 ? 0 : b);
+    } else {
+      wgmma::regs_grow<Shape::kConsumerRegs>();
+      const int consumer_warp = warp - 4;
+      fwd_ws_consume<T, kHeadDim, kKind, Shape>(p, base, smem, n_listed, walk, first, row0, h, b, consumer_warp / 4,
                                                 consumer_warp, lane);
+    }
+  };
+  if constexpr (kScored) {
+    using Summary = FwdWsSummary<Shape, kHeadDim>;
+    const Summary tiles = Summary::of(p, b, h, cta.m_block);
+    const FwdWsTerms<Shape> terms(p);
+    int16_t* table = tiles.row && next_active_bytes(p, Shape::kBlockN)
+                         ? reinterpret_cast<int16_t*>(smem + terms.table_at())
+                         : nullptr;
+    if (table) build_next_active(table, n_blocks, [&](int nb) { return tiles.active(nb); }, tid, Shape::kThreads);
+    const FwdWsWalk<Summary> walk{tiles, table, n_blocks};
+    run(walk, walk.next(0));
+  } else {
+    run(FwdWsEveryTile{n_blocks}, 0);
   }
 #else
   __trap();  // dispatch launches it only on sm_90a code (arch_dispatch.cuh)
 #endif
 }
 
-// Whether the warp-specialized forward takes this call (the caller checks the device):
-// gathered calls always; calls without a mask at exactly this head dim, with no bias or a
-// per-key one ([.., 1, Sk], tiled), whose tensors the copy engine can describe (maps filled
-// here).
-template <class T, int kHeadDim, bool kGather>
+// The kind of kernel a call without key lists takes, as far as its terms decide.
+inline FwdWsKind fwd_ws_kind(const AttentionFwdParams& p) {
+  if (p.lists.keys) return FwdWsKind::gathered;
+  return p.mask || (p.bias && p.bias_stride[2] != 0) ? FwdWsKind::scored : FwdWsKind::dense;
+}
+
+// Whether the warp-specialized forward of kind kKind takes this call (the caller checks the
+// device and that fwd_ws_kind(p) == kKind): gathered calls always; the others at exactly this
+// head dim where the copy engine can describe q, k, v, the bias and the mask (maps filled
+// here), and for scored calls where their terms fit in shared memory (a mask tile and a bias
+// tile together only at D = 64; a bias with a query dim in q's dtype).
+template <class T, int kHeadDim, FwdWsKind kKind>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
+  using Shape = FwdWsShape<T, kHeadDim, kKind>;
   if (!fwd_ws_allowed()) return false;
-  if constexpr (kGather) {  // the gathering producer's row offsets: 32-bit strides
+  if constexpr (kKind == FwdWsKind::gathered) {  // the gathering producer's row offsets: 32-bit strides
     const int64_t most = int64_t(INT32_MAX) / int64_t(sizeof(T));
     return p.k_stride[1] <= most && p.v_stride[1] <= most;
   } else {
-    if (p.mask || p.D != kHeadDim || (p.bias && (!p.bias_tiled || p.bias_stride[2] != 0))) return false;
-    using Shape = FwdWsShape<T, kHeadDim, false>;
+    if (p.D != kHeadDim || (p.mask && !p.mask_tiled) || (p.bias && !p.bias_tiled)) return false;
     constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    const bool bias_keys = p.bias && p.bias_stride[2] == 0;
+    if constexpr (kKind == FwdWsKind::dense) {
+      if (p.mask || (p.bias && !bias_keys)) return false;
+    } else {
+      if (p.bias && !bias_keys && p.bias_f32) return false;
+      AttentionFwdParams untabled = p;
+      untabled.next_active_table = false;
+      if (FwdWsTerms<Shape>(p).smem_bytes(untabled) > 227 * 1024) return false;
+    }
+    if (p.mask) {
+      const int heads = p.mask_head_mode == 2 ? p.H : p.mask_head_mode == 1 ? p.Hk : 1;
+      const int batch = p.mask_stride[0] == 0 ? 1 : p.B;
+      const bool ok = p.mask_stride[2] == 0
+                          ? encode_key_rows_map(maps.mask, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.Sk, heads,
+                                                batch, p.mask_stride[0], p.mask_stride[1], Shape::kBlockN)
+                          : encode_tile_map(maps.mask, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.Sk, p.Sq, heads,
+                                            batch, p.mask_stride[2], p.mask_stride[1], p.mask_stride[0],
+                                            Shape::kBlockN, Shape::kBlockM,
+                                            Shape::kBlockN == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                                  : CU_TENSOR_MAP_SWIZZLE_64B);
+      if (!ok) return false;
+    }
     if (p.bias) {
       const CUtensorMapDataType dtype = p.bias_f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                         : bf16     ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
       const int heads = p.bias_head_mode == 2 ? p.H : p.bias_head_mode == 1 ? p.Hk : 1;
-      if (!encode_key_rows_map(maps.bias, p.bias, dtype, p.bias_f32 ? 4 : 2, p.Sk, heads,
-                               p.bias_stride[0] == 0 ? 1 : p.B, p.bias_stride[0], p.bias_stride[1], Shape::kBlockN))
-        return false;
+      const int batch = p.bias_stride[0] == 0 ? 1 : p.B;
+      const bool ok = bias_keys ? encode_key_rows_map(maps.bias, p.bias, dtype, p.bias_f32 ? 4 : 2, p.Sk, heads, batch,
+                                                      p.bias_stride[0], p.bias_stride[1], Shape::kBlockN)
+                                : encode_tile_map(maps.bias, p.bias, dtype, 2, p.Sk, p.Sq, heads, batch,
+                                                  p.bias_stride[2], p.bias_stride[1], p.bias_stride[0], 64,
+                                                  Shape::kBlockM, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (!ok) return false;
     }
     return encode_rows_map(maps.q, p.q, bf16, p.D, p.Sq, p.H, p.B, p.q_stride, Shape::kBlockM) &&
            encode_rows_map(maps.k, p.k, bf16, p.D, p.Sk, p.Hk, p.B, p.k_stride, Shape::kBlockN) &&
@@ -450,16 +696,25 @@ bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) 
   }
 }
 
-template <class T, int kHeadDim, bool kGather>
-cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& p, const FwdTensorMaps& maps, int device,
+template <class T, int kHeadDim, FwdWsKind kKind>
+cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& params, const FwdTensorMaps& maps, int device,
                                     cudaStream_t stream) {
-  using Shape = FwdWsShape<T, kHeadDim, kGather>;
-  auto kernel = attention_fwd_ws_kernel<T, kHeadDim, kGather>;
+  using Shape = FwdWsShape<T, kHeadDim, kKind>;
+  auto kernel = attention_fwd_ws_kernel<T, kHeadDim, kKind>;
+  AttentionFwdParams p = params;
+  int smem = Shape::kSmemBytes;
+  if constexpr (kKind == FwdWsKind::scored) {
+    // The next-active table only where it fits beside the terms (attention_fwd_ws_applies
+    // checked the rest).
+    const FwdWsTerms<Shape> terms(p);
+    if (terms.smem_bytes(p) > 227 * 1024) p.next_active_table = false;
+    smem = terms.smem_bytes(p);
+  }
   static std::atomic<int> granted[kMaxDevices] = {};
-  cudaError_t err = grant_smem_once(kernel, Shape::kSmemBytes, device < kMaxDevices ? granted : nullptr, device);
+  cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted : nullptr, device);
   if (err != cudaSuccess) return err;
   dim3 grid((p.Sq + Shape::kBlockM - 1) / Shape::kBlockM, p.H, p.B);
-  return launch_kernel(p.overlap_previous, kernel, grid, Shape::kThreads, Shape::kSmemBytes, stream, p, maps);
+  return launch_kernel(p.overlap_previous, kernel, grid, Shape::kThreads, smem, stream, p, maps);
 }
 
 }  // namespace fdma::cuda

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/attention/attention_fwd_params.hpp"  // next_active_table_bytes
+#include "cuda/attention/score_mod_sm80.cuh"        // head_index
 
 namespace fdma::cuda {
 
@@ -48,5 +49,47 @@ __device__ __forceinline__ void build_next_active(int16_t* next, int n, IsActive
   if (tid == 0) next[n] = int16_t(n);
   __syncthreads();
 }
+
+// One CTA's rows of the mask tile summary (AttentionFwdParams::tile_active) for a kernel whose
+// tiles cover kRows x kCols summary tiles (the summary's are fwd_block_m x fwd_block_n of the
+// mma.sync forward): a kernel tile is active if any of its summary tiles is, kept whole if all
+// of them are. Null `row`: no mask, every tile active and none kept whole.
+template <int kRows, int kCols>
+struct SummaryTiles {
+  const uint8_t* row;  // the CTA's first summary row
+  int rows;            // summary rows of the CTA in range (the last query tile may hold fewer)
+  int row_stride;      // between those rows: the summary's key tiles, or 0 broadcast over queries
+  int k_tiles;         // the summary's key tiles (1: broadcast over keys)
+
+  // Query tile m_block (of kRows summary rows) of (b, h).
+  __device__ static SummaryTiles of(const AttentionFwdParams& p, int b, int h, int m_block) {
+    if (!p.tile_active) return {nullptr, 0, 0, 0};
+    const int mb = p.active_batches == 1 ? 0 : b;
+    const int mh = int(head_index(p.mask_head_mode, h, p.G));
+    const bool q_bcast = p.active_q_tiles == 1;
+    const int qt = q_bcast ? 0 : m_block * kRows;
+    const uint8_t* row =
+        p.tile_active + ((int64_t(mb) * p.active_heads + mh) * p.active_q_tiles + qt) * p.active_k_tiles;
+    return {row, q_bcast ? 1 : min(kRows, p.active_q_tiles - qt), q_bcast ? 0 : p.active_k_tiles, p.active_k_tiles};
+  }
+
+  // The summary bits of kernel key tile nb: OR for "some", AND for "all".
+  __device__ uint32_t bits(int nb, bool all) const {
+    uint32_t any = 0, every = kTileSome | kTileAll;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int kt = k_tiles == 1 ? 0 : nb * kCols + c;
+        if (r < rows && kt < k_tiles) {
+          const uint32_t v = row[r * row_stride + kt];
+          any |= v, every &= v;
+        }
+      }
+    return all ? every : any;
+  }
+  __device__ bool active(int nb) const { return !row || (bits(nb, false) & kTileSome); }
+  __device__ bool keeps_all(int nb) const { return row && (bits(nb, true) & kTileAll); }
+};
 
 }  // namespace fdma::cuda

@@ -29,6 +29,18 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y)
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
+// Loads from a shared address: for tiles whose addresses the caller computes per use (a
+// swizzle's XOR), which the compiler would otherwise hoist out of the loop as registers.
+__device__ __forceinline__ uint32_t ld_shared_u16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
 // Adds two floats to global memory (8-byte aligned) without returning the old values: one
 // vector reduction on sm_90, two scalar ones before it.
 __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
