@@ -3,13 +3,13 @@ kernel reduces dS K into an fp32 temporary, five matmuls) against the two-kernel
 same call with deterministic=1: dq and dk/dv kernels, seven matmuls, no atomics), SDPA flash
 (FlashAttention-2) and SDPA cuDNN, in one process. Each round times every system once per
 problem, the order rotated each round; the table gives medians over rounds of per-round medians
-of CUDA events. At D = 64 and 128 without a mask the fused call runs the warp-specialized
-backward (attention_bwd_ws.cuh); "fused dk/dv kernel" is the same call with FDMA_BWD_WS=0 (the
-dk/dv kernel's fused dq).
+of CUDA events. At D = 64 and 128 the fused call runs the warp-specialized backward
+(attention_bwd_ws.cuh; with a mask too, and no bias); "fused dk/dv kernel" is the same call with
+FDMA_BWD_WS=0 (the dk/dv kernel's fused dq, or the two kernels where that one declines).
 
 Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
                                         [--headdims 64,128] [--rounds 3]
-                                        [--cases dense,per-key,block,block-all]
+                                        [--cases dense,per-key,block,block-all,mask]
 With several comma-separated libraries (--lib base.so,new.so) the fused call also runs with
 each, as "fused@0", "fused@1", ... in the same rotation (an A/B of two builds in one process);
 the other columns use the first.
@@ -42,7 +42,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default="dense,per-key",
                     help="dense, per-key (a bias [B, H, 1, S]), block (a [B, 1, S, S] mask of 128 x 128 blocks, "
-                    "1/8 kept), block-all (the same with every block kept)")
+                    "1/8 kept), block-all (the same with every block kept), mask (a [B, 1, S, S] mask keeping each "
+                    "score with probability 0.9: every tile masked)")
     args = ap.parse_args()
     libs = [_abi.load_library(path) for path in args.lib.split(",")]
     lib = libs[0]
@@ -58,6 +59,8 @@ def main():
                 if case.startswith("block"):  # as bench_attention_bwd.py
                     blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < (1.0 if case == "block-all" else 1 / 8)
                     mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)
+                elif case == "mask":
+                    mask = torch.rand(B, 1, S, S, device=dev) < 0.9
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
                 grads = {det: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
@@ -106,7 +109,7 @@ def main():
                 systems = {"fused": ours(0), "two-kernel": ours(1)}
                 if len(libs) > 1:
                     systems.update({f"fused@{i}": ours(0, lib=other) for i, other in enumerate(libs)})
-                if D in (64, 128) and mask is None:
+                if D in (64, 128):
                     systems["fused dk/dv kernel"] = ours(0, ws=False)
                 if bias is None and mask is None:
                     systems.update({"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),

@@ -14,9 +14,10 @@
 // keys not gathered, no dbias with a query dim, the same launch plan as the two kernels';
 // AttentionBwdParams::dq_acc): no dq kernel, the dk/dv kernel reduces each step's dS K into the
 // temporary with bulk reductions, and a convert kernel writes dq. The warp-specialized kernels
-// take such calls without a mask: attention_bwd_ws.cuh at D 64 and 128, dense or gathered
-// (given its fp32 dk/dv rows and work list: dynamic_mask_attention, dma/gathered_backward.cu),
-// attention_bwd_ws_d256.cuh dense at D 256.
+// take such calls without a mask or with a mask with a query dim and no bias:
+// attention_bwd_ws.cuh at D 64 and 128, dense, masked or gathered (given its fp32 dk/dv rows
+// and work list: dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh
+// dense without a mask at D 256.
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 
@@ -139,8 +140,9 @@ bool attention_bwd_ws_takes(const AttentionBwdParams& p, int device, BwdTensorMa
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     const bool gather = p.f.lists.keys != nullptr;
     return p.dq_acc &&
-           wgmma_path_available(gather ? attention_bwd_ws_kernel<T, kHeadDim, true>
-                                       : attention_bwd_ws_kernel<T, kHeadDim, false>,
+           wgmma_path_available(gather       ? attention_bwd_ws_kernel<T, kHeadDim, true>
+                                : p.f.mask ? attention_bwd_ws_kernel<T, kHeadDim, false, true>
+                                           : attention_bwd_ws_kernel<T, kHeadDim, false>,
                                 device) &&
            attention_bwd_ws_applies<T, kHeadDim>(p, maps);
   } else if constexpr (kHeadDim == 256) {

@@ -1,7 +1,9 @@
-// Warp-specialized attention backward for Hopper (sm_90a): dk, dv and the fused dq of calls
-// without a mask at D = 64 and 128 that do not ask for determinism (AttentionBwdParams::dq_acc
-// set), with no bias or a per-key one ([.., 1, Sk], its dbias summed per key column), whose q,
-// k, v and dout the copy engine can read.
+// Warp-specialized attention backward for Hopper (sm_90a): dk, dv and the fused dq of calls at
+// D = 64 and 128 that do not ask for determinism (AttentionBwdParams::dq_acc set), with no bias
+// or a per-key one ([.., 1, Sk], its dbias summed per key column) and no mask, or with a mask
+// with a query dim and no bias (kMasked: each step's mask tile comes with its Q; the steps the
+// mask tile summary rules out are skipped, and those it keeps whole run unmasked), whose q, k,
+// v, dout and mask the copy engine can read.
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
 // query tiles (steps of 128 rows at D = 64, 64 otherwise), as the dk/dv kernel does, but with
@@ -43,6 +45,8 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_bwd_common.cuh"
+#include "cuda/attention/next_active.cuh"
+#include "cuda/attention/score_tiles_sm90.cuh"
 #include "cuda/primitives/fast_divmod.cuh"
 #include "cuda/primitives/mbarrier.cuh"
 #include "cuda/primitives/per_device.cuh"
@@ -51,24 +55,29 @@
 
 namespace fdma::cuda {
 
-// Copy-engine descriptors of q, dout (boxes of 64 columns by a step's rows of one head) and k, v
-// (the same boxes: one per consumer group's 64 keys and column block; unused when gathered).
+// Copy-engine descriptors of q, dout (boxes of 64 columns by a step's rows of one head), k, v
+// (the same boxes: one per consumer group's 64 keys and column block; unused when gathered) and
+// a mask (boxes of 128 keys by a step's rows, 128-byte swizzled; masked calls).
 struct BwdTensorMaps {
-  CUtensorMap q, dout, k, v;
+  CUtensorMap q, dout, k, v, mask;
 };
 
 // Shared memory: K and V as one 64-key tile per consumer group; per stage Q, dO and the step's
 // rows' lse2 and delta; two dS tiles (steps alternate); per consumer group the staging of its
-// dq block (two dq_acc tiles); gathered, two slots for the item being handed out; then the
-// mbarriers. Every tile 1024-byte aligned (the swizzle).
-template <class T, int kHeadDim, bool kGather = false>
+// dq block (two dq_acc tiles); masked, per stage the step's mask tile; gathered, two slots for
+// the item being handed out; then the mbarriers. Every tile 1024-byte aligned (the swizzle).
+template <class T, int kHeadDim, bool kGather = false, bool kMaskedCall = false>
 struct BwdWsShape {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the warp-specialized backward: D = 64 or 128");
+  static constexpr bool kMasked = kMaskedCall;
+  static_assert(!(kGather && kMasked), "gathered calls take no mask");
   using Mma = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
-  // Queries a step: 128 for dense calls at D = 64, where a step's fixed costs (the barriers, the
-  // dq staging and its reductions) would otherwise weigh as much as its matmuls; 64 elsewhere
-  // (D = 128 leaves no registers for wider S^T and dP^T; gathered items walk 64-query tiles).
-  static constexpr int kBlockM = kHeadDim == 64 && !kGather ? 128 : 64;
+  // Queries a step: 128 for unmasked dense calls at D = 64, where a step's fixed costs (the
+  // barriers, the dq staging and its reductions) would otherwise weigh as much as its matmuls;
+  // 64 elsewhere (D = 128 leaves no registers for wider S^T and dP^T; gathered items walk
+  // 64-query tiles; masked steps are the mask summary's 64-row tiles, and two stages of their
+  // 128 x 128 mask tiles would not fit beside the rest).
+  static constexpr int kBlockM = kHeadDim == 64 && !kGather && !kMasked ? 128 : 64;
   static constexpr int kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers, kKeyTiles = kConsumers;
   static constexpr int kStages = 2;
   // How the groups share dq = dS K, each one 64 x 64 block a step: split by column blocks (D =
@@ -86,18 +95,27 @@ struct BwdWsShape {
   static constexpr int kDsTile = kBlockM * kBlockN * 2;  // [queries][128 keys], a 64-key block per group
   static constexpr int kStageTile = 2 * kDqAccTileBytes;
   static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;  // the step's lse2 then delta
+  static constexpr int kMaskTile = kMasked ? kBlockM * kBlockN : 0;  // [queries][128 keys] bytes
   static constexpr int kK = 0, kV = kK + kConsumers * kKeyTile, kQ = kV + kConsumers * kKeyTile;
   static constexpr int kDo = kQ + kStages * kQTile, kDs = kDo + kStages * kQTile, kStage = kDs + 2 * kDsTile;
   static_assert(kBlockN == kBwdWsKeys, "a gathered item's keys fill the CTA");
-  static constexpr int kLseDelta = kStage + kConsumers * kStageTile, kSlots = kLseDelta + kStages * kLseDeltaBytes;
+  static constexpr int kMask = kStage + kConsumers * kStageTile, kLseDelta = kMask + kStages * kMaskTile;
+  // Masked: the walk's steps as two bitmaps (the summary keeps some / all of the step), up to
+  // kMaxMaskSteps steps a CTA (BwdWsMaskSteps).
+  static constexpr int kMaxMaskSteps = kMasked ? 32768 : 0;
+  static constexpr int kMaskSteps = kLseDelta + kStages * kLseDeltaBytes;
+  static constexpr int kSlots = kMaskSteps + 2 * kMaxMaskSteps / 8;
   static constexpr int kBars = kSlots + (kGather ? 16 : 0);
   // kv_full, then per stage full, empty; gathered, per item slot full, empty
   static constexpr int kNumBars = 1 + 2 * kStages + (kGather ? 4 : 0);
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
-  static_assert(kQTile % 1024 == 0 && kKeyTile % 1024 == 0 && kDsTile % 1024 == 0 && kStageTile % 1024 == 0,
+  static_assert(kQTile % 1024 == 0 && kKeyTile % 1024 == 0 && kDsTile % 1024 == 0 && kStageTile % 1024 == 0 &&
+                    kMaskTile % 1024 == 0,
                 "tiles stay 1024-byte aligned");
-  static constexpr uint32_t kStepBytes = 2 * kQTile + kLseDeltaBytes;  // a step's copies
+  static constexpr uint32_t kStepBytes = 2 * kQTile + kLseDeltaBytes;  // a step's copies, its mask tile apart
+  // Masked: the summary's tiles a step covers (64 rows, two 64-key tiles).
+  using Summary = SummaryTiles<kBlockM / kBwdBlockM, kBlockN / kBwdBlockN>;
 
   __device__ static uint32_t kv_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
@@ -109,6 +127,7 @@ struct BwdWsShape {
   __device__ static int ds_offset(int step) { return kDs + (step & 1) * kDsTile; }
   __device__ static uint32_t stage_tile(uint32_t base, int g) { return base + kStage + g * kStageTile; }
   __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
+  __device__ static uint32_t mask_tile(uint32_t base, int s) { return base + kMask + s * kMaskTile; }
   // Gathered: the item of the n-th hand-out (two slots: one may be written while the other is
   // read), its "full" mbarrier the producer arrives on once it wrote it, its "empty" one every
   // consumer thread arrives on once it read it.
@@ -160,6 +179,30 @@ __device__ __forceinline__ void dense_scores_to_p_ds_t(const AttentionFwdParams&
   }
 }
 
+// Masked steps the summary does not keep whole: dense_scores_to_p_ds_t with the mask tile's
+// verdict on each score (the step's [64 queries][128 keys] bytes, 128-byte swizzled; this
+// thread's keys are columns `col` and col + 8 of it, its queries rows 8 nt + 2t (+1)). Rows 8 nt
+// + c share the swizzle of row c, so each of the thread's two row classes is one address plus
+// constants.
+template <int kTilesN>
+__device__ __forceinline__ void bwd_ws_masked_scores(const AttentionFwdParams& f, float (&st)[kTilesN][4],
+                                                     float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
+                                                     const float* delta, uint32_t mask, int q0, int key0,
+                                                     const int (&keys)[2], int col, int warp, int t) {
+  const uint32_t at[2] = {swizzled_row<128>(mask, 2 * t, col), swizzled_row<128>(mask, 2 * t + 1, col)};
+  auto kept = [&](int nt, int e) { return ptx::ld_shared_u8(at[e & 1] + nt * 8 * 128 + (e >> 1) * 8) != 0; };
+  const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + 64 <= f.Sk &&
+                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+  if (interior) {
+    scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
+                     [&](int nt, int e) { return kept(nt, e) ? 0.f : -INFINITY; });
+  } else {
+    scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+      return kept(nt, e) && visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? 0.f : -INFINITY;
+    });
+  }
+}
+
 // The K/V barrier and the stages' full (the copies) and empty (every consumer thread) barriers.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
@@ -198,20 +241,106 @@ __device__ __forceinline__ void bwd_ws_produce_keys(const BwdTensorMaps& maps, u
     }
 }
 
-// The copy-issuing thread's steps: each step's Q, dO, lse2 and delta into its stage once the
-// consumers have released what it held. j0: the steps this CTA issued before (the stages'
-// phases run on across a persistent CTA's items).
+// Masked: the mask summary's verdict on step i of the CTA's walk: whether the mask keeps any of
+// its scores, and whether it keeps all of them.
+template <class Shape>
+struct BwdWsMaskStep {
+  bool active, all;
+  __device__ static BwdWsMaskStep of(const AttentionFwdParams& f, const BwdWsWalk& walk, int i) {
+    const int h = walk.template head<false>(f, i), q0 = walk.template q0<false, Shape::kBlockM>(i);
+    const typename Shape::Summary tiles = Shape::Summary::of(f, walk.b, h, q0 / Shape::kBlockM);
+    const int nb = walk.key0 / Shape::kBlockN;
+    return {tiles.active(nb), tiles.keeps_all(nb)};
+  }
+};
+
+// Masked: the walk's verdicts as bitmaps in shared memory, built once by all the CTA's threads,
+// so that a run of ruled-out steps costs a few shared loads, not a summary read each (at 1/8 of
+// the blocks kept, the walk of reads made the backward slower than the dk/dv kernel's). Walks
+// of more than kMaxMaskSteps steps read the summary per step instead.
+template <class Shape>
+struct BwdWsMaskSteps {
+  const uint32_t *some, *all;  // bit r: step it_begin + r
+  int n;
+  bool tabled;
+
+  __device__ BwdWsMaskSteps(const unsigned char* smem, const BwdWsWalk& walk)
+      : some(reinterpret_cast<const uint32_t*>(smem + Shape::kMaskSteps)),
+        all(some + Shape::kMaxMaskSteps / 32),
+        n(walk.it_end - walk.it_begin),
+        tabled(n <= Shape::kMaxMaskSteps) {}
+
+  // Fills the bitmaps, all threads of the CTA (whole warps) taking 32 steps a warp at a time.
+  __device__ static void build(unsigned char* smem, const AttentionFwdParams& f, const BwdWsWalk& walk, int tid,
+                               int threads) {
+    uint32_t* some = reinterpret_cast<uint32_t*>(smem + Shape::kMaskSteps);
+    uint32_t* all = some + Shape::kMaxMaskSteps / 32;
+    const int n = walk.it_end - walk.it_begin;
+    for (int r0 = tid / 32 * 32; r0 < n; r0 += threads) {
+      const int r = r0 + tid % 32;
+      BwdWsMaskStep<Shape> m{false, false};
+      if (r < n) m = BwdWsMaskStep<Shape>::of(f, walk, walk.it_begin + r);
+      const uint32_t s = __ballot_sync(0xffffffffu, m.active), a = __ballot_sync(0xffffffffu, m.all);
+      if (tid % 32 == 0) some[r0 / 32] = s, all[r0 / 32] = a;
+    }
+  }
+
+  // The first step at or after i (absolute) the summary leaves active, or walk.it_end; and
+  // whether the summary keeps all of step i.
+  __device__ int next(const AttentionFwdParams& f, const BwdWsWalk& walk, int i) const {
+    if (!tabled) {
+      while (i < walk.it_end && !BwdWsMaskStep<Shape>::of(f, walk, i).active) ++i;
+      return i;
+    }
+    for (int r = i - walk.it_begin; r < n; r = (r | 31) + 1) {
+      const uint32_t w = some[r / 32] >> (r % 32);
+      if (w) return walk.it_begin + r + __ffs(w) - 1;
+    }
+    return walk.it_end;
+  }
+  __device__ bool keeps_all(const AttentionFwdParams& f, const BwdWsWalk& walk, int i) const {
+    if (!tabled) return BwdWsMaskStep<Shape>::of(f, walk, i).all;
+    const int r = i - walk.it_begin;
+    return (all[r / 32] >> (r % 32)) & 1u;
+  }
+};
+
+// The copy-issuing thread's steps: each step's Q, dO, lse2 and delta (masked: and its mask tile,
+// unless the summary keeps the step whole) into its stage once the consumers have released what
+// it held; masked steps the summary rules out are skipped. j0: the steps this CTA issued before
+// (the stages' phases run on across a persistent CTA's items).
 template <class Shape, bool kGather>
 __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, const AttentionBwdParams& p,
-                                                     uint32_t base, const BwdWsWalk& walk, int j0) {
+                                                     uint32_t base, const BwdWsWalk& walk, int j0,
+                                                     const unsigned char* smem = nullptr) {
   const AttentionFwdParams& f = p.f;
   constexpr int kQBlock = Shape::kBlockM * wgmma::kSwizzleRowBytes;
+  const auto steps = [&] {
+    if constexpr (Shape::kMasked)
+      return BwdWsMaskSteps<Shape>(smem, walk);
+    else
+      return 0;
+  }();
+  int issued = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
-    const int j = j0 + i - walk.it_begin, s = j % Shape::kStages;
+    bool mask_all = true;
+    if constexpr (Shape::kMasked) {
+      i = steps.next(f, walk, i);
+      if (i >= walk.it_end) break;
+      mask_all = steps.keeps_all(f, walk, i);
+    }
     const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather, Shape::kBlockM>(i);
+    const int j = Shape::kMasked ? j0 + issued++ : j0 + i - walk.it_begin, s = j % Shape::kStages;
     const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
     mbar::wait(Shape::empty(base, s), free_parity);
-    mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes);
+    if constexpr (Shape::kMasked) {
+      mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes + (mask_all ? 0 : Shape::kMaskTile));
+      if (!mask_all)
+        tma::load_4d(Shape::mask_tile(base, s), &maps.mask, Shape::full(base, s), walk.key0, q0,
+                     int(head_index(f.mask_head_mode, h, f.G)), f.mask_stride[0] == 0 ? 0 : walk.b);
+    } else {
+      mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes);
+    }
 #pragma unroll
     for (int c = 0; c < Shape::kColBlocks; ++c) {
       tma::load_4d(Shape::q_tile(base, s) + c * kQBlock, &maps.q, Shape::full(base, s), c * 64, q0, h, walk.b);
@@ -228,14 +357,15 @@ __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, 
 // Dense: the copy-issuing thread, K and V once, then every step.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const AttentionBwdParams& p, uint32_t base,
-                                               const BwdWsWalk& walk) {
+                                               const unsigned char* smem, const BwdWsWalk& walk) {
   tma::prefetch_map(&maps.q);
   tma::prefetch_map(&maps.dout);
   tma::prefetch_map(&maps.k);
   tma::prefetch_map(&maps.v);
+  if constexpr (Shape::kMasked) tma::prefetch_map(&maps.mask);
   if (walk.it_begin >= walk.it_end) return;  // the consumers wait for nothing: no copy may outlive the CTA
   bwd_ws_produce_keys<Shape>(maps, base, walk);
-  bwd_ws_produce_steps<Shape, false>(maps, p, base, walk, 0);
+  bwd_ws_produce_steps<Shape, false>(maps, p, base, walk, 0, smem);
 }
 
 // One consumer group's steps (`group` 0 or 1, `tid` 0..127 within it): its 64 keys (dense:
@@ -266,9 +396,22 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
   // keys' dS over the whole walk (dscores).
   const bool key_bias = !kGather && f.bias != nullptr, db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
   float kb[2] = {0.f, 0.f};
+  const auto steps = [&] {
+    if constexpr (Shape::kMasked)
+      return BwdWsMaskSteps<Shape>(smem, walk);
+    else
+      return 0;
+  }();
+  int done = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
-    const int j = j0 + i - walk.it_begin, s = j % Shape::kStages;
+    bool mask_all = true;
+    if constexpr (Shape::kMasked) {  // the producer's walk (bwd_ws_produce_steps)
+      i = steps.next(f, walk, i);
+      if (i >= walk.it_end) break;
+      mask_all = steps.keeps_all(f, walk, i);
+    }
     const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather, Shape::kBlockM>(i);
+    const int j = Shape::kMasked ? j0 + done++ : j0 + i - walk.it_begin, s = j % Shape::kStages;
     const uint32_t q_tile = Shape::q_tile(base, s), do_tile = Shape::do_tile(base, s);
     const bool head_starts = !kGather && i % walk.n_q == 0, head_ends = !kGather && i % walk.n_q == walk.n_q - 1;
     if (key_bias && head_starts)
@@ -289,6 +432,9 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
           return interval_add(row_keys[e >> 1], q0 + nt * 8 + 2 * t + (e & 1));
         });
       }
+    } else if (!mask_all) {
+      bwd_ws_masked_scores(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), q0, key0, keys,
+                           group * Shape::kGroupKeys + 16 * warp + g, warp, t);
     } else {
       dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, key0, Shape::kGroupKeys, keys, key_bias, kb, warp, t);
     }
@@ -474,11 +620,11 @@ __device__ __forceinline__ void bwd_ws_consume_items(const AttentionBwdParams& p
   if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
 }
 
-template <class T, int kHeadDim, bool kGather>
-__global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
+template <class T, int kHeadDim, bool kGather, bool kMasked = false>
+__global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather, kMasked>::kThreads, 1)
     attention_bwd_ws_kernel(const AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps) {
 #if FDMA_SM90_ENABLED
-  using Shape = BwdWsShape<T, kHeadDim, kGather>;
+  using Shape = BwdWsShape<T, kHeadDim, kGather, kMasked>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<1024>(smem_raw);
   const uint32_t base = ptx::smem_addr(smem);
@@ -522,10 +668,18 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
       bwd_ws_consume_items<T, kHeadDim, Shape>(p, base, smem, (tid - 128) / 128, tid % 128);
     }
   } else {
-    const BwdWsWalk walk = bwd_ws_dense_walk<Shape>(f);
+    BwdWsWalk walk = bwd_ws_dense_walk<Shape>(f);
+    if constexpr (kMasked) {  // the walk's verdicts; none active: nothing to load or compute
+      const BwdWsMaskSteps<Shape> steps(smem, walk);
+      if (steps.tabled) {
+        BwdWsMaskSteps<Shape>::build(smem, f, walk, tid, Shape::kThreads);
+        __syncthreads();
+      }
+      if (steps.next(f, walk, walk.it_begin) >= walk.it_end) walk.it_end = walk.it_begin;
+    }
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
-      if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, walk);
+      if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       bwd_ws_consume<T, kHeadDim, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
@@ -537,15 +691,19 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather>::kThreads, 1)
 }
 
 // Whether the warp-specialized backward takes this call (the caller checks the device): the
-// fused dq's temporary given, D = kHeadDim, no mask, no bias or one broadcast over queries
-// (whose dbias, if any, the columns own), and tensors the copy engine can describe (maps filled
-// here). Key lists (dynamic-mask mode): also the fp32 dk/dv rows and the work list; no bias
-// tensor (the scores come with the lists), no dbias.
+// fused dq's temporary given, D = kHeadDim, and tensors the copy engine can describe (maps
+// filled here); no mask, and no bias or one broadcast over queries (whose dbias, if any, the
+// columns own); or a mask with a query dim (its summary given) and no bias. Key lists
+// (dynamic-mask mode): also the fp32 dk/dv rows and the work list; no bias tensor (the scores
+// come with the lists), no dbias.
 template <class T, int kHeadDim>
 bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
   const AttentionFwdParams& f = p.f;
-  const bool gather = f.lists.keys != nullptr;
-  if (!bwd_ws_allowed() || f.D != kHeadDim || !p.dq_acc || f.mask || f.tile_active || p.dkdv_splits > 1)
+  const bool gather = f.lists.keys != nullptr, masked = f.mask != nullptr;
+  if (!bwd_ws_allowed() || f.D != kHeadDim || !p.dq_acc || p.dkdv_splits > 1) return false;
+  if (masked ? gather || f.bias || !f.tile_active || !f.mask_tiled || f.mask_stride[2] == 0 ||
+                   p.dbias_owner != DbiasOwner::none
+             : f.tile_active != nullptr)
     return false;
   if (gather ? !p.dkdv_partial || !f.lists.info || !p.ws.items || p.ws.tiles_per_range < 1 || f.bias ||
                    p.dbias_owner != DbiasOwner::none
@@ -555,9 +713,17 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
   if (!gather && p.Sq_pad % BwdWsShape<T, kHeadDim, false>::kBlockM != 0) return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   using Shape = BwdWsShape<T, kHeadDim>;
-  const int rows = gather ? BwdWsShape<T, kHeadDim, true>::kBlockM : Shape::kBlockM;  // a step's Q and dO box
+  const int rows = gather   ? BwdWsShape<T, kHeadDim, true>::kBlockM
+                   : masked ? BwdWsShape<T, kHeadDim, false, true>::kBlockM
+                            : Shape::kBlockM;  // a step's Q and dO box
   if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, rows) ||
       !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, rows))
+    return false;
+  if (masked &&
+      !encode_tile_map(maps.mask, f.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, f.Sk, f.Sq,
+                       f.mask_head_mode == 2 ? f.H : f.mask_head_mode == 1 ? f.Hk : 1, f.mask_stride[0] == 0 ? 1 : f.B,
+                       f.mask_stride[2], f.mask_stride[1], f.mask_stride[0], Shape::kBlockN, rows,
+                       CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
   return gather || (encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, Shape::kGroupKeys) &&
                     encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, Shape::kGroupKeys));
@@ -569,11 +735,16 @@ template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd_ws(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
                                     cudaStream_t stream) {
   const AttentionFwdParams& f = p.f;
-  const bool gather = f.lists.keys != nullptr;
-  auto kernel = gather ? attention_bwd_ws_kernel<T, kHeadDim, true> : attention_bwd_ws_kernel<T, kHeadDim, false>;
-  const int smem = gather ? BwdWsShape<T, kHeadDim, true>::kSmemBytes : BwdWsShape<T, kHeadDim, false>::kSmemBytes;
-  static std::atomic<int> granted[2][kMaxDevices] = {};
-  cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted[gather] : nullptr, device);
+  const bool gather = f.lists.keys != nullptr, masked = f.mask != nullptr;
+  auto kernel = gather   ? attention_bwd_ws_kernel<T, kHeadDim, true>
+                : masked ? attention_bwd_ws_kernel<T, kHeadDim, false, true>
+                         : attention_bwd_ws_kernel<T, kHeadDim, false>;
+  const int smem = gather   ? BwdWsShape<T, kHeadDim, true>::kSmemBytes
+                   : masked ? BwdWsShape<T, kHeadDim, false, true>::kSmemBytes
+                            : BwdWsShape<T, kHeadDim, false>::kSmemBytes;
+  const int kind = gather ? 1 : masked ? 2 : 0;
+  static std::atomic<int> granted[3][kMaxDevices] = {};
+  cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted[kind] : nullptr, device);
   if (err != cudaSuccess) return err;
   using Shape = BwdWsShape<T, kHeadDim, false>;
   const dim3 grid = gather ? dim3(unsigned(std::max(1, device_sm_count())))

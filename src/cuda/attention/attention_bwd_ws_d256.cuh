@@ -36,6 +36,7 @@ template <class T>
 struct BwdWs256Shape {
   static constexpr int kHeadDim = 256, kBlockM = 64, kBlockN = 64, kStages = 2, kConsumers = 2;
   static constexpr int kGroupKeys = 64, kKeyTiles = 1;  // K and V: one tile each (bwd_ws_produce_keys)
+  static constexpr bool kMasked = false;                // calls without a mask (bwd_ws_produce_steps)
   static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
   static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(BwdWs256Shape<T>::kThreads, 1)
   const BwdWsWalk walk = bwd_ws_dense_walk<Shape>(p.f);
   if (warp < 4) {
     wgmma::regs_shrink<Shape::kProducerRegs>();
-    if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, walk);
+    if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
   } else {
     wgmma::regs_grow<Shape::kConsumerRegs>();
     bwd_ws256_consume<T, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);

@@ -1,5 +1,6 @@
 // Mask and bias tiles that the copy engine wrote into shared memory with a 128- or 64-byte
-// swizzle (the warp-specialized forward's scored calls, attention_fwd_ws.cuh), read in the
+// swizzle (the warp-specialized forward's scored calls, attention_fwd_ws.cuh; the masked
+// warp-specialized backward reads its mask tiles transposed, attention_bwd_ws.cuh), read in the
 // accumulator layout of wgmma and mma.sync: thread (g = lane / 4, t = lane % 4) of a warp
 // holds rows `row` and row + 8 of the 128-row tile (row = 16 * warp + g) and keys 8 nt + 2t
 // and + 1. The swizzle stores the 16-byte chunk c of tile row r at chunk c ^ (r mod 8) in
@@ -22,8 +23,8 @@
 
 namespace fdma::cuda {
 
-// The shared address of byte `byte` (< 16) of chunk 0 of row `row`, the row's swizzle folded
-// in: chunk c is then at `row_address ^ (c << 4)`. `tile` is 1024-byte aligned.
+// The shared address of byte `byte` (< kRowBytes) of row `row`, the row's swizzle folded in;
+// for a byte < 16, chunk c's is then `that ^ (c << 4)`. `tile` is 1024-byte aligned.
 template <int kRowBytes>
 __device__ __forceinline__ uint32_t swizzled_row(uint32_t tile, int row, int byte) {
   static_assert(kRowBytes == 128 || kRowBytes == 64, "the 128- and 64-byte swizzles");

@@ -31,6 +31,11 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x) {
 }
 // Loads from a shared address: for tiles whose addresses the caller computes per use (a
 // swizzle's XOR), which the compiler would otherwise hoist out of the loop as registers.
+__device__ __forceinline__ uint32_t ld_shared_u8(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ uint32_t ld_shared_u16(uint32_t addr) {
   uint16_t v;
   asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
