@@ -305,6 +305,15 @@ struct BwdWsMaskSteps {
   }
 };
 
+// The walk's verdicts of a masked call (nothing for the others).
+template <class Shape>
+__device__ __forceinline__ auto bwd_ws_mask_steps(const unsigned char* smem, const BwdWsWalk& walk) {
+  if constexpr (Shape::kMasked)
+    return BwdWsMaskSteps<Shape>(smem, walk);
+  else
+    return 0;
+}
+
 // The copy-issuing thread's steps: each step's Q, dO, lse2 and delta (masked: and its mask tile,
 // unless the summary keeps the step whole) into its stage once the consumers have released what
 // it held; masked steps the summary rules out are skipped. j0: the steps this CTA issued before
@@ -315,12 +324,7 @@ __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, 
                                                      const unsigned char* smem = nullptr) {
   const AttentionFwdParams& f = p.f;
   constexpr int kQBlock = Shape::kBlockM * wgmma::kSwizzleRowBytes;
-  const auto steps = [&] {
-    if constexpr (Shape::kMasked)
-      return BwdWsMaskSteps<Shape>(smem, walk);
-    else
-      return 0;
-  }();
+  const auto steps = bwd_ws_mask_steps<Shape>(smem, walk);
   int issued = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
     bool mask_all = true;
@@ -396,12 +400,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
   // keys' dS over the whole walk (dscores).
   const bool key_bias = !kGather && f.bias != nullptr, db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
   float kb[2] = {0.f, 0.f};
-  const auto steps = [&] {
-    if constexpr (Shape::kMasked)
-      return BwdWsMaskSteps<Shape>(smem, walk);
-    else
-      return 0;
-  }();
+  const auto steps = bwd_ws_mask_steps<Shape>(smem, walk);
   int done = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
     bool mask_all = true;

@@ -178,42 +178,57 @@ struct FwdWsWalk {
   }
 };
 
-// The copy-issuing thread of a dense call: Q, then K(j) and V(j) for every key tile, each into
-// its stage once the consumers have released what it held.
+// The copy-issuing thread's loads (dense and scored calls): Q once onto q_full.
+template <class Shape>
+__device__ __forceinline__ void fwd_ws_load_q(const FwdTensorMaps& maps, uint32_t base, int row0, int h, int b) {
+  using Mma = typename Shape::Mma;
+  mbar::arrive_expect_tx(Shape::q_full(base), Mma::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Shape::kColBlocks; ++c)
+    tma::load_4d(base + Shape::kQ + c * Mma::kBlockBytesQ, &maps.q, Shape::q_full(base), c * 64, row0, h, b);
+}
+
+// The j-th key tile the CTA walks (keys from key0) into its stage, each buffer once the
+// consumers have released what it held: K with the tile's terms, which load_terms(stage, full
+// barrier) issues and which bring term_bytes, then V.
+template <class Shape, class LoadTerms>
+__device__ __forceinline__ void fwd_ws_load_kv(const FwdTensorMaps& maps, uint32_t base, int j, int key0, int hk,
+                                               int b, int term_bytes, LoadTerms&& load_terms) {
+  using Mma = typename Shape::Mma;
+  const int s = j % Shape::kStages;
+  const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
+  const uint32_t k_full = Shape::k_full(base, s), v_full = Shape::v_full(base, s);
+  mbar::wait(Shape::k_empty(base, s), free_parity);
+  mbar::arrive_expect_tx(k_full, Mma::kKVBytes + term_bytes);
+  load_terms(s, k_full);
+#pragma unroll
+  for (int c = 0; c < Shape::kColBlocks; ++c)
+    tma::load_4d(Shape::k_tile(base, s) + c * Mma::kBlockBytesKV, &maps.k, k_full, c * 64, key0, hk, b);
+  mbar::wait(Shape::v_empty(base, s), free_parity);
+  mbar::arrive_expect_tx(v_full, Mma::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < Shape::kColBlocks; ++c)
+    tma::load_4d(Shape::v_tile(base, s) + c * Mma::kBlockBytesKV, &maps.v, v_full, c * 64, key0, hk, b);
+}
+
+// The copy-issuing thread of a dense call: Q, then K(j) and V(j) for every key tile.
 // With a per-key bias (bias_bytes > 0), each K copy brings the tile's bias row along: row
 // (bias_batch, bias_head) of the bias map.
 template <class Shape>
 __device__ __forceinline__ void fwd_ws_produce_tma(const FwdTensorMaps& maps, uint32_t base, int n_blocks, int row0,
                                                    int h, int hk, int b, int bias_bytes, int bias_head,
                                                    int bias_batch) {
-  using Mma = typename Shape::Mma;
   tma::prefetch_map(&maps.q);
   tma::prefetch_map(&maps.k);
   tma::prefetch_map(&maps.v);
   if (bias_bytes) tma::prefetch_map(&maps.bias);
   if (n_blocks == 0) return;  // the consumers wait for nothing: no copy may outlive the CTA
-  mbar::arrive_expect_tx(Shape::q_full(base), Mma::kQBytes);
-#pragma unroll
-  for (int c = 0; c < Shape::kColBlocks; ++c)
-    tma::load_4d(base + Shape::kQ + c * Mma::kBlockBytesQ, &maps.q, Shape::q_full(base), c * 64, row0, h, b);
+  fwd_ws_load_q<Shape>(maps, base, row0, h, b);
   for (int j = 0; j < n_blocks; ++j) {
-    const int s = j % Shape::kStages;
-    const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
     const int key0 = j * Shape::kBlockN;
-    mbar::wait(Shape::k_empty(base, s), free_parity);
-    mbar::arrive_expect_tx(Shape::k_full(base, s), Mma::kKVBytes + bias_bytes);
-    if (bias_bytes)
-      tma::load_3d(base + Shape::bias_offset(s), &maps.bias, Shape::k_full(base, s), key0, bias_head, bias_batch);
-#pragma unroll
-    for (int c = 0; c < Shape::kColBlocks; ++c)
-      tma::load_4d(Shape::k_tile(base, s) + c * Mma::kBlockBytesKV, &maps.k, Shape::k_full(base, s), c * 64, key0, hk,
-                   b);
-    mbar::wait(Shape::v_empty(base, s), free_parity);
-    mbar::arrive_expect_tx(Shape::v_full(base, s), Mma::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < Shape::kColBlocks; ++c)
-      tma::load_4d(Shape::v_tile(base, s) + c * Mma::kBlockBytesKV, &maps.v, Shape::v_full(base, s), c * 64, key0, hk,
-                   b);
+    fwd_ws_load_kv<Shape>(maps, base, j, key0, hk, b, bias_bytes, [&](int s, uint32_t full) {
+      if (bias_bytes) tma::load_3d(base + Shape::bias_offset(s), &maps.bias, full, key0, bias_head, bias_batch);
+    });
   }
 }
 
@@ -224,7 +239,6 @@ template <class Shape, class Walk>
 __device__ __forceinline__ void fwd_ws_produce_scored(const AttentionFwdParams& p, const FwdTensorMaps& maps,
                                                       uint32_t base, const Walk& walk, int first, int row0, int h,
                                                       int hk, int b) {
-  using Mma = typename Shape::Mma;
   tma::prefetch_map(&maps.q);
   tma::prefetch_map(&maps.k);
   tma::prefetch_map(&maps.v);
@@ -234,36 +248,21 @@ __device__ __forceinline__ void fwd_ws_produce_scored(const AttentionFwdParams& 
   const FwdWsTerms<Shape> terms(p);
   const int mask_head = int(head_index(p.mask_head_mode, h, p.G)), mask_batch = p.mask_stride[0] == 0 ? 0 : b;
   const int bias_head = int(head_index(p.bias_head_mode, h, p.G)), bias_batch = p.bias_stride[0] == 0 ? 0 : b;
-  mbar::arrive_expect_tx(Shape::q_full(base), Mma::kQBytes);
-#pragma unroll
-  for (int c = 0; c < Shape::kColBlocks; ++c)
-    tma::load_4d(base + Shape::kQ + c * Mma::kBlockBytesQ, &maps.q, Shape::q_full(base), c * 64, row0, h, b);
+  fwd_ws_load_q<Shape>(maps, base, row0, h, b);
   for (int j = 0, nb = first; nb < walk.n_blocks; ++j, nb = walk.next(nb + 1)) {
-    const int s = j % Shape::kStages;
-    const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
     const int key0 = nb * Shape::kBlockN;
-    const uint32_t full = Shape::k_full(base, s);
     const bool mask_all = walk.tiles.keeps_all(nb);
-    mbar::wait(Shape::k_empty(base, s), free_parity);
-    mbar::arrive_expect_tx(full, Mma::kKVBytes + terms.copy_bytes(mask_all));
-    if (terms.mask_tile && !mask_all)
-      tma::load_4d(base + terms.mask_tile_at(s), &maps.mask, full, key0, row0, mask_head, mask_batch);
-    if (terms.mask_row && !mask_all)
-      tma::load_3d(base + terms.mask_row_at(s), &maps.mask, full, key0, mask_head, mask_batch);
-    if (terms.bias_tile)
-      for (int c = 0; c < Shape::kBlockN / 64; ++c)
-        tma::load_4d(base + terms.bias_tile_at(s) + c * Shape::kBlockM * 128, &maps.bias, full, key0 + c * 64, row0,
-                     bias_head, bias_batch);
-    if (terms.bias_row) tma::load_3d(base + terms.bias_row_at(s), &maps.bias, full, key0, bias_head, bias_batch);
-#pragma unroll
-    for (int c = 0; c < Shape::kColBlocks; ++c)
-      tma::load_4d(Shape::k_tile(base, s) + c * Mma::kBlockBytesKV, &maps.k, full, c * 64, key0, hk, b);
-    mbar::wait(Shape::v_empty(base, s), free_parity);
-    mbar::arrive_expect_tx(Shape::v_full(base, s), Mma::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < Shape::kColBlocks; ++c)
-      tma::load_4d(Shape::v_tile(base, s) + c * Mma::kBlockBytesKV, &maps.v, Shape::v_full(base, s), c * 64, key0, hk,
-                   b);
+    fwd_ws_load_kv<Shape>(maps, base, j, key0, hk, b, terms.copy_bytes(mask_all), [&](int s, uint32_t full) {
+      if (terms.mask_tile && !mask_all)
+        tma::load_4d(base + terms.mask_tile_at(s), &maps.mask, full, key0, row0, mask_head, mask_batch);
+      if (terms.mask_row && !mask_all)
+        tma::load_3d(base + terms.mask_row_at(s), &maps.mask, full, key0, mask_head, mask_batch);
+      if (terms.bias_tile)
+        for (int c = 0; c < Shape::kBlockN / 64; ++c)
+          tma::load_4d(base + terms.bias_tile_at(s) + c * Shape::kBlockM * 128, &maps.bias, full, key0 + c * 64, row0,
+                       bias_head, bias_batch);
+      if (terms.bias_row) tma::load_3d(base + terms.bias_row_at(s), &maps.bias, full, key0, bias_head, bias_batch);
+    });
   }
 }
 
