@@ -9,7 +9,7 @@ FDMA_BWD_WS=0 (the dk/dv kernel's fused dq, or the two kernels where that one de
 
 Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
                                         [--headdims 64,128] [--rounds 3]
-                                        [--cases dense,per-key,block,block-all,mask]
+                                        [--cases dense,per-key,block,block-all,mask,padding]
 With several comma-separated libraries (--lib base.so,new.so) the fused call also runs with
 each, as "fused@0", "fused@1", ... in the same rotation (an A/B of two builds in one process);
 the other columns use the first.
@@ -43,7 +43,8 @@ def main():
     ap.add_argument("--cases", default="dense,per-key",
                     help="dense, per-key (a bias [B, H, 1, S]), block (a [B, 1, S, S] mask of 128 x 128 blocks, "
                     "1/8 kept), block-all (the same with every block kept), mask (a [B, 1, S, S] mask keeping each "
-                    "score with probability 0.9: every tile masked)")
+                    "score with probability 0.9: every tile masked), padding (a [B, 1, 1, S] key padding mask "
+                    "hiding the last S/8 keys)")
     args = ap.parse_args()
     libs = [_abi.load_library(path) for path in args.lib.split(",")]
     lib = libs[0]
@@ -61,6 +62,9 @@ def main():
                     mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)
                 elif case == "mask":
                     mask = torch.rand(B, 1, S, S, device=dev) < 0.9
+                elif case == "padding":
+                    mask = torch.ones(B, 1, 1, S, device=dev, dtype=torch.bool)
+                    mask[..., S - S // 8:] = False
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
                 grads = {det: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),

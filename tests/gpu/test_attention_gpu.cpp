@@ -677,12 +677,13 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
   }
 }
 
-// The warp-specialized backward's masked calls (a mask with a query dim, no bias: each step's
-// mask tile comes with its Q and dO, the steps the summary rules out are skipped and those it
-// keeps whole run unmasked) and the dk/dv kernel's fused dq or the two kernels
-// (FDMA_BWD_WS=0), each against the CPU backend at D 64 and 128: masks per query head, per KV
-// head and shared, of mixed blocks (a query tile that keeps nothing included), causal with
-// more and fewer keys than queries, ragged ends, GQA, softcap, both dtypes.
+// The warp-specialized backward's masked calls (a mask and no bias: each step's mask tile comes
+// with its Q and dO, or a mask broadcast over queries is read per key; the steps the summary
+// rules out are skipped and those it keeps whole run unmasked) and the dk/dv kernel's fused dq
+// or the two kernels (FDMA_BWD_WS=0), each against the CPU backend at D 64 and 128: masks per
+// query head, per KV head and shared, of mixed blocks (a query tile that keeps nothing
+// included), key padding masks [B, 1 or Hk, 1, Sk], causal with more and fewer keys than
+// queries, ragged ends, GQA, softcap, both dtypes.
 TEST(AttentionGpu, WarpSpecializedMaskedBackwardMatchesTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_BWD_WS");
@@ -691,17 +692,19 @@ TEST(AttentionGpu, WarpSpecializedMaskedBackwardMatchesTheCpu) {
     SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
     ws.set(on);
     for (int64_t D : {64, 128})
-      for (int variant = 0; variant < 4; ++variant) {
+      for (int variant = 0; variant < 6; ++variant) {
         const bool causal = (variant + D / 64) % 2 == 1;
         const auto [Sq, Sk] = variant == 2   ? std::pair<int64_t, int64_t>{400, 160}
                               : variant == 3 ? std::pair<int64_t, int64_t>{130, 384}
+                              : variant == 5 ? std::pair<int64_t, int64_t>{200, 320}
                                              : std::pair<int64_t, int64_t>{333, 512};
         AttnCase c = base(Sq, Sk, 4, 2, D, causal, variant % 2 ? DType::f16 : DType::bf16, seed++);
-        c.softcap = variant == 1 ? 5.0 : 0.0;
+        c.softcap = variant == 1 || variant == 5 ? 5.0 : 0.0;
         c.mask.present = true;
-        c.mask.b = variant != 1, c.mask.heads = variant == 1 ? 1 : variant == 3 ? 0 : 2;
+        c.mask.b = variant != 1, c.mask.heads = variant == 1 || variant == 5 ? 1 : variant == 3 || variant == 4 ? 0 : 2;
+        c.mask.q = variant < 4;  // 4, 5: key padding masks (random keys kept)
         AttnRun r(c);
-        fill_mixed_blocks(r, seed);
+        if (c.mask.q) fill_mixed_blocks(r, seed);
         run_gpu(r, true);
       }
   }

@@ -14,7 +14,7 @@
 // keys not gathered, no dbias with a query dim, the same launch plan as the two kernels';
 // AttentionBwdParams::dq_acc): no dq kernel, the dk/dv kernel reduces each step's dS K into the
 // temporary with bulk reductions, and a convert kernel writes dq. The warp-specialized kernels
-// take such calls without a mask or with a mask with a query dim and no bias:
+// take such calls without a mask or with a mask and no bias:
 // attention_bwd_ws.cuh at D 64 and 128, dense, masked or gathered (given its fp32 dk/dv rows
 // and work list: dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh
 // dense without a mask at D 256.

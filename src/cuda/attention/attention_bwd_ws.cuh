@@ -1,9 +1,9 @@
 // Warp-specialized attention backward for Hopper (sm_90a): dk, dv and the fused dq of calls at
 // D = 64 and 128 that do not ask for determinism (AttentionBwdParams::dq_acc set), with no bias
 // or a per-key one ([.., 1, Sk], its dbias summed per key column) and no mask, or with a mask
-// with a query dim and no bias (kMasked: each step's mask tile comes with its Q; the steps the
-// mask tile summary rules out are skipped, and those it keeps whole run unmasked), whose q, k,
-// v, dout and mask the copy engine can read.
+// and no bias (kMasked: each step's mask tile comes with its Q, or a mask broadcast over
+// queries is read per key; the steps the mask tile summary rules out are skipped, and those it
+// keeps whole run unmasked), whose q, k, v, dout and mask the copy engine can read.
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
 // query tiles (steps of 128 rows at D = 64, 64 otherwise), as the dk/dv kernel does, but with
@@ -338,6 +338,7 @@ __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, 
     const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
     mbar::wait(Shape::empty(base, s), free_parity);
     if constexpr (Shape::kMasked) {
+      mask_all |= f.mask_stride[2] == 0;  // a mask broadcast over queries: read per key by the consumers
       mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes + (mask_all ? 0 : Shape::kMaskTile));
       if (!mask_all)
         tma::load_4d(Shape::mask_tile(base, s), &maps.mask, Shape::full(base, s), walk.key0, q0,
@@ -398,8 +399,12 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
   // their dS sums over the head's queries, added into the dbias slots of (batch, KV head) as the
   // dk/dv kernel does (the first half: the groups own different keys). Gathered: db sums the
   // keys' dS over the whole walk (dscores).
+  // Masked with a mask broadcast over queries ([.., 1, Sk]): kb holds 0 or -inf per key instead,
+  // read when the head changes (skipped steps may pass over a head's first).
   const bool key_bias = !kGather && f.bias != nullptr, db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
+  const bool mask_keys = Shape::kMasked && f.mask_stride[2] == 0;
   float kb[2] = {0.f, 0.f};
+  int kb_head = -1;
   const auto steps = bwd_ws_mask_steps<Shape>(smem, walk);
   int done = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
@@ -415,6 +420,10 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
     const bool head_starts = !kGather && i % walk.n_q == 0, head_ends = !kGather && i % walk.n_q == walk.n_q - 1;
     if (key_bias && head_starts)
       kb[0] = key_bias_at<T>(f, walk.b, h, keys[0]), kb[1] = key_bias_at<T>(f, walk.b, h, keys[1]);
+    if (mask_keys && h != kb_head) {
+      kb_head = h;
+      kb[0] = key_mask_at(f, walk.b, h, keys[0]), kb[1] = key_mask_at(f, walk.b, h, keys[1]);
+    }
     mbar::wait(Shape::full(base, s), (j / Shape::kStages) & 1);
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the step's queries.
     float st[kNq][4], dpt[kNq][4];
@@ -431,6 +440,8 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
           return interval_add(row_keys[e >> 1], q0 + nt * 8 + 2 * t + (e & 1));
         });
       }
+    } else if (mask_keys) {  // the mask as a per-key term: 0 or -inf
+      dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, key0, Shape::kGroupKeys, keys, !mask_all, kb, warp, t);
     } else if (!mask_all) {
       bwd_ws_masked_scores(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), q0, key0, keys,
                            group * Shape::kGroupKeys + 16 * warp + g, warp, t);
@@ -692,7 +703,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather, kMasked>::kTh
 // Whether the warp-specialized backward takes this call (the caller checks the device): the
 // fused dq's temporary given, D = kHeadDim, and tensors the copy engine can describe (maps
 // filled here); no mask, and no bias or one broadcast over queries (whose dbias, if any, the
-// columns own); or a mask with a query dim (its summary given) and no bias. Key lists
+// columns own); or a mask (its summary given; rows the copy engine can read) and no bias. Key lists
 // (dynamic-mask mode): also the fp32 dk/dv rows and the work list; no bias tensor (the scores
 // come with the lists), no dbias.
 template <class T, int kHeadDim>
@@ -700,8 +711,7 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
   const AttentionFwdParams& f = p.f;
   const bool gather = f.lists.keys != nullptr, masked = f.mask != nullptr;
   if (!bwd_ws_allowed() || f.D != kHeadDim || !p.dq_acc || p.dkdv_splits > 1) return false;
-  if (masked ? gather || f.bias || !f.tile_active || !f.mask_tiled || f.mask_stride[2] == 0 ||
-                   p.dbias_owner != DbiasOwner::none
+  if (masked ? gather || f.bias || !f.tile_active || !f.mask_tiled || p.dbias_owner != DbiasOwner::none
              : f.tile_active != nullptr)
     return false;
   if (gather ? !p.dkdv_partial || !f.lists.info || !p.ws.items || p.ws.tiles_per_range < 1 || f.bias ||
@@ -718,7 +728,7 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
   if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, rows) ||
       !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, rows))
     return false;
-  if (masked &&
+  if (masked && f.mask_stride[2] != 0 &&
       !encode_tile_map(maps.mask, f.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, f.Sk, f.Sq,
                        f.mask_head_mode == 2 ? f.H : f.mask_head_mode == 1 ? f.Hk : 1, f.mask_stride[0] == 0 ? 1 : f.B,
                        f.mask_stride[2], f.mask_stride[1], f.mask_stride[0], Shape::kBlockN, rows,

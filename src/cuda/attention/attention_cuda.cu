@@ -106,14 +106,14 @@ struct BwdPlan {
 // kernels and the temporary goes unused). The launcher also declines it where its shared
 // memory would change the two kernels' plan (attention_bwd.cuh): always with a mask at D 128,
 // so no temporary is asked for there but where the warp-specialized kernel takes the call (D
-// exactly 128, a mask with a query dim, no bias). At D 256 only the warp-specialized kernel
+// exactly 128, a mask, no bias). At D 256 only the warp-specialized kernel
 // has it: D exactly 256, no mask, no bias with a query dim.
 bool fused_dq_applies(const detail::AttentionProblem& prob, DbiasOwner owner) {
   if (prob.deterministic || owner == DbiasOwner::rows || !fused_dq_allowed() || wgmma_disabled()) return false;
   const int bucket = head_dim_bucket(int(prob.dims.D));
   const bool wide = prob.dims.D == 256 && !prob.mask.present && (!prob.bias.present || prob.bias.size[2] == 1);
-  // A mask at D 128: only the warp-specialized kernel's (a mask with a query dim, no bias).
-  const bool masked_ws = prob.dims.D == 128 && prob.mask.size[2] > 1 && !prob.bias.present;
+  // A mask at D 128: only the warp-specialized kernel's (no bias).
+  const bool masked_ws = prob.dims.D == 128 && !prob.bias.present;
   if (bucket != 64 && (bucket != 128 || (prob.mask.present && !masked_ws)) && !wide) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {

@@ -310,6 +310,13 @@ __device__ __forceinline__ bool visible_at(const AttentionFwdParams& p, int i, i
 __device__ __forceinline__ bool key_bias_only(const AttentionFwdParams& p) {
   return p.bias && !p.mask && p.bias_stride[2] == 0;
 }
+// A mask broadcast over queries ([.., 1, Sk]) as key j's additive term: 0 where it keeps the
+// key, -inf where not (key j clamped into range as below).
+__device__ __forceinline__ float key_mask_at(const AttentionFwdParams& p, int b, int h, int j) {
+  const int64_t off = b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1] +
+                      int64_t(min(j, p.Sk - 1)) * p.mask_stride[3];
+  return __ldg(p.mask + off) ? 0.f : -INFINITY;
+}
 // That key's bias (key j clamped into range; its scores are hidden anyway when j >= Sk).
 template <class T>
 __device__ __forceinline__ float key_bias_at(const AttentionFwdParams& p, int b, int h, int j) {
