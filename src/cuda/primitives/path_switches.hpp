@@ -22,14 +22,16 @@ inline bool wgmma_disabled() {
   return env && env[0] == '1';
 }
 
-// FDMA_FWD_WS=0: dense Hopper forwards on the cp.async wgmma kernel, not the warp-specialized one.
+// FDMA_FWD_WS=0: Hopper forwards (dense, masked, biased, gathered) on the cp.async wgmma kernel
+// (mma.sync at D = 256), not the warp-specialized one.
 inline bool fwd_ws_allowed() { return !env_is("FDMA_FWD_WS", "0"); }
 
 // FDMA_BWD_FUSED_DQ=0: non-deterministic backwards on the two-kernel path too (no dq atomics).
 inline bool fused_dq_allowed() { return !env_is("FDMA_BWD_FUSED_DQ", "0"); }
 
 // FDMA_BWD_WS=0: fused-dq backwards at D = 64 and 128 on the dk/dv kernel, not the warp-specialized
-// one; at D = 256 the two kernels.
+// one (masked ones at D = 128 on the two kernels, as that kernel declines them); at D = 256 the
+// two kernels.
 inline bool bwd_ws_allowed() { return !env_is("FDMA_BWD_WS", "0"); }
 
 // FDMA_SELECT_PATH=cluster|shared|global|levels: the training selection's path ("" = per call).
