@@ -105,13 +105,6 @@ __device__ __forceinline__ void zero_dbias_keys(const AttentionBwdParams& p, int
   }
 }
 
-// Mask tile summary row for (b, h) and query tile qt (64 x 64 tiles), or null without a mask.
-__device__ __forceinline__ const uint8_t* active_row(const AttentionFwdParams& f, int b, int h, int qt) {
-  if (!f.tile_active) return nullptr;
-  const int mb = f.active_batches == 1 ? 0 : b, mh = int(head_index(f.mask_head_mode, h, f.G));
-  const int q = f.active_q_tiles == 1 ? 0 : qt;
-  return f.tile_active + ((int64_t(mb) * f.active_heads + mh) * f.active_q_tiles + q) * f.active_k_tiles;
-}
 __device__ __forceinline__ bool tile_is_active(const AttentionFwdParams& f, const uint8_t* row, int kt) {
   return !row || row[f.active_k_tiles == 1 ? 0 : kt];
 }

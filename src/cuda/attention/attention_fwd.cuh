@@ -114,12 +114,7 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
   const int tile_rows_valid = min(Tile::kBlockM, p.Sq - row0);
   // Key tiles the mask rules out entirely are skipped: no K, V or bias loads, no math. The
   // summary's key tiles are fwd_block_n wide; a kernel tile may span several.
-  const uint8_t* active = nullptr;
-  if (p.tile_active) {
-    const int mb = p.active_batches == 1 ? 0 : b, mh = int(head_index(p.mask_head_mode, h, p.G));
-    const int qt = p.active_q_tiles == 1 ? 0 : m_block;
-    active = p.tile_active + ((int64_t(mb) * p.active_heads + mh) * p.active_q_tiles + qt) * p.active_k_tiles;
-  }
+  const uint8_t* active = active_row(p, b, h, m_block);
   constexpr int kSummaryTiles = Tile::kBlockN / fwd_block_n(kHeadDim);
   static_assert(kSummaryTiles >= 1 && Tile::kBlockN % fwd_block_n(kHeadDim) == 0, "kernel tiles cover summary tiles");
   auto tile_active = [&](int nb) {

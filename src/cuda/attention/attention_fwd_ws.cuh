@@ -352,7 +352,7 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
     apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
     mbar::arrive(Shape::k_empty(base, st));
   } else if constexpr (kKind == FwdWsKind::scored) {
-    const FwdWsTerms<Shape> terms(p);
+    const FwdWsTerms<Shape> terms(p);  // from the params per tile: uniform arithmetic, no registers held across the loop
     const int t = lane % 4;
     if (terms.bias_tile) {
       const uint32_t tile = base + terms.bias_tile_at(st);

@@ -50,6 +50,14 @@ __device__ __forceinline__ void build_next_active(int16_t* next, int n, IsActive
   __syncthreads();
 }
 
+// The mask tile summary's row for (b, h) and summary query tile qt, or null without a mask.
+__device__ __forceinline__ const uint8_t* active_row(const AttentionFwdParams& f, int b, int h, int qt) {
+  if (!f.tile_active) return nullptr;
+  const int mb = f.active_batches == 1 ? 0 : b, mh = int(head_index(f.mask_head_mode, h, f.G));
+  const int q = f.active_q_tiles == 1 ? 0 : qt;
+  return f.tile_active + ((int64_t(mb) * f.active_heads + mh) * f.active_q_tiles + q) * f.active_k_tiles;
+}
+
 // One CTA's rows of the mask tile summary (AttentionFwdParams::tile_active) for a kernel whose
 // tiles cover kRows x kCols summary tiles (the summary's are fwd_block_m x fwd_block_n of the
 // mma.sync forward): a kernel tile is active if any of its summary tiles is, kept whole if all
@@ -64,13 +72,10 @@ struct SummaryTiles {
   // Query tile m_block (of kRows summary rows) of (b, h).
   __device__ static SummaryTiles of(const AttentionFwdParams& p, int b, int h, int m_block) {
     if (!p.tile_active) return {nullptr, 0, 0, 0};
-    const int mb = p.active_batches == 1 ? 0 : b;
-    const int mh = int(head_index(p.mask_head_mode, h, p.G));
     const bool q_bcast = p.active_q_tiles == 1;
-    const int qt = q_bcast ? 0 : m_block * kRows;
-    const uint8_t* row =
-        p.tile_active + ((int64_t(mb) * p.active_heads + mh) * p.active_q_tiles + qt) * p.active_k_tiles;
-    return {row, q_bcast ? 1 : min(kRows, p.active_q_tiles - qt), q_bcast ? 0 : p.active_k_tiles, p.active_k_tiles};
+    const int qt = m_block * kRows;
+    return {active_row(p, b, h, qt), q_bcast ? 1 : min(kRows, p.active_q_tiles - qt), q_bcast ? 0 : p.active_k_tiles,
+            p.active_k_tiles};
   }
 
   // The summary bits of kernel key tile nb: OR for "some", AND for "all".
