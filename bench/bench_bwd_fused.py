@@ -4,12 +4,14 @@ same call with deterministic=1: dq and dk/dv kernels, seven matmuls, no atomics)
 (FlashAttention-2) and SDPA cuDNN, in one process. Each round times every system once per
 problem, the order rotated each round; the table gives medians over rounds of per-round medians
 of CUDA events. At D = 64 and 128 the fused call runs the warp-specialized backward
-(attention_bwd_ws.cuh; with a mask too, and no bias); "fused dk/dv kernel" is the same call with
+(attention_bwd_ws.cuh; with a mask and no bias, or a bias with a query dim and no mask); "fused
+dk/dv kernel" is the same call with
 FDMA_BWD_WS=0 (the dk/dv kernel's fused dq, or the two kernels where that one declines).
 
 Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
                                         [--headdims 64,128] [--rounds 3]
-                                        [--cases dense,per-key,block,block-all,mask,padding]
+                                        [--cases dense,per-key,block,block-all,mask,padding,
+                                                 bias,bias-nograd]
 With several comma-separated libraries (--lib base.so,new.so) the fused call also runs with
 each, as "fused@0", "fused@1", ... in the same rotation (an A/B of two builds in one process);
 the other columns use the first.
@@ -44,7 +46,8 @@ def main():
                     help="dense, per-key (a bias [B, H, 1, S]), block (a [B, 1, S, S] mask of 128 x 128 blocks, "
                     "1/8 kept), block-all (the same with every block kept), mask (a [B, 1, S, S] mask keeping each "
                     "score with probability 0.9: every tile masked), padding (a [B, 1, 1, S] key padding mask "
-                    "hiding the last S/8 keys)")
+                    "hiding the last S/8 keys), bias (a [B, H, S, S] bias and its dbias), bias-nograd (the same "
+                    "bias, no dbias asked for)")
     args = ap.parse_args()
     libs = [_abi.load_library(path) for path in args.lib.split(",")]
     lib = libs[0]
@@ -55,7 +58,11 @@ def main():
             for case, causal in [(c, cz) for c in args.cases.split(",") for cz in (False, True)]:
                 torch.manual_seed(0)
                 q, k, v, dout = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16) for _ in range(4))
-                bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16) if case == "per-key" else None
+                bias = None
+                if case == "per-key":
+                    bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16)
+                elif case.startswith("bias"):
+                    bias = torch.randn(B, H, S, S, device=dev, dtype=torch.bfloat16)
                 mask = None
                 if case.startswith("block"):  # as bench_attention_bwd.py
                     blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < (1.0 if case == "block-all" else 1 / 8)
@@ -68,7 +75,8 @@ def main():
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
                 grads = {det: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-                               torch.empty_like(bias) if bias is not None else None) for det in (0, 1)}
+                               torch.empty_like(bias) if bias is not None and case != "bias-nograd" else None)
+                         for det in (0, 1)}
                 params = {}
                 for det in (0, 1):
                     p = _abi.AttentionParams()

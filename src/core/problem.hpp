@@ -45,6 +45,7 @@ struct AttentionProblem {
   Dims dims;
   Varlen varlen;
   Broadcast mask, bias;
+  DType bias_dtype = DType::unset, dbias_dtype = DType::unset;  // each q's or float32
   bool has_dbias = false;
   bool causal = false;
   bool deterministic = false;  // backward: bitwise reproducible (no atomics)

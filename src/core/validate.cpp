@@ -528,6 +528,7 @@ AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass
   if (present(p.bias)) {
     prob.bias = c.broadcast4(p.bias, "bias", d);
     check_q_or_f32(c, p.bias, "bias", prob.dtype);
+    prob.bias_dtype = static_cast<DType>(p.bias.dtype);
     io.input(p.bias, "bias");
   }
   check_scalars(c, p.scale, p.softcap);
@@ -546,6 +547,7 @@ AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass
     c.no_self_overlap(p.dbias, "dbias");
     io.output(p.dbias, "dbias");
     prob.has_dbias = true;
+    prob.dbias_dtype = static_cast<DType>(p.dbias.dtype);
   }
   c.no_overlap(io.outputs, io.inputs);
   prob.backend = c.backend(p.backend, io.ptrs);

@@ -22,6 +22,7 @@ struct GpuAttention {
   std::unique_ptr<DeviceTensor> mask, bias, dbias;
   void* ws = nullptr;
   bool deterministic = false;
+  bool want_dbias = true;  // a bias's gradient asked for
   explicit GpuAttention(AttnRun& run)
       : r(run), q(r.q), k(r.k), v(r.v), out(r.out), lse(r.lse), dout(r.dout), dq(r.dq), dk(r.dk), dv(r.dv) {
     if (r.c.mask.present) mask = std::make_unique<DeviceTensor>(r.mask);
@@ -39,7 +40,8 @@ struct GpuAttention {
     p.q = q.view(), p.k = k.view(), p.v = v.view(), p.out = out.view(), p.lse = lse.view();
     p.dout = dout.view(), p.dq = dq.view(), p.dk = dk.view(), p.dv = dv.view();
     if (mask) p.mask = mask->view();
-    if (bias) p.bias = bias->view(), p.dbias = dbias->view();
+    if (bias) p.bias = bias->view();
+    if (bias) p.dbias = want_dbias ? dbias->view() : decltype(p.dbias){};
     p.deterministic = deterministic;
     p.stream = stream;
     return p;
@@ -93,8 +95,8 @@ void expect_switch_bitwise(GpuAttention& gpu, const ScopedEnv& sw) {
 
 // Forward (and backward when asked) on the GPU against the CPU backend and the float64
 // reference. The backward reads the CPU forward's out and lse, so both backends see the
-// same stored inputs.
-void run_gpu(AttnRun& r, bool backward, cudaStream_t stream = nullptr) {
+// same stored inputs. want_dbias: a bias's gradient asked for of the GPU.
+void run_gpu(AttnRun& r, bool backward, cudaStream_t stream = nullptr, bool want_dbias = true) {
   const AttnCase& c = r.c;
   SCOPED_TRACE(c.str());
   r.forward();  // CPU backend
@@ -104,6 +106,7 @@ void run_gpu(AttnRun& r, bool backward, cudaStream_t stream = nullptr) {
 
   GpuAttention gpu(r);
   ASSERT_TRUE(gpu.ok());
+  gpu.want_dbias = want_dbias;
   const size_t ws_bytes = gpu.run(Pass::forward, stream);
   EXPECT_EQ(ws_bytes == 0, !c.mask.present);  // only the mask tile summary needs workspace
   gpu.out.download();
@@ -127,7 +130,7 @@ void run_gpu(AttnRun& r, bool backward, cudaStream_t stream = nullptr) {
   EXPECT_TRUE(within_precision(r.dq.values(), cpu_dq, g.dq, max_abs(g.dq), c.dtype, "dq"));
   EXPECT_TRUE(within_precision(r.dk.values(), cpu_dk, g.dk, max_abs(g.dk), c.dtype, "dk"));
   EXPECT_TRUE(within_precision(r.dv.values(), cpu_dv, g.dv, max_abs(g.dv), c.dtype, "dv"));
-  if (c.bias.present) {
+  if (c.bias.present && want_dbias) {
     // A reduced dbias element sums dS of both signs: scale its tolerance by the summed magnitude.
     std::vector<double> mag(g.dbias.size());
     for (size_t i = 0; i < mag.size(); ++i) mag[i] = std::fabs(g.dbias[i]);
@@ -683,10 +686,12 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
 // or the two kernels (FDMA_BWD_WS=0), each against the CPU backend at D 64 and 128: masks per
 // query head, per KV head and shared, of mixed blocks (a query tile that keeps nothing
 // included), key padding masks [B, 1 or Hk, 1, Sk], causal with more and fewer keys than
-// queries, ragged ends, GQA, softcap, both dtypes.
+// queries, ragged ends, GQA, softcap, both dtypes. Every other case runs without the
+// next-active table (FDMA_NEXT_ACTIVE_TABLE=0), where the walk reads the summary per step (as
+// walks longer than the kernel's step bitmaps do).
 TEST(AttentionGpu, WarpSpecializedMaskedBackwardMatchesTheCpu) {
   REQUIRE_GPU();
-  const ScopedEnv ws("FDMA_BWD_WS");
+  const ScopedEnv ws("FDMA_BWD_WS"), table("FDMA_NEXT_ACTIVE_TABLE");
   uint64_t seed = 3700;
   for (const char* on : {"1", "0"}) {
     SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
@@ -700,12 +705,68 @@ TEST(AttentionGpu, WarpSpecializedMaskedBackwardMatchesTheCpu) {
                                              : std::pair<int64_t, int64_t>{333, 512};
         AttnCase c = base(Sq, Sk, 4, 2, D, causal, variant % 2 ? DType::f16 : DType::bf16, seed++);
         c.softcap = variant == 1 || variant == 5 ? 5.0 : 0.0;
+        table.set((variant / 2 + D / 64) % 2 ? "0" : "1");
         c.mask.present = true;
         c.mask.b = variant != 1, c.mask.heads = variant == 1 || variant == 5 ? 1 : variant == 3 || variant == 4 ? 0 : 2;
         c.mask.q = variant < 4;  // 4, 5: key padding masks (random keys kept)
         AttnRun r(c);
         if (c.mask.q) fill_mixed_blocks(r, seed);
         run_gpu(r, true);
+      }
+  }
+}
+
+// The warp-specialized backward's biased calls (a bias with a query dim in q's dtype, no mask:
+// each step's bias tile comes with its Q and dO; where dbias is asked for and each dS is one of
+// its elements, the tile goes back out holding dS, and the rows above a causal CTA's keys are
+// zeroed beside the walk) and the other kernels (FDMA_BWD_WS=0), each against the CPU backend
+// at D 64 and 128: biases per query head, per KV head (GQA: its dbias sums heads, so the dq
+// kernel takes it) and shared, with and without their gradient, a [1, H, Sq, Sk] bias at B 1,
+// float32 biases (the other kernels), causal with more and fewer keys than queries, ragged
+// query ends, softcap, both dtypes. dbias is poisoned first: an element nobody writes fails.
+TEST(AttentionGpu, WarpSpecializedBiasedBackwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_BWD_WS");
+  uint64_t seed = 4100;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
+    ws.set(on);
+    for (int64_t D : {64, 128})
+      for (int variant = 0; variant < 7; ++variant) {
+        const bool causal = (variant + D / 64) % 2 == 1;
+        const auto [Sq, Sk] = variant == 2   ? std::pair<int64_t, int64_t>{400, 160}
+                              : variant == 3 ? std::pair<int64_t, int64_t>{130, 384}
+                              : variant == 5 ? std::pair<int64_t, int64_t>{200, 200}
+                                             : std::pair<int64_t, int64_t>{333, 512};
+        AttnCase c = base(Sq, Sk, 4, variant == 4 ? 4 : 2, D, causal, variant % 2 ? DType::f16 : DType::bf16, seed++);
+        c.softcap = variant == 1 || variant == 5 ? 5.0 : 0.0;
+        c.layout = variant == 3 ? 1 : 0;
+        c.bias.present = true;
+        bool want_dbias = true;
+        switch (variant) {
+          case 1:  // [B, Hk, Sq, Sk] under GQA: dbias sums two heads
+            c.bias.heads = 1;
+            break;
+          case 2:  // [1, H, Sq, Sk] at B 1: one dS an element
+            c.B = 1, c.bias.b = false;
+            break;
+          case 3:  // [1, 1, Sq, Sk] without its gradient
+            c.bias.b = false, c.bias.heads = 0;
+            want_dbias = false;
+            break;
+          case 4:  // [B, Hk, Sq, Sk] with Hk = H
+            c.bias.heads = 1;
+            break;
+          case 5:  // a float32 bias
+            c.bias.dtype = DType::f32;
+            break;
+          case 6:  // [1, H, Sq, Sk] at B 2 without its gradient
+            c.bias.b = false;
+            want_dbias = false;
+            break;
+        }
+        AttnRun r(c);
+        run_gpu(r, true, nullptr, want_dbias);
       }
   }
 }

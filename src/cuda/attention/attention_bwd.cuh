@@ -138,12 +138,7 @@ cudaError_t launch_attention_bwd_path(const AttentionBwdParams& params, int devi
 template <class T, int kHeadDim>
 bool attention_bwd_ws_takes(const AttentionBwdParams& p, int device, BwdTensorMaps& maps) {
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    const bool gather = p.f.lists.keys != nullptr;
-    return p.dq_acc &&
-           wgmma_path_available(gather       ? attention_bwd_ws_kernel<T, kHeadDim, true>
-                                : p.f.mask ? attention_bwd_ws_kernel<T, kHeadDim, false, true>
-                                           : attention_bwd_ws_kernel<T, kHeadDim, false>,
-                                device) &&
+    return p.dq_acc && wgmma_path_available(bwd_ws_kernel_of<T, kHeadDim>(bwd_ws_kind(p.f)), device) &&
            attention_bwd_ws_applies<T, kHeadDim>(p, maps);
   } else if constexpr (kHeadDim == 256) {
     return wgmma_path_available(attention_bwd_ws256_kernel<T>, device) && attention_bwd_ws256_applies<T>(p, maps);

@@ -157,11 +157,11 @@ __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float 
 
 // The transposed case of the dk/dv kernel: rows are keys, columns the step's queries
 // nt * 8 + 2t + (e & 1), with lse2 and delta in shared memory. st becomes P^T, dpt becomes
-// dS^T * d(capped)/d(qk), db[r] += dS^T.
-template <bool kVisible = false, int kTilesN, class Add>
+// dS^T * d(capped)/d(qk), db[r] += dS^T; on_ds(nt, e, dS) sees each score's dS (a dbias tile).
+template <bool kVisible = false, int kTilesN, class Add, class OnDs>
 __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                  float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
-                                                 const float* delta, int t, Add&& add_at) {
+                                                 const float* delta, int t, Add&& add_at, OnDs&& on_ds) {
   with_softcap(f, [&](auto softcap) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
@@ -171,10 +171,17 @@ __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, fl
         const ScoreGrad g =
             score_grad<decltype(softcap)::value, kVisible>(f, st[nt][e], add_at(nt, e), lse2[il], dpt[nt][e], delta[il]);
         db[e >> 1] += g.ds;
+        on_ds(nt, e, g.ds);
         st[nt][e] = g.pr;
         dpt[nt][e] = g.dqk;
       }
   });
+}
+template <bool kVisible = false, int kTilesN, class Add>
+__device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
+                                                 float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
+                                                 const float* delta, int t, Add&& add_at) {
+  scores_to_p_ds_t<kVisible>(f, st, dpt, db, lse2, delta, t, add_at, [](int, int, float) {});
 }
 
 }  // namespace fdma::cuda

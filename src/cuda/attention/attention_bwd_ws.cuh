@@ -1,9 +1,16 @@
 // Warp-specialized attention backward for Hopper (sm_90a): dk, dv and the fused dq of calls at
-// D = 64 and 128 that do not ask for determinism (AttentionBwdParams::dq_acc set), with no bias
-// or a per-key one ([.., 1, Sk], its dbias summed per key column) and no mask, or with a mask
-// and no bias (kMasked: each step's mask tile comes with its Q, or a mask broadcast over
-// queries is read per key; the steps the mask tile summary rules out are skipped, and those it
-// keeps whole run unmasked), whose q, k, v, dout and mask the copy engine can read.
+// D = 64 and 128 that do not ask for determinism (AttentionBwdParams::dq_acc set), whose q, k,
+// v, dout and terms the copy engine can read, one instantiation per kind of call (BwdWsKind):
+//   dense     no mask; no bias or a per-key one ([.., 1, Sk], its dbias summed per key column);
+//   masked    a mask and no bias: each step's mask tile comes with its Q, or a mask broadcast
+//             over queries is read per key; the steps the mask tile summary rules out are
+//             skipped, and those it keeps whole run unmasked;
+//   biased    a bias with a query dim in q's dtype and no mask: each step's bias tile comes
+//             with its Q; where dbias is asked for (one dS an element: not summed over
+//             batches, heads or keys) each score's dS goes back over its bias and the copy
+//             engine writes the tile out, and the producer group's idle warps write the zeros
+//             of the rows no step covers;
+//   gathered  key lists (dynamic-mask mode, below).
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
 // query tiles (steps of 128 rows at D = 64, 64 otherwise), as the dk/dv kernel does, but with
@@ -56,28 +63,32 @@
 namespace fdma::cuda {
 
 // Copy-engine descriptors of q, dout (boxes of 64 columns by a step's rows of one head), k, v
-// (the same boxes: one per consumer group's 64 keys and column block; unused when gathered) and
-// a mask (boxes of 128 keys by a step's rows, 128-byte swizzled; masked calls).
+// (the same boxes: one per consumer group's 64 keys and column block; unused when gathered), a
+// mask (boxes of 128 keys by a step's rows, 128-byte swizzled; masked calls), a bias and its
+// dbias (boxes of 64 keys by a step's rows, 128-byte swizzled; biased calls).
 struct BwdTensorMaps {
-  CUtensorMap q, dout, k, v, mask;
+  CUtensorMap q, dout, k, v, mask, bias, dbias;
 };
+
+enum class BwdWsKind { dense, masked, biased, gathered };
 
 // Shared memory: K and V as one 64-key tile per consumer group; per stage Q, dO and the step's
 // rows' lse2 and delta; two dS tiles (steps alternate); per consumer group the staging of its
-// dq block (two dq_acc tiles); masked, per stage the step's mask tile; gathered, two slots for
-// the item being handed out; then the mbarriers. Every tile 1024-byte aligned (the swizzle).
-template <class T, int kHeadDim, bool kGather = false, bool kMaskedCall = false>
+// dq block (two dq_acc tiles); masked, per stage the step's mask tile; biased, per stage the
+// step's bias tile; gathered, two slots for the item being handed out; then the mbarriers.
+// Every tile 1024-byte aligned (the swizzle).
+template <class T, int kHeadDim, BwdWsKind kKind = BwdWsKind::dense>
 struct BwdWsShape {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the warp-specialized backward: D = 64 or 128");
-  static constexpr bool kMasked = kMaskedCall;
-  static_assert(!(kGather && kMasked), "gathered calls take no mask");
+  static constexpr bool kGather = kKind == BwdWsKind::gathered, kMasked = kKind == BwdWsKind::masked,
+                        kBiased = kKind == BwdWsKind::biased;
   using Mma = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
-  // Queries a step: 128 for unmasked dense calls at D = 64, where a step's fixed costs (the
-  // barriers, the dq staging and its reductions) would otherwise weigh as much as its matmuls;
-  // 64 elsewhere (D = 128 leaves no registers for wider S^T and dP^T; gathered items walk
-  // 64-query tiles; masked steps are the mask summary's 64-row tiles, and two stages of their
-  // 128 x 128 mask tiles would not fit beside the rest).
-  static constexpr int kBlockM = kHeadDim == 64 && !kGather && !kMasked ? 128 : 64;
+  // Queries a step: 128 for dense calls at D = 64, where a step's fixed costs (the barriers,
+  // the dq staging and its reductions) would otherwise weigh as much as its matmuls; 64
+  // elsewhere (D = 128 leaves no registers for wider S^T and dP^T; gathered items walk 64-query
+  // tiles; masked steps are the mask summary's 64-row tiles; two stages of 128-query mask or
+  // bias tiles would not fit beside the rest).
+  static constexpr int kBlockM = kHeadDim == 64 && kKind == BwdWsKind::dense ? 128 : 64;
   static constexpr int kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers, kKeyTiles = kConsumers;
   static constexpr int kStages = 2;
   // How the groups share dq = dS K, each one 64 x 64 block a step: split by column blocks (D =
@@ -96,10 +107,13 @@ struct BwdWsShape {
   static constexpr int kStageTile = 2 * kDqAccTileBytes;
   static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;  // the step's lse2 then delta
   static constexpr int kMaskTile = kMasked ? kBlockM * kBlockN : 0;  // [queries][128 keys] bytes
+  // [queries][64 keys] of q's dtype per consumer group, each in store_ds_t's layout
+  static constexpr int kBiasBox = kBiased ? kBlockM * wgmma::kSwizzleRowBytes : 0, kBiasTile = kConsumers * kBiasBox;
   static constexpr int kK = 0, kV = kK + kConsumers * kKeyTile, kQ = kV + kConsumers * kKeyTile;
   static constexpr int kDo = kQ + kStages * kQTile, kDs = kDo + kStages * kQTile, kStage = kDs + 2 * kDsTile;
   static_assert(kBlockN == kBwdWsKeys, "a gathered item's keys fill the CTA");
-  static constexpr int kMask = kStage + kConsumers * kStageTile, kLseDelta = kMask + kStages * kMaskTile;
+  static constexpr int kMask = kStage + kConsumers * kStageTile, kBias = kMask + kStages * kMaskTile;
+  static constexpr int kLseDelta = kBias + kStages * kBiasTile;
   // Masked: the walk's steps as two bitmaps (the summary keeps some / all of the step), up to
   // kMaxMaskSteps steps a CTA (BwdWsMaskSteps).
   static constexpr int kMaxMaskSteps = kMasked ? 32768 : 0;
@@ -111,9 +125,9 @@ struct BwdWsShape {
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static_assert(kQTile % 1024 == 0 && kKeyTile % 1024 == 0 && kDsTile % 1024 == 0 && kStageTile % 1024 == 0 &&
-                    kMaskTile % 1024 == 0,
+                    kMaskTile % 1024 == 0 && kBiasBox % 1024 == 0,
                 "tiles stay 1024-byte aligned");
-  static constexpr uint32_t kStepBytes = 2 * kQTile + kLseDeltaBytes;  // a step's copies, its mask tile apart
+  static constexpr uint32_t kStepBytes = 2 * kQTile + kLseDeltaBytes + kBiasTile;  // a step's copies, its mask tile apart
   // Masked: the summary's tiles a step covers (64 rows, two 64-key tiles).
   using Summary = SummaryTiles<kBlockM / kBwdBlockM, kBlockN / kBwdBlockN>;
 
@@ -128,6 +142,7 @@ struct BwdWsShape {
   __device__ static uint32_t stage_tile(uint32_t base, int g) { return base + kStage + g * kStageTile; }
   __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
   __device__ static uint32_t mask_tile(uint32_t base, int s) { return base + kMask + s * kMaskTile; }
+  __device__ static uint32_t bias_box(uint32_t base, int s, int g) { return base + kBias + s * kBiasTile + g * kBiasBox; }
   // Gathered: the item of the n-th hand-out (two slots: one may be written while the other is
   // read), its "full" mbarrier the producer arrives on once it wrote it, its "empty" one every
   // consumer thread arrives on once it read it.
@@ -203,6 +218,39 @@ __device__ __forceinline__ void bwd_ws_masked_scores(const AttentionFwdParams& f
   }
 }
 
+// Biased steps: dense_scores_to_p_ds_t with each score's term read from the step's bias box
+// (this group's [64 queries][64 keys] of q's dtype, 128-byte swizzled, in store_ds_t's layout:
+// this thread's keys are columns 16 warp + g and + 8, its queries rows 8 nt + 2t (+1)). With
+// keep_ds (dbias asked for) each score's dS goes back over its bias, which makes the box the
+// step's dbias tile. Rows 8 nt + c share the swizzle of row c, and key + 8 is the next 16-byte
+// chunk: each of the thread's two row classes is one address, XORed and offset by constants.
+template <class T, int kTilesN>
+__device__ __forceinline__ void bwd_ws_biased_scores(const AttentionFwdParams& f, float (&st)[kTilesN][4],
+                                                     float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
+                                                     const float* delta, uint32_t box, bool keep_ds, int q0, int key0,
+                                                     const int (&keys)[2], int warp, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const uint32_t at[2] = {swizzled_row<128>(box, 2 * t, 32 * warp + 2 * g),
+                          swizzled_row<128>(box, 2 * t + 1, 32 * warp + 2 * g)};
+  auto score_at = [&](int nt, int e) { return (at[e & 1] ^ ((e >> 1) << 4)) + nt * 8 * wgmma::kSwizzleRowBytes; };
+  auto bias = [&](int nt, int e) { return unpack_one(ptx::ld_shared_u16(score_at(nt, e)), T{}); };
+  auto keep = [&](int nt, int e, float ds) {
+    if (keep_ds) ptx::st_shared_u16(score_at(nt, e), pack_one(ds, T{}));
+  };
+  const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + 64 <= f.Sk &&
+                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
+  if (interior) {
+    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, bias, keep);
+  } else {
+    scores_to_p_ds_t(
+        f, st, dpt, db, lse2, delta, t,
+        [&](int nt, int e) {
+          return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? bias(nt, e) : -INFINITY;
+        },
+        keep);
+  }
+}
+
 // The K/V barrier and the stages' full (the copies) and empty (every consumer thread) barriers.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
@@ -257,18 +305,20 @@ struct BwdWsMaskStep {
 // Masked: the walk's verdicts as bitmaps in shared memory, built once by all the CTA's threads,
 // so that a run of ruled-out steps costs a few shared loads, not a summary read each (at 1/8 of
 // the blocks kept, the walk of reads made the backward slower than the dk/dv kernel's). Walks
-// of more than kMaxMaskSteps steps read the summary per step instead.
+// of more than kMaxMaskSteps steps read the summary per step instead, as do all walks where
+// the next-active table is switched off (FDMA_NEXT_ACTIVE_TABLE=0: the tests' way to reach
+// that walk).
 template <class Shape>
 struct BwdWsMaskSteps {
   const uint32_t *some, *all;  // bit r: step it_begin + r
   int n;
   bool tabled;
 
-  __device__ BwdWsMaskSteps(const unsigned char* smem, const BwdWsWalk& walk)
+  __device__ BwdWsMaskSteps(const unsigned char* smem, const AttentionFwdParams& f, const BwdWsWalk& walk)
       : some(reinterpret_cast<const uint32_t*>(smem + Shape::kMaskSteps)),
         all(some + Shape::kMaxMaskSteps / 32),
         n(walk.it_end - walk.it_begin),
-        tabled(n <= Shape::kMaxMaskSteps) {}
+        tabled(f.next_active_table && n <= Shape::kMaxMaskSteps) {}
 
   // Fills the bitmaps, all threads of the CTA (whole warps) taking 32 steps a warp at a time.
   __device__ static void build(unsigned char* smem, const AttentionFwdParams& f, const BwdWsWalk& walk, int tid,
@@ -307,24 +357,26 @@ struct BwdWsMaskSteps {
 
 // The walk's verdicts of a masked call (nothing for the others).
 template <class Shape>
-__device__ __forceinline__ auto bwd_ws_mask_steps(const unsigned char* smem, const BwdWsWalk& walk) {
+__device__ __forceinline__ auto bwd_ws_mask_steps(const unsigned char* smem, const AttentionFwdParams& f,
+                                                  const BwdWsWalk& walk) {
   if constexpr (Shape::kMasked)
-    return BwdWsMaskSteps<Shape>(smem, walk);
+    return BwdWsMaskSteps<Shape>(smem, f, walk);
   else
     return 0;
 }
 
 // The copy-issuing thread's steps: each step's Q, dO, lse2 and delta (masked: and its mask tile,
-// unless the summary keeps the step whole) into its stage once the consumers have released what
-// it held; masked steps the summary rules out are skipped. j0: the steps this CTA issued before
-// (the stages' phases run on across a persistent CTA's items).
-template <class Shape, bool kGather>
+// unless the summary keeps the step whole; biased: and its bias tile) into its stage once the
+// consumers have released what it held; masked steps the summary rules out are skipped. j0:
+// the steps this CTA issued before (the stages' phases run on across a persistent CTA's items).
+template <class Shape>
 __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, const AttentionBwdParams& p,
                                                      uint32_t base, const BwdWsWalk& walk, int j0,
                                                      const unsigned char* smem = nullptr) {
   const AttentionFwdParams& f = p.f;
+  constexpr bool kGather = Shape::kGather;
   constexpr int kQBlock = Shape::kBlockM * wgmma::kSwizzleRowBytes;
-  const auto steps = bwd_ws_mask_steps<Shape>(smem, walk);
+  const auto steps = bwd_ws_mask_steps<Shape>(smem, f, walk);
   int issued = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
     bool mask_all = true;
@@ -345,6 +397,13 @@ __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, 
                      int(head_index(f.mask_head_mode, h, f.G)), f.mask_stride[0] == 0 ? 0 : walk.b);
     } else {
       mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes);
+    }
+    if constexpr (Shape::kBiased) {
+      const int hb = int(head_index(f.bias_head_mode, h, f.G)), bb = f.bias_stride[0] == 0 ? 0 : walk.b;
+#pragma unroll
+      for (int g = 0; g < Shape::kConsumers; ++g)
+        tma::load_4d(Shape::bias_box(base, s, g), &maps.bias, Shape::full(base, s), walk.key0 + g * Shape::kGroupKeys,
+                     q0, hb, bb);
     }
 #pragma unroll
     for (int c = 0; c < Shape::kColBlocks; ++c) {
@@ -368,20 +427,24 @@ __device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const 
   tma::prefetch_map(&maps.k);
   tma::prefetch_map(&maps.v);
   if constexpr (Shape::kMasked) tma::prefetch_map(&maps.mask);
+  if constexpr (Shape::kBiased) tma::prefetch_map(&maps.bias);
   if (walk.it_begin >= walk.it_end) return;  // the consumers wait for nothing: no copy may outlive the CTA
   bwd_ws_produce_keys<Shape>(maps, base, walk);
-  bwd_ws_produce_steps<Shape, false>(maps, p, base, walk, 0, smem);
+  bwd_ws_produce_steps<Shape>(maps, p, base, walk, 0, smem);
 }
 
 // One consumer group's steps (`group` 0 or 1, `tid` 0..127 within it): its 64 keys (dense:
 // walk.key0 + 64 group; gathered: the item's [64 group, +64), whose records are row_keys) over
-// the walk, into dk, dv and db. j0 as in bwd_ws_produce_steps.
-template <class T, int kHeadDim, class Shape, bool kGather>
-__device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
-                                                     const BwdWsWalk& walk, int group, int tid, int j0,
+// the walk, into dk, dv and db (biased with dbias: each step's dS tile written out). j0 as in
+// bwd_ws_produce_steps.
+template <class T, int kHeadDim, class Shape>
+__device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, const AttentionBwdParams& p,
+                                                     uint32_t base, unsigned char* smem, const BwdWsWalk& walk,
+                                                     int group, int tid, int j0,
                                                      const KeyInfo (&row_keys)[2], float (&dk)[kHeadDim / 8][4],
                                                      float (&dv)[kHeadDim / 8][4], float (&db)[2]) {
   using Mma = typename Shape::Mma;
+  constexpr bool kGather = Shape::kGather;
   constexpr int kBM = Shape::kBlockM, kNq = kBM / 8;
   const AttentionFwdParams& f = p.f;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -401,11 +464,13 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
   // keys' dS over the whole walk (dscores).
   // Masked with a mask broadcast over queries ([.., 1, Sk]): kb holds 0 or -inf per key instead,
   // read when the head changes (skipped steps may pass over a head's first).
-  const bool key_bias = !kGather && f.bias != nullptr, db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
+  const bool key_bias = !kGather && !Shape::kBiased && f.bias != nullptr;
+  const bool db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
   const bool mask_keys = Shape::kMasked && f.mask_stride[2] == 0;
+  const bool ds_out = Shape::kBiased && p.dbias_owner == DbiasOwner::rows;  // each step's dS tile is dbias's
   float kb[2] = {0.f, 0.f};
   int kb_head = -1;
-  const auto steps = bwd_ws_mask_steps<Shape>(smem, walk);
+  const auto steps = bwd_ws_mask_steps<Shape>(smem, f, walk);
   int done = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
     bool mask_all = true;
@@ -440,13 +505,15 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
           return interval_add(row_keys[e >> 1], q0 + nt * 8 + 2 * t + (e & 1));
         });
       }
-    } else if (mask_keys) {  // the mask as a per-key term: 0 or -inf
-      dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, key0, Shape::kGroupKeys, keys, !mask_all, kb, warp, t);
-    } else if (!mask_all) {
+    } else if constexpr (Shape::kBiased) {
+      bwd_ws_biased_scores<T>(f, st, dpt, db, lse2, delta, Shape::bias_box(base, s, group), ds_out, q0, key0, keys,
+                              warp, lane);
+    } else if (!mask_all && !mask_keys) {
       bwd_ws_masked_scores(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), q0, key0, keys,
                            group * Shape::kGroupKeys + 16 * warp + g, warp, t);
-    } else {
-      dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, key0, Shape::kGroupKeys, keys, key_bias, kb, warp, t);
+    } else {  // a key padding mask as per-key terms (0 or -inf) where the summary does not keep the whole step
+      dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, key0, Shape::kGroupKeys, keys,
+                             mask_keys ? !mask_all : key_bias, kb, warp, t);
     }
     if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, 0, keys, db, t);
     if (head_ends) db[0] = db[1] = 0.f;
@@ -464,15 +531,22 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
     // 2's over step j's only after passing step j + 1's barrier, which the other group reaches
     // after its dq of step j.)
     if (tid == 0) tma::bulk_wait_group_read<0>();
-    wgmma::fence_proxy_async_smem();  // the dS stores, before the wgmmas read them
+    wgmma::fence_proxy_async_smem();  // the dS stores, before the wgmmas (and the dbias store) read them
+    if constexpr (Shape::kDqOverBothGroups)
+      ptx::named_barrier_sync<1, 2 * kBwdThreads>();
+    else
+      sync_group();
+    if (ds_out && tid == 0) {  // the group's dS box is whole: dbias[b, h's, q0.., key0..]
+      tma::store_4d(&maps.dbias, Shape::bias_box(base, s, group), key0, q0, int(head_index(f.bias_head_mode, h, f.G)),
+                    p.dbias_size[0] == 1 ? 0 : walk.b);
+      tma::bulk_commit_group();
+    }
     float acc[8][4];
     if constexpr (Shape::kDqOverBothGroups) {
-      ptx::named_barrier_sync<1, 2 * kBwdThreads>();
       const int rows = Shape::kSplitRows ? group * 64 : 0, block = Shape::kSplitColumns ? group : 0;
       Mma::template issue_ds_times_k<Shape::kConsumers, kBM>(acc, ptx::smem_addr(ds + rows * wgmma::kSwizzleRowBytes),
                                                              Shape::k_tile(base, 0), block);
     } else {
-      sync_group();
       Mma::issue_ds_times_k(acc, ptx::smem_addr(ds + group * kBM * wgmma::kSwizzleRowBytes), k_tile, 0);
     }
     wgmma::wait_group<0>();
@@ -481,6 +555,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const AttentionBwdParams& p
     wgmma::fence_operands(acc);
     Mma::template keep_live<kNq>(p_frag);
     Mma::template keep_live<kNq>(ds_frag);
+    if (ds_out && tid == 0) tma::bulk_wait_group_read<0>();  // the dbias store has read the stage's box
     mbar::arrive(Shape::empty(base, s));  // this thread is done with the stage's Q, dO, lse2, delta
     const uint32_t stage = Shape::stage_tile(base, group);
     store_dq_block(stage, acc, warp, lane);
@@ -532,8 +607,8 @@ __device__ __forceinline__ void bwd_ws_zero(float (&dk)[kDC][4], float (&dv)[kDC
 
 // Dense: one consumer group's keys over the CTA's walk, then their dk and dv rows.
 template <class T, int kHeadDim, class Shape>
-__device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
-                                               const BwdWsWalk& walk, int group, int tid) {
+__device__ __forceinline__ void bwd_ws_consume(const BwdTensorMaps& maps, const AttentionBwdParams& p, uint32_t base,
+                                               unsigned char* smem, const BwdWsWalk& walk, int group, int tid) {
   constexpr int kDC = kHeadDim / 8;
   const int t = tid % 4, key0 = walk.key0 + group * Shape::kGroupKeys + 16 * (tid / 32) + (tid % 32) / 4;
   const int keys[2] = {key0, key0 + 8};
@@ -541,8 +616,8 @@ __device__ __forceinline__ void bwd_ws_consume(const AttentionBwdParams& p, uint
   bwd_ws_zero(dk, dv, db);
   const KeyInfo none[2] = {};
   if (walk.it_begin < walk.it_end) mbar::wait(Shape::kv_full(base), 0);
-  bwd_ws_consume_steps<T, kHeadDim, Shape, false>(p, base, smem, walk, group, tid, 0, none, dk, dv, db);
-  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
+  bwd_ws_consume_steps<T, kHeadDim, Shape>(maps, p, base, smem, walk, group, tid, 0, none, dk, dv, db);
+  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction (and dbias store) done before the CTA exits
   bwd_ws_store_dk_dv<T>(p, walk, keys, dk, dv, 0, t);
 }
 
@@ -577,8 +652,8 @@ __device__ __forceinline__ int bwd_ws_next_item(const BwdWsPlan& plan, int& rang
 // keys' K and V rows, both see them landed; the steps; then the keys' dk, dv and dscores added
 // into the fp32 rows.
 template <class T, int kHeadDim, class Shape>
-__device__ __forceinline__ void bwd_ws_consume_items(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
-                                                     int group, int tid) {
+__device__ __forceinline__ void bwd_ws_consume_items(const BwdTensorMaps& maps, const AttentionBwdParams& p,
+                                                     uint32_t base, unsigned char* smem, int group, int tid) {
   constexpr int kDC = kHeadDim / 8;
   const AttentionFwdParams& f = p.f;
   const int t = tid % 4, local = group * Shape::kGroupKeys + 16 * (tid / 32) + (tid % 32) / 4;
@@ -609,7 +684,7 @@ __device__ __forceinline__ void bwd_ws_consume_items(const AttentionBwdParams& p
     ptx::cp_async_wait<0>();
     wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
     ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups' K tiles landed (dq reads both)
-    bwd_ws_consume_steps<T, kHeadDim, Shape, true>(p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
+    bwd_ws_consume_steps<T, kHeadDim, Shape>(maps, p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
     const int64_t rows = (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
     const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
@@ -630,11 +705,37 @@ __device__ __forceinline__ void bwd_ws_consume_items(const AttentionBwdParams& p
   if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
 }
 
-template <class T, int kHeadDim, bool kGather, bool kMasked = false>
-__global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather, kMasked>::kThreads, 1)
+// Biased with dbias: zeros over the rows [0, q_begin) of the walk's heads (causal: the queries
+// that see none of the CTA's keys, whose dS no step computes), by the producer group's three
+// idle warps (tid < 96) while the consumers run: 16-byte stores (the map's layout keeps rows
+// and key0 16-byte aligned), 2-byte ones for the keys of a last chunk before Sk. Lean for the
+// producer's 24 registers (zero_dbias_keys' general loop spilled there).
+template <class T, class Shape>
+__device__ __forceinline__ void bwd_ws_zero_dbias_above(const AttentionBwdParams& p, const BwdWsWalk& walk, int tid) {
+  const AttentionFwdParams& f = p.f;
+  const int rows = min(walk.q_begin, f.Sq), keys = min(Shape::kBlockN, f.Sk - walk.key0);
+  constexpr int kChunks = Shape::kBlockN / 8, kRowsAtOnce = 96 / kChunks;  // 8 keys a 16-byte chunk
+  const int c = tid % kChunks, n = min(8, keys - 8 * c);  // this thread's chunk of every row, its keys
+  if (n <= 0) return;
+  const int64_t pitch = p.dbias_stride[2] * 2;
+  for (int h = walk.hk * f.G; h < (walk.hk + 1) * f.G; ++h) {
+    char* at = static_cast<char*>(p.dbias) +
+               (dbias_offset(p, walk.b, head_index(f.bias_head_mode, h, f.G), tid / kChunks, walk.key0) + 8 * c) * 2;
+    for (int r = tid / kChunks; r < rows; r += kRowsAtOnce, at += kRowsAtOnce * pitch) {
+      if (n == 8)
+        *reinterpret_cast<uint4*>(at) = make_uint4(0, 0, 0, 0);
+      else
+        for (int e = 0; e < n; ++e) reinterpret_cast<uint16_t*>(at)[e] = 0;
+    }
+  }
+}
+
+template <class T, int kHeadDim, BwdWsKind kKind>
+__global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     attention_bwd_ws_kernel(const AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps) {
 #if FDMA_SM90_ENABLED
-  using Shape = BwdWsShape<T, kHeadDim, kGather, kMasked>;
+  using Shape = BwdWsShape<T, kHeadDim, kKind>;
+  constexpr bool kGather = Shape::kGather, kMasked = Shape::kMasked;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<1024>(smem_raw);
   const uint32_t base = ptx::smem_addr(smem);
@@ -670,17 +771,17 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather, kMasked>::kTh
         mbar::arrive(Shape::item_full(base, n));  // releases the slot's write to the consumers
         if (item < 0) break;
         const BwdWsWalk walk = bwd_ws_item_walk(p, item);
-        bwd_ws_produce_steps<Shape, true>(maps, p, base, walk, j0);
+        bwd_ws_produce_steps<Shape>(maps, p, base, walk, j0);
         j0 += walk.it_end - walk.it_begin;
       }
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
-      bwd_ws_consume_items<T, kHeadDim, Shape>(p, base, smem, (tid - 128) / 128, tid % 128);
+      bwd_ws_consume_items<T, kHeadDim, Shape>(maps, p, base, smem, (tid - 128) / 128, tid % 128);
     }
   } else {
     BwdWsWalk walk = bwd_ws_dense_walk<Shape>(f);
     if constexpr (kMasked) {  // the walk's verdicts; none active: nothing to load or compute
-      const BwdWsMaskSteps<Shape> steps(smem, walk);
+      const BwdWsMaskSteps<Shape> steps(smem, f, walk);
       if (steps.tabled) {
         BwdWsMaskSteps<Shape>::build(smem, f, walk, tid, Shape::kThreads);
         __syncthreads();
@@ -690,9 +791,11 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather, kMasked>::kTh
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
       if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
+      if constexpr (Shape::kBiased)
+        if (warp > 0 && p.dbias_owner == DbiasOwner::rows) bwd_ws_zero_dbias_above<T, Shape>(p, walk, tid - 32);
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
-      bwd_ws_consume<T, kHeadDim, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
+      bwd_ws_consume<T, kHeadDim, Shape>(maps, p, base, smem, walk, (tid - 128) / 128, tid % 128);
     }
   }
 #else
@@ -700,42 +803,108 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kGather, kMasked>::kTh
 #endif
 }
 
+// The kind of call p is (the instantiation that would take it).
+inline BwdWsKind bwd_ws_kind(const AttentionFwdParams& f) {
+  return f.lists.keys                       ? BwdWsKind::gathered
+         : f.mask                           ? BwdWsKind::masked
+         : f.bias && f.bias_stride[2] != 0 ? BwdWsKind::biased
+                                            : BwdWsKind::dense;
+}
+
+// Whether a biased call's dbias is the kernel's to write: none asked for, or one of q's dtype
+// where each dS is one element (not summed over batches, heads or keys; the dq kernel's
+// reductions do that) with contiguous keys.
+inline bool bwd_ws_writes_dbias(const AttentionBwdParams& p) {
+  return p.dbias_owner == DbiasOwner::none ||
+         (p.dbias_owner == DbiasOwner::rows && !p.dbias_acc && !p.dbias_f32 && p.rows_batches_per_block == 1 &&
+          p.rows_heads_per_block == 1 && p.dbias_stride[3] == 1);
+}
+
 // Whether the warp-specialized backward takes this call (the caller checks the device): the
 // fused dq's temporary given, D = kHeadDim, and tensors the copy engine can describe (maps
-// filled here); no mask, and no bias or one broadcast over queries (whose dbias, if any, the
-// columns own); or a mask (its summary given; rows the copy engine can read) and no bias. Key lists
-// (dynamic-mask mode): also the fp32 dk/dv rows and the work list; no bias tensor (the scores
-// come with the lists), no dbias.
+// filled here). Dense: no bias, or one broadcast over queries (whose dbias, if any, the columns
+// own). Masked: the summary given, rows the copy engine can read, no bias. Biased: a bias tile
+// of q's dtype and a dbias bwd_ws_writes_dbias takes. Key lists (dynamic-mask mode): also the
+// fp32 dk/dv rows and the work list; no bias tensor (the scores come with the lists), no dbias.
 template <class T, int kHeadDim>
 bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
   const AttentionFwdParams& f = p.f;
-  const bool gather = f.lists.keys != nullptr, masked = f.mask != nullptr;
+  const BwdWsKind kind = bwd_ws_kind(f);
   if (!bwd_ws_allowed() || f.D != kHeadDim || !p.dq_acc || p.dkdv_splits > 1) return false;
-  if (masked ? gather || f.bias || !f.tile_active || !f.mask_tiled || p.dbias_owner != DbiasOwner::none
-             : f.tile_active != nullptr)
-    return false;
-  if (gather ? !p.dkdv_partial || !f.lists.info || !p.ws.items || p.ws.tiles_per_range < 1 || f.bias ||
-                   p.dbias_owner != DbiasOwner::none
-             : (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
-    return false;
+  switch (kind) {
+    case BwdWsKind::gathered:
+      if (!p.dkdv_partial || !f.lists.info || !p.ws.items || p.ws.tiles_per_range < 1 || f.bias ||
+          p.dbias_owner != DbiasOwner::none)
+        return false;
+      break;
+    case BwdWsKind::masked:
+      if (f.bias || !f.tile_active || !f.mask_tiled || p.dbias_owner != DbiasOwner::none) return false;
+      break;
+    case BwdWsKind::biased:
+      if (!f.bias_tiled || f.bias_f32 || !bwd_ws_writes_dbias(p)) return false;
+      break;
+    case BwdWsKind::dense:
+      if (p.dbias_owner == DbiasOwner::rows) return false;
+      break;
+  }
   // 128-query steps read lse2 and delta up to Sq_pad rounded to 128 (attention_cuda.cu pads so).
-  if (!gather && p.Sq_pad % BwdWsShape<T, kHeadDim, false>::kBlockM != 0) return false;
+  if (kind == BwdWsKind::dense && p.Sq_pad % BwdWsShape<T, kHeadDim>::kBlockM != 0) return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr CUtensorMapDataType kDtype = bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   using Shape = BwdWsShape<T, kHeadDim>;
-  const int rows = gather   ? BwdWsShape<T, kHeadDim, true>::kBlockM
-                   : masked ? BwdWsShape<T, kHeadDim, false, true>::kBlockM
-                            : Shape::kBlockM;  // a step's Q and dO box
+  const int rows = kind == BwdWsKind::dense ? Shape::kBlockM : 64;  // a step's Q and dO box
   if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, rows) ||
       !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, rows))
     return false;
-  if (masked && f.mask_stride[2] != 0 &&
+  if (kind == BwdWsKind::masked && f.mask_stride[2] != 0 &&
       !encode_tile_map(maps.mask, f.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, f.Sk, f.Sq,
                        f.mask_head_mode == 2 ? f.H : f.mask_head_mode == 1 ? f.Hk : 1, f.mask_stride[0] == 0 ? 1 : f.B,
                        f.mask_stride[2], f.mask_stride[1], f.mask_stride[0], Shape::kBlockN, rows,
                        CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
-  return gather || (encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, Shape::kGroupKeys) &&
-                    encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, Shape::kGroupKeys));
+  if (kind == BwdWsKind::biased) {
+    const int heads = f.bias_head_mode == 2 ? f.H : f.bias_head_mode == 1 ? f.Hk : 1;
+    if (!encode_tile_map(maps.bias, f.bias, kDtype, 2, f.Sk, f.Sq, heads, f.bias_stride[0] == 0 ? 1 : f.B,
+                         f.bias_stride[2], f.bias_stride[1], f.bias_stride[0], Shape::kGroupKeys, rows,
+                         CU_TENSOR_MAP_SWIZZLE_128B))
+      return false;
+    if (p.dbias_owner == DbiasOwner::rows &&
+        !encode_tile_map(maps.dbias, p.dbias, kDtype, 2, f.Sk, f.Sq, int(p.dbias_size[1]), int(p.dbias_size[0]),
+                         p.dbias_stride[2], p.dbias_stride[1], p.dbias_stride[0], Shape::kGroupKeys, rows,
+                         CU_TENSOR_MAP_SWIZZLE_128B))
+      return false;
+  }
+  return kind == BwdWsKind::gathered ||
+         (encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, Shape::kGroupKeys) &&
+          encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, Shape::kGroupKeys));
+}
+
+// The instantiation for a kind of call, and its shared memory.
+template <class T, int kHeadDim>
+auto bwd_ws_kernel_of(BwdWsKind kind) {
+  switch (kind) {
+    case BwdWsKind::gathered:
+      return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::gathered>;
+    case BwdWsKind::masked:
+      return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::masked>;
+    case BwdWsKind::biased:
+      return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::biased>;
+    default:
+      return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::dense>;
+  }
+}
+template <class T, int kHeadDim>
+int bwd_ws_smem_of(BwdWsKind kind) {
+  switch (kind) {
+    case BwdWsKind::gathered:
+      return BwdWsShape<T, kHeadDim, BwdWsKind::gathered>::kSmemBytes;
+    case BwdWsKind::masked:
+      return BwdWsShape<T, kHeadDim, BwdWsKind::masked>::kSmemBytes;
+    case BwdWsKind::biased:
+      return BwdWsShape<T, kHeadDim, BwdWsKind::biased>::kSmemBytes;
+    default:
+      return BwdWsShape<T, kHeadDim, BwdWsKind::dense>::kSmemBytes;
+  }
 }
 
 // The kernel, then the convert kernel that writes dq from the temporary. Gathered: one
@@ -744,20 +913,15 @@ template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd_ws(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
                                     cudaStream_t stream) {
   const AttentionFwdParams& f = p.f;
-  const bool gather = f.lists.keys != nullptr, masked = f.mask != nullptr;
-  auto kernel = gather   ? attention_bwd_ws_kernel<T, kHeadDim, true>
-                : masked ? attention_bwd_ws_kernel<T, kHeadDim, false, true>
-                         : attention_bwd_ws_kernel<T, kHeadDim, false>;
-  const int smem = gather   ? BwdWsShape<T, kHeadDim, true>::kSmemBytes
-                   : masked ? BwdWsShape<T, kHeadDim, false, true>::kSmemBytes
-                            : BwdWsShape<T, kHeadDim, false>::kSmemBytes;
-  const int kind = gather ? 1 : masked ? 2 : 0;
-  static std::atomic<int> granted[3][kMaxDevices] = {};
-  cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted[kind] : nullptr, device);
+  const BwdWsKind kind = bwd_ws_kind(f);
+  const auto kernel = bwd_ws_kernel_of<T, kHeadDim>(kind);
+  const int smem = bwd_ws_smem_of<T, kHeadDim>(kind);
+  static std::atomic<int> granted[4][kMaxDevices] = {};
+  cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted[int(kind)] : nullptr, device);
   if (err != cudaSuccess) return err;
-  using Shape = BwdWsShape<T, kHeadDim, false>;
-  const dim3 grid = gather ? dim3(unsigned(std::max(1, device_sm_count())))
-                           : dim3((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
+  using Shape = BwdWsShape<T, kHeadDim>;
+  const dim3 grid = kind == BwdWsKind::gathered ? dim3(unsigned(std::max(1, device_sm_count())))
+                                                : dim3((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
   err = launch_kernel(f.overlap_previous, kernel, grid, Shape::kThreads, smem, stream, p, maps);
   if (err != cudaSuccess) return err;
   return launch_bwd_dq_convert<T>(p, kHeadDim, stream);

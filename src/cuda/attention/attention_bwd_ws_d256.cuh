@@ -36,7 +36,8 @@ template <class T>
 struct BwdWs256Shape {
   static constexpr int kHeadDim = 256, kBlockM = 64, kBlockN = 64, kStages = 2, kConsumers = 2;
   static constexpr int kGroupKeys = 64, kKeyTiles = 1;  // K and V: one tile each (bwd_ws_produce_keys)
-  static constexpr bool kMasked = false;                // calls without a mask (bwd_ws_produce_steps)
+  // Dense calls without a mask (bwd_ws_produce_steps)
+  static constexpr bool kGather = false, kMasked = false, kBiased = false;
   static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
   static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
   static constexpr int kThreads = 128 * (1 + kConsumers);

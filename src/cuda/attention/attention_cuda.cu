@@ -101,19 +101,25 @@ struct BwdPlan {
 };
 
 // Whether a backward takes the fused dq: not asked to be reproducible, a head dim with the
-// wgmma tiles, no dbias with a query dim (the dq kernel owns that one), and the calling
-// thread's device a Hopper running the sm_90a code (where it is not, the launch takes the two
-// kernels and the temporary goes unused). The launcher also declines it where its shared
-// memory would change the two kernels' plan (attention_bwd.cuh): always with a mask at D 128,
-// so no temporary is asked for there but where the warp-specialized kernel takes the call (D
-// exactly 128, a mask, no bias). At D 256 only the warp-specialized kernel
-// has it: D exactly 256, no mask, no bias with a query dim.
-bool fused_dq_applies(const detail::AttentionProblem& prob, DbiasOwner owner) {
-  if (prob.deterministic || owner == DbiasOwner::rows || !fused_dq_allowed() || wgmma_disabled()) return false;
-  const int bucket = head_dim_bucket(int(prob.dims.D));
-  const bool wide = prob.dims.D == 256 && !prob.mask.present && (!prob.bias.present || prob.bias.size[2] == 1);
+// wgmma tiles, and the calling thread's device a Hopper running the sm_90a code (where it is
+// not, the launch takes the two kernels and the temporary goes unused). The launcher also
+// declines it where its shared memory would change the two kernels' plan (attention_bwd.cuh):
+// always with a mask at D 128, so no temporary is asked for there but where the
+// warp-specialized kernel takes the call (D exactly 128, a mask, no bias). A dbias with a query
+// dim is the dq kernel's but where the warp-specialized kernel writes it (D exactly 64 or 128,
+// no mask, bias and dbias of q's dtype, one dS an element: plan.use_acc unset). At D 256 only
+// the warp-specialized kernel has it: D exactly 256, no mask, no bias with a query dim.
+bool fused_dq_applies(const detail::AttentionProblem& prob, const BwdPlan& plan) {
+  if (prob.deterministic || !fused_dq_allowed() || wgmma_disabled()) return false;
+  const detail::Dims& d = prob.dims;
+  if (plan.owner == DbiasOwner::rows &&
+      (plan.use_acc || prob.mask.present || (d.D != 64 && d.D != 128) || prob.bias_dtype != prob.dtype ||
+       prob.dbias_dtype != prob.dtype))
+    return false;
+  const int bucket = head_dim_bucket(int(d.D));
+  const bool wide = d.D == 256 && !prob.mask.present && (!prob.bias.present || prob.bias.size[2] == 1);
   // A mask at D 128: only the warp-specialized kernel's (no bias).
-  const bool masked_ws = prob.dims.D == 128 && !prob.bias.present;
+  const bool masked_ws = d.D == 128 && !prob.bias.present;
   if (bucket != 64 && (bucket != 128 || (prob.mask.present && !masked_ws)) && !wide) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
@@ -159,7 +165,7 @@ BwdPlan plan_backward(const detail::AttentionProblem& prob) {
   plan.lse2_off = plan.delta_off + align256(rows);
   plan.acc_off = plan.lse2_off + align256(rows);
   plan.dq_acc_off = plan.acc_off + align256(plan.use_acc ? size_t(plan.slots) * size_t(plan.numel) * sizeof(float) : 0);
-  plan.fused_dq = fused_dq_applies(prob, plan.owner);
+  plan.fused_dq = fused_dq_applies(prob, plan);
   plan.bytes = plan.dq_acc_off + (plan.fused_dq ? dq_acc_bytes(prob, plan.Sq_pad) : 0);
   return plan;
 }

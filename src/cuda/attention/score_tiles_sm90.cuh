@@ -65,6 +65,14 @@ __device__ __forceinline__ float2 unpack_pair(uint32_t v, __half) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
+// One 16-bit element's bits (the low half of v) as a float, and a float rounded to one's bits.
+__device__ __forceinline__ float unpack_one(uint32_t v, __nv_bfloat16) {
+  return __bfloat162float(__ushort_as_bfloat16(uint16_t(v)));
+}
+__device__ __forceinline__ float unpack_one(uint32_t v, __half) { return __half2float(__ushort_as_half(uint16_t(v))); }
+__device__ __forceinline__ uint16_t pack_one(float x, __nv_bfloat16) { return __bfloat16_as_ushort(__float2bfloat16(x)); }
+__device__ __forceinline__ uint16_t pack_one(float x, __half) { return __half_as_ushort(__float2half(x)); }
+
 // s = scale * s + bias (kScale), or s += bias, from a bias tile of 16-bit elements E: 64-key
 // blocks of [128 rows][128 bytes], each with the 128-byte swizzle (the copy engine's box is
 // 128 bytes wide). One multiply-add a score.

@@ -29,6 +29,9 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y)
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t x) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(x) : "memory");
+}
 // Loads from a shared address: for tiles whose addresses the caller computes per use (a
 // swizzle's XOR), which the compiler would otherwise hoist out of the loop as registers.
 __device__ __forceinline__ uint32_t ld_shared_u8(uint32_t addr) {

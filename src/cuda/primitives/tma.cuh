@@ -2,8 +2,9 @@
 // (built on the host, tensor_map.hpp) copied global -> shared by one thread, completing on an
 // mbarrier (mbarrier.cuh) by the bytes it writes. Rows and columns outside the tensor land as
 // zeros and still count. With the 128-byte swizzle the tile lands in the layout the wgmma
-// descriptors read (wgmma.cuh), when its shared address is 1024-byte aligned. Also the bulk
-// reduction of a contiguous shared range into global memory.
+// descriptors read (wgmma.cuh), when its shared address is 1024-byte aligned. Also the tensor
+// store back (shared -> global) and the bulk reduction of a contiguous shared range into global
+// memory.
 #pragma once
 
 #include <cuda.h>
@@ -32,6 +33,18 @@ __device__ __forceinline__ void load_3d(uint32_t dst, const CUtensorMap* map, ui
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+#endif
+}
+
+// The box at coordinates (c0 innermost .. c3) of a 4-D map written from shared memory at `src`
+// (in the map's swizzle), by one thread; parts outside the tensor are not written. Completes in
+// the issuing thread's bulk group: `src` may be overwritten after bulk_wait_group_read.
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
 #endif
 }
 
