@@ -14,10 +14,11 @@
 // keys not gathered, no dbias with a query dim, the same launch plan as the two kernels';
 // AttentionBwdParams::dq_acc): no dq kernel, the dk/dv kernel reduces each step's dS K into the
 // temporary with bulk reductions, and a convert kernel writes dq. The warp-specialized kernels
-// take such calls without a mask or with a mask and no bias:
-// attention_bwd_ws.cuh at D 64 and 128, dense, masked or gathered (given its fp32 dk/dv rows
-// and work list: dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh
-// dense without a mask at D 256.
+// take such calls: attention_bwd_ws.cuh at D 64 and 128, dense, masked (no bias), biased (a
+// bias with a query dim and no mask; its dbias where each dS is one element, which the dq
+// kernel otherwise owns) or gathered (given its fp32 dk/dv rows and work list:
+// dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh dense without a
+// mask at D 256.
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 

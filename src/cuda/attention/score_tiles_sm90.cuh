@@ -1,6 +1,6 @@
 // Mask and bias tiles that the copy engine wrote into shared memory with a 128- or 64-byte
-// swizzle (the warp-specialized forward's scored calls, attention_fwd_ws.cuh; the masked
-// warp-specialized backward reads its mask tiles transposed, attention_bwd_ws.cuh), read in the
+// swizzle (the warp-specialized forward's scored calls, attention_fwd_ws.cuh; the masked and
+// biased warp-specialized backward reads its tiles transposed, attention_bwd_ws.cuh), read in the
 // accumulator layout of wgmma and mma.sync: thread (g = lane / 4, t = lane % 4) of a warp
 // holds rows `row` and row + 8 of the 128-row tile (row = 16 * warp + g) and keys 8 nt + 2t
 // and + 1. The swizzle stores the 16-byte chunk c of tile row r at chunk c ^ (r mod 8) in
