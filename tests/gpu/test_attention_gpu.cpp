@@ -683,7 +683,8 @@ TEST(AttentionGpu, WarpSpecializedBackwardMatchesTheCpu) {
 // The warp-specialized backward's masked calls (a mask and no bias: each step's mask tile comes
 // with its Q and dO, or a mask broadcast over queries is read per key; the steps the summary
 // rules out are skipped and those it keeps whole run unmasked) and the dk/dv kernel's fused dq
-// or the two kernels (FDMA_BWD_WS=0), each against the CPU backend at D 64 and 128: masks per
+// or the two kernels (FDMA_BWD_WS=0), each against the CPU backend at D 64, 128 and 256 (its
+// own kernel, attention_bwd_ws_d256.cuh: 64-key CTAs, [64 queries][64 keys] mask tiles): masks per
 // query head, per KV head and shared, of mixed blocks (a query tile that keeps nothing
 // included), key padding masks [B, 1 or Hk, 1, Sk], causal with more and fewer keys than
 // queries, ragged ends, GQA, softcap, both dtypes. Every other case runs without the
@@ -696,7 +697,7 @@ TEST(AttentionGpu, WarpSpecializedMaskedBackwardMatchesTheCpu) {
   for (const char* on : {"1", "0"}) {
     SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
     ws.set(on);
-    for (int64_t D : {64, 128})
+    for (int64_t D : {64, 128, 256})
       for (int variant = 0; variant < 6; ++variant) {
         const bool causal = (variant + D / 64) % 2 == 1;
         const auto [Sq, Sk] = variant == 2   ? std::pair<int64_t, int64_t>{400, 160}

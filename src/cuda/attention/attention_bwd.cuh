@@ -17,8 +17,8 @@
 // take such calls: attention_bwd_ws.cuh at D 64 and 128, dense, masked (no bias), biased (a
 // bias with a query dim and no mask; its dbias where each dS is one element, which the dq
 // kernel otherwise owns) or gathered (given its fp32 dk/dv rows and work list:
-// dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh dense without a
-// mask at D 256.
+// dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh at D 256, dense
+// or masked (no bias).
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 
@@ -142,7 +142,7 @@ bool attention_bwd_ws_takes(const AttentionBwdParams& p, int device, BwdTensorMa
     return p.dq_acc && wgmma_path_available(bwd_ws_kernel_of<T, kHeadDim>(bwd_ws_kind(p.f)), device) &&
            attention_bwd_ws_applies<T, kHeadDim>(p, maps);
   } else if constexpr (kHeadDim == 256) {
-    return wgmma_path_available(attention_bwd_ws256_kernel<T>, device) && attention_bwd_ws256_applies<T>(p, maps);
+    return wgmma_path_available(bwd_ws256_kernel_of<T>(p.f), device) && attention_bwd_ws256_applies<T>(p, maps);
   } else {
     return false;
   }

@@ -195,17 +195,18 @@ __device__ __forceinline__ void dense_scores_to_p_ds_t(const AttentionFwdParams&
 }
 
 // Masked steps the summary does not keep whole: dense_scores_to_p_ds_t with the mask tile's
-// verdict on each score (the step's [64 queries][128 keys] bytes, 128-byte swizzled; this
-// thread's keys are columns `col` and col + 8 of it, its queries rows 8 nt + 2t (+1)). Rows 8 nt
-// + c share the swizzle of row c, so each of the thread's two row classes is one address plus
-// constants.
-template <int kTilesN>
+// verdict on each score (the step's [queries][keys] bytes, kRowBytes = 128 or 64 a row with the
+// matching swizzle; this thread's keys are columns `col` and col + 8 of it, its queries rows
+// row0 + 8 nt + 2t (+1), row0 a multiple of 8). Rows row0 + 8 nt + c share the swizzle of row
+// c, so each of the thread's two row classes is one address plus constants.
+template <int kRowBytes = 128, int kTilesN>
 __device__ __forceinline__ void bwd_ws_masked_scores(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                      float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
                                                      const float* delta, uint32_t mask, int q0, int key0,
-                                                     const int (&keys)[2], int col, int warp, int t) {
-  const uint32_t at[2] = {swizzled_row<128>(mask, 2 * t, col), swizzled_row<128>(mask, 2 * t + 1, col)};
-  auto kept = [&](int nt, int e) { return ptx::ld_shared_u8(at[e & 1] + nt * 8 * 128 + (e >> 1) * 8) != 0; };
+                                                     const int (&keys)[2], int col, int row0, int warp, int t) {
+  const uint32_t at[2] = {swizzled_row<kRowBytes>(mask, row0 + 2 * t, col),
+                          swizzled_row<kRowBytes>(mask, row0 + 2 * t + 1, col)};
+  auto kept = [&](int nt, int e) { return ptx::ld_shared_u8(at[e & 1] + nt * 8 * kRowBytes + (e >> 1) * 8) != 0; };
   const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + 64 <= f.Sk &&
                         (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
   if (interior) {
@@ -510,7 +511,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
                               warp, lane);
     } else if (!mask_all && !mask_keys) {
       bwd_ws_masked_scores(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), q0, key0, keys,
-                           group * Shape::kGroupKeys + 16 * warp + g, warp, t);
+                           group * Shape::kGroupKeys + 16 * warp + g, 0, warp, t);
     } else {  // a key padding mask as per-key terms (0 or -inf) where the summary does not keep the whole step
       dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, q0, key0, Shape::kGroupKeys, keys,
                              mask_keys ? !mask_all : key_bias, kb, warp, t);

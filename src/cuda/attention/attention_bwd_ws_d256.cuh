@@ -1,6 +1,10 @@
 // Warp-specialized attention backward for Hopper (sm_90a) at D = 256: dk, dv and the fused dq
-// of dense calls without a mask that do not ask for determinism (AttentionBwdParams::dq_acc
-// set), with no bias or a per-key one, whose q, k, v and dout the copy engine can read.
+// of calls that do not ask for determinism (AttentionBwdParams::dq_acc set), whose q, k, v,
+// dout and mask the copy engine can read: dense without a mask, with no bias or a per-key one;
+// or masked (kMasked) without a bias, as attention_bwd_ws.cuh's masked calls: each step's
+// [64 queries][64 keys] mask tile (64-byte swizzled; one summary tile) comes with its Q and
+// dO, a mask broadcast over queries is read per key, the steps the summary rules out are
+// skipped and those it keeps whole run unmasked.
 //
 // At D = 256 one warp group cannot hold dk and dv of 64 keys (256 registers a thread), so the
 // groups split the columns instead of the keys (attention_bwd_ws.cuh splits keys at D = 64 and
@@ -17,9 +21,11 @@
 //             dO (g = 1) buffer, which its first thread adds into dq_acc with four bulk
 //             reductions; that thread releases the stage once the copy engine has read them,
 //             one step later, the group's other threads once their staging stores are in.
-// Shared memory: K, V 64 KB; two stages of Q, dO 128 KB; the three 8 KB tiles; 217 KB in all.
-// There is no room for a separate dq staging buffer or a second set of P^T / dS tiles, hence
-// the staging in the stage and the second barrier.
+// Shared memory: K, V 64 KB; two stages of Q, dO 128 KB; the three 8 KB tiles; 217 KB in all;
+// masked, two 4 KB mask tiles and the walk's step bitmaps for up to 3584 steps (G * Sq / 64;
+// longer walks read the summary per step) in what is left. There is no room for a separate dq
+// staging buffer or a second set of P^T / dS tiles, hence the staging in the stage and the
+// second barrier.
 #pragma once
 
 #include <cuda.h>
@@ -32,12 +38,12 @@
 
 namespace fdma::cuda {
 
-template <class T>
+template <class T, bool kMaskedCall = false>
 struct BwdWs256Shape {
   static constexpr int kHeadDim = 256, kBlockM = 64, kBlockN = 64, kStages = 2, kConsumers = 2;
   static constexpr int kGroupKeys = 64, kKeyTiles = 1;  // K and V: one tile each (bwd_ws_produce_keys)
-  // Dense calls without a mask (bwd_ws_produce_steps)
-  static constexpr bool kGather = false, kMasked = false, kBiased = false;
+  // Dense or masked calls, no bias with a query dim (bwd_ws_produce_steps)
+  static constexpr bool kGather = false, kMasked = kMaskedCall, kBiased = false;
   static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
   static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -47,13 +53,19 @@ struct BwdWs256Shape {
   static constexpr int kPairTile = 64 * 64 * 2;                        // P^T, dS^T, dS: 8 KB
   static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;
   static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + kStages * kTile, kPt = kDo + kStages * kTile;
-  static constexpr int kDst = kPt + kPairTile, kDs = kDst + kPairTile, kLseDelta = kDs + kPairTile;
-  static constexpr int kBars = kLseDelta + kStages * kLseDeltaBytes;
+  static constexpr int kDst = kPt + kPairTile, kDs = kDst + kPairTile, kMask = kDs + kPairTile;
+  static constexpr int kMaskTile = kMasked ? kBlockM * kBlockN : 0;  // [64 queries][64 keys] bytes
+  static constexpr int kLseDelta = kMask + kStages * kMaskTile;
+  static constexpr int kMaxMaskSteps = kMasked ? 3584 : 0;  // BwdWsMaskSteps' bitmaps
+  static constexpr int kMaskSteps = kLseDelta + kStages * kLseDeltaBytes;
+  static constexpr int kBars = kMaskSteps + 2 * kMaxMaskSteps / 8;
   static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, then per stage full, empty
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static_assert(kTile == kConsumers * 2 * kDqAccTileBytes, "a group's dq block fits its stage buffer");
-  static constexpr uint32_t kStepBytes = 2 * kTile + kLseDeltaBytes;
+  static constexpr uint32_t kStepBytes = 2 * kTile + kLseDeltaBytes;  // its mask tile apart
+  static_assert(kMask % 1024 == 0 && kMaskTile % 1024 == 0, "mask tiles stay 1024-byte aligned");
+  using Summary = SummaryTiles<1, 1>;  // a step is one summary tile
 
   __device__ static uint32_t kv_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
@@ -63,6 +75,7 @@ struct BwdWs256Shape {
   __device__ static uint32_t q_tile(uint32_t base, int s) { return base + kQ + s * kTile; }
   __device__ static uint32_t do_tile(uint32_t base, int s) { return base + kDo + s * kTile; }
   __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
+  __device__ static uint32_t mask_tile(uint32_t base, int s) { return base + kMask + s * kMaskTile; }
 };
 
 // The products of one group. A-operand tiles in shared memory are [64 rows][64 columns] of
@@ -113,7 +126,8 @@ struct BwdWs256Mma {
   }
 };
 
-// Consumer group `group` (tid 0..127 within it) over the CTA's walk, then its columns of dk, dv.
+// Consumer group `group` (tid 0..127 within it) over the CTA's walk (masked: the steps the
+// summary leaves active, as the producer walks them), then its columns of dk, dv.
 template <class T, class Shape>
 __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
                                                   const BwdWsWalk& walk, int group, int tid) {
@@ -125,37 +139,57 @@ __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, u
   const uint32_t k_tile = base + Shape::kK, v_tile = base + Shape::kV;
   const uint32_t pt = base + Shape::kPt, dst = base + Shape::kDst, ds = base + Shape::kDs;
   const bool key_bias = f.bias != nullptr, db_cols = p.dbias_owner == DbiasOwner::columns;
+  // A mask broadcast over queries: kb holds 0 or -inf per key, read when the head changes.
+  const bool mask_keys = Shape::kMasked && f.mask_stride[2] == 0;
   float dk[16][4], dv[16][4], db[2] = {0.f, 0.f}, kb[2] = {0.f, 0.f};
+  int kb_head = -1;
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.f;
+  const auto steps = bwd_ws_mask_steps<Shape>(smem, f, walk);
+  int done = 0;  // the steps not skipped so far
   if (walk.it_begin < walk.it_end) mbar::wait(Shape::kv_full(base), 0);
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
-    const int s = i % Shape::kStages;
+    bool mask_all = true;
+    if constexpr (Shape::kMasked) {
+      i = steps.next(f, walk, i);
+      if (i >= walk.it_end) break;
+      mask_all = steps.keeps_all(f, walk, i);
+    }
+    const int j = done++, s = j % Shape::kStages;
     const int h = walk.template head<false>(f, i), q0 = walk.template q0<false, Shape::kBlockM>(i);
     const int my_q0 = q0 + kQ * group;  // this group's 32 queries
     const uint32_t q_tile = Shape::q_tile(base, s), do_tile = Shape::do_tile(base, s);
     const bool head_starts = i % walk.n_q == 0, head_ends = i % walk.n_q == walk.n_q - 1;
     if (key_bias && head_starts)
       kb[0] = key_bias_at<T>(f, walk.b, h, keys[0]), kb[1] = key_bias_at<T>(f, walk.b, h, keys[1]);
-    mbar::wait(Shape::full(base, s), (i / Shape::kStages) & 1);
+    if (mask_keys && h != kb_head) {
+      kb_head = h;
+      kb[0] = key_mask_at(f, walk.b, h, keys[0]), kb[1] = key_mask_at(f, walk.b, h, keys[1]);
+    }
+    mbar::wait(Shape::full(base, s), (j / Shape::kStages) & 1);
     float st[4][4], dpt[4][4];
     wgmma::fence();
     Mma::issue_a_bt32(st, k_tile, q_tile, group);
     Mma::issue_a_bt32(dpt, v_tile, do_tile, group);
     wgmma::commit_group();
     // The last step's stage: free once the copy engine has read this group's dq block from it.
-    if (tid == 0 && i > walk.it_begin) {
+    if (tid == 0 && j > 0) {
       tma::bulk_wait_group_read<0>();
-      mbar::arrive(Shape::empty(base, (i - 1) % Shape::kStages));
+      mbar::arrive(Shape::empty(base, (j - 1) % Shape::kStages));
     }
     wgmma::wait_group<0>();
     wgmma::fence_operands(st);
     wgmma::fence_operands(dpt);
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s)) + kQ * group;
     const float* delta = lse2 + Shape::kBlockM;
-    dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, my_q0, walk.key0, Shape::kBlockN, keys, key_bias, kb, warp, t);
+    if (!mask_all && !mask_keys)  // the step's mask tile, this group's 32 rows of it
+      bwd_ws_masked_scores<64>(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), my_q0, walk.key0, keys,
+                               16 * warp + lane / 4, kQ * group, warp, t);
+    else  // unmasked, or a key padding mask as per-key terms where the summary does not keep the whole step
+      dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, my_q0, walk.key0, Shape::kBlockN, keys,
+                             mask_keys ? !mask_all : key_bias, kb, warp, t);
     if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, group, keys, db, t);
     if (head_ends) db[0] = db[1] = 0.f;
     Mma::store_rows(pt, st, kQ * group, warp, lane);
@@ -203,11 +237,11 @@ __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, u
   bwd_ws_store_dk_dv<T>(p, walk, keys, dk, dv, Shape::kGroupCols * group, t);
 }
 
-template <class T>
-__global__ void __launch_bounds__(BwdWs256Shape<T>::kThreads, 1)
+template <class T, bool kMasked = false>
+__global__ void __launch_bounds__(BwdWs256Shape<T, kMasked>::kThreads, 1)
     attention_bwd_ws256_kernel(const AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps) {
 #if FDMA_SM90_ENABLED
-  using Shape = BwdWs256Shape<T>;
+  using Shape = BwdWs256Shape<T, kMasked>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<1024>(smem_raw);
   const uint32_t base = ptx::smem_addr(smem);
@@ -219,7 +253,15 @@ __global__ void __launch_bounds__(BwdWs256Shape<T>::kThreads, 1)
   __syncthreads();
   ptx::griddep_wait();  // the prepare kernel's delta and lse2 and the zeroed temporary, before any read
   ptx::griddep_launch_dependents();
-  const BwdWsWalk walk = bwd_ws_dense_walk<Shape>(p.f);
+  BwdWsWalk walk = bwd_ws_dense_walk<Shape>(p.f);
+  if constexpr (kMasked) {  // the walk's verdicts; none active: nothing to load or compute
+    const BwdWsMaskSteps<Shape> steps(smem, p.f, walk);
+    if (steps.tabled) {
+      BwdWsMaskSteps<Shape>::build(smem, p.f, walk, tid, Shape::kThreads);
+      __syncthreads();
+    }
+    if (steps.next(p.f, walk, walk.it_begin) >= walk.it_end) walk.it_end = walk.it_begin;
+  }
   if (warp < 4) {
     wgmma::regs_shrink<Shape::kProducerRegs>();
     if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
@@ -233,34 +275,46 @@ __global__ void __launch_bounds__(BwdWs256Shape<T>::kThreads, 1)
 }
 
 // Whether this kernel takes the call (the caller checks the device): the fused dq's temporary
-// given, D = 256, no mask, no key lists, no bias or one broadcast over queries (whose dbias, if
-// any, the columns own), and tensors the copy engine can describe (maps filled here).
+// given, D = 256, no key lists, tensors the copy engine can describe (maps filled here), and
+// no mask with no bias or one broadcast over queries (whose dbias, if any, the columns own), or
+// a mask (its summary given; rows the copy engine can read) and no bias.
 template <class T>
 bool attention_bwd_ws256_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
   const AttentionFwdParams& f = p.f;
-  if (!bwd_ws_allowed() || f.D != 256 || !p.dq_acc || f.mask || f.tile_active || f.lists.keys || p.dkdv_splits > 1 ||
-      (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
+  if (!bwd_ws_allowed() || f.D != 256 || !p.dq_acc || f.lists.keys || p.dkdv_splits > 1) return false;
+  if (f.mask ? f.bias || !f.tile_active || !f.mask_tiled || p.dbias_owner != DbiasOwner::none
+             : f.tile_active || (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
     return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  if (f.mask && f.mask_stride[2] != 0 &&
+      !encode_tile_map(maps.mask, f.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, f.Sk, f.Sq,
+                       f.mask_head_mode == 2 ? f.H : f.mask_head_mode == 1 ? f.Hk : 1, f.mask_stride[0] == 0 ? 1 : f.B,
+                       f.mask_stride[2], f.mask_stride[1], f.mask_stride[0], 64, 64, CU_TENSOR_MAP_SWIZZLE_64B))
+    return false;
   return encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, 64) &&
          encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, 64) &&
          encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, 64) &&
          encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, 64);
 }
 
-// The kernel, then the convert kernel that writes dq from the temporary.
+// The kernel for a call (masked or not), then the convert kernel that writes dq from the temporary.
+template <class T>
+auto bwd_ws256_kernel_of(const AttentionFwdParams& f) {
+  return f.mask ? attention_bwd_ws256_kernel<T, true> : attention_bwd_ws256_kernel<T, false>;
+}
 template <class T>
 cudaError_t launch_attention_bwd_ws256(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
                                        cudaStream_t stream) {
-  using Shape = BwdWs256Shape<T>;
   const AttentionFwdParams& f = p.f;
-  static std::atomic<int> granted[kMaxDevices] = {};
-  cudaError_t err = grant_smem_once(attention_bwd_ws256_kernel<T>, Shape::kSmemBytes,
-                                    device < kMaxDevices ? granted : nullptr, device);
+  const bool masked = f.mask != nullptr;
+  const int smem = masked ? BwdWs256Shape<T, true>::kSmemBytes : BwdWs256Shape<T>::kSmemBytes;
+  static std::atomic<int> granted[2][kMaxDevices] = {};
+  cudaError_t err = grant_smem_once(bwd_ws256_kernel_of<T>(f), smem, device < kMaxDevices ? granted[masked] : nullptr,
+                                    device);
   if (err != cudaSuccess) return err;
+  using Shape = BwdWs256Shape<T>;
   const dim3 grid((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
-  err = launch_kernel(f.overlap_previous, attention_bwd_ws256_kernel<T>, grid, Shape::kThreads, Shape::kSmemBytes,
-                      stream, p, maps);
+  err = launch_kernel(f.overlap_previous, bwd_ws256_kernel_of<T>(f), grid, Shape::kThreads, smem, stream, p, maps);
   if (err != cudaSuccess) return err;
   return launch_bwd_dq_convert<T>(p, Shape::kHeadDim, stream);
 }

@@ -108,7 +108,8 @@ struct BwdPlan {
 // warp-specialized kernel takes the call (D exactly 128, a mask, no bias). A dbias with a query
 // dim is the dq kernel's but where the warp-specialized kernel writes it (D exactly 64 or 128,
 // no mask, bias and dbias of q's dtype, one dS an element: plan.use_acc unset). At D 256 only
-// the warp-specialized kernel has it: D exactly 256, no mask, no bias with a query dim.
+// the warp-specialized kernel has it: D exactly 256, no bias with a query dim, and no bias at
+// all with a mask.
 bool fused_dq_applies(const detail::AttentionProblem& prob, const BwdPlan& plan) {
   if (prob.deterministic || !fused_dq_allowed() || wgmma_disabled()) return false;
   const detail::Dims& d = prob.dims;
@@ -117,7 +118,7 @@ bool fused_dq_applies(const detail::AttentionProblem& prob, const BwdPlan& plan)
        prob.dbias_dtype != prob.dtype))
     return false;
   const int bucket = head_dim_bucket(int(d.D));
-  const bool wide = d.D == 256 && !prob.mask.present && (!prob.bias.present || prob.bias.size[2] == 1);
+  const bool wide = d.D == 256 && (prob.mask.present ? !prob.bias.present : !prob.bias.present || prob.bias.size[2] == 1);
   // A mask at D 128: only the warp-specialized kernel's (no bias).
   const bool masked_ws = d.D == 128 && !prob.bias.present;
   if (bucket != 64 && (bucket != 128 || (prob.mask.present && !masked_ws)) && !wide) return false;
