@@ -720,11 +720,12 @@ TEST(AttentionGpu, WarpSpecializedMaskedBackwardMatchesTheCpu) {
 // The warp-specialized backward's biased calls (a bias with a query dim in q's dtype, no mask:
 // each step's bias tile comes with its Q and dO; where dbias is asked for and each dS is one of
 // its elements, the tile goes back out holding dS, and the rows above a causal CTA's keys are
-// zeroed beside the walk) and the other kernels (FDMA_BWD_WS=0), each against the CPU backend
-// at D 64 and 128: biases per query head, per KV head (GQA: its dbias sums heads, so the dq
-// kernel takes it) and shared, with and without their gradient, a [1, H, Sq, Sk] bias at B 1,
-// float32 biases (the other kernels), causal with more and fewer keys than queries, ragged
-// query ends, softcap, both dtypes. dbias is poisoned first: an element nobody writes fails.
+// zeroed beside the walk; where dbias sums heads or batches, each step's dS is added into fp32
+// sums) and the other kernels (FDMA_BWD_WS=0), each against the CPU backend at D 64 and 128:
+// biases per query head, per KV head (GQA: its dbias sums two heads) and shared, with and
+// without their gradient, [1, H, Sq, Sk] at B 1 and 2, float32 biases (the other kernels),
+// causal with more and fewer keys than queries, ragged query ends, softcap, both dtypes. dbias
+// is poisoned first: an element nobody writes fails.
 TEST(AttentionGpu, WarpSpecializedBiasedBackwardMatchesTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_BWD_WS");
@@ -733,7 +734,7 @@ TEST(AttentionGpu, WarpSpecializedBiasedBackwardMatchesTheCpu) {
     SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
     ws.set(on);
     for (int64_t D : {64, 128})
-      for (int variant = 0; variant < 7; ++variant) {
+      for (int variant = 0; variant < 9; ++variant) {
         const bool causal = (variant + D / 64) % 2 == 1;
         const auto [Sq, Sk] = variant == 2   ? std::pair<int64_t, int64_t>{400, 160}
                               : variant == 3 ? std::pair<int64_t, int64_t>{130, 384}
@@ -764,6 +765,12 @@ TEST(AttentionGpu, WarpSpecializedBiasedBackwardMatchesTheCpu) {
           case 6:  // [1, H, Sq, Sk] at B 2 without its gradient
             c.bias.b = false;
             want_dbias = false;
+            break;
+          case 7:  // [1, H, Sq, Sk] at B 2: dbias sums batches
+            c.bias.b = false;
+            break;
+          case 8:  // [1, 1, Sq, Sk]: dbias sums batches and heads
+            c.bias.b = false, c.bias.heads = 0;
             break;
         }
         AttnRun r(c);

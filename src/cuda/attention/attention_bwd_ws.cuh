@@ -6,10 +6,12 @@
 //             over queries is read per key; the steps the mask tile summary rules out are
 //             skipped, and those it keeps whole run unmasked;
 //   biased    a bias with a query dim in q's dtype and no mask: each step's bias tile comes
-//             with its Q; where dbias is asked for (one dS an element: not summed over
-//             batches, heads or keys) each score's dS goes back over its bias and the copy
-//             engine writes the tile out, and the producer group's idle warps write the zeros
-//             of the rows no step covers;
+//             with its Q. Where dbias is asked for and is one dS an element, each score's dS
+//             goes back over its bias and the copy engine writes the tile out, and the
+//             producer group's idle warps write the zeros of the rows no step covers; where
+//             dbias sums heads or batches, each score's dS goes into the group's dq staging
+//             tile as fp32 and the copy engine adds the tile into the fp32 sums
+//             (AttentionBwdParams::dbias_acc) that the finish kernel writes out;
 //   gathered  key lists (dynamic-mask mode, below).
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
@@ -65,7 +67,8 @@ namespace fdma::cuda {
 // Copy-engine descriptors of q, dout (boxes of 64 columns by a step's rows of one head), k, v
 // (the same boxes: one per consumer group's 64 keys and column block; unused when gathered), a
 // mask (boxes of 128 keys by a step's rows, 128-byte swizzled; masked calls), a bias and its
-// dbias (boxes of 64 keys by a step's rows, 128-byte swizzled; biased calls).
+// dbias (boxes of 64 keys by a step's rows, 128-byte swizzled; biased calls; where dbias is
+// summed, its fp32 sums in boxes of 32 keys).
 struct BwdTensorMaps {
   CUtensorMap q, dout, k, v, mask, bias, dbias;
 };
@@ -222,21 +225,28 @@ __device__ __forceinline__ void bwd_ws_masked_scores(const AttentionFwdParams& f
 // Biased steps: dense_scores_to_p_ds_t with each score's term read from the step's bias box
 // (this group's [64 queries][64 keys] of q's dtype, 128-byte swizzled, in store_ds_t's layout:
 // this thread's keys are columns 16 warp + g and + 8, its queries rows 8 nt + 2t (+1)). With
-// keep_ds (dbias asked for) each score's dS goes back over its bias, which makes the box the
-// step's dbias tile. Rows 8 nt + c share the swizzle of row c, and key + 8 is the next 16-byte
-// chunk: each of the thread's two row classes is one address, XORed and offset by constants.
+// keep_ds (dbias asked for, one dS an element) each score's dS goes back over its bias, which
+// makes the box the step's dbias tile; with a staging tile `sums` (dbias summed) it goes there
+// as fp32: two boxes of [64 queries][32 keys], 128-byte swizzled, warps 0-1's keys in the
+// first. Rows 8 nt + c share the swizzle of row c, and key + 8 is the chunk after next (fp32)
+// or the next (16-bit): each of the thread's two row classes is one address, XORed and offset
+// by constants.
 template <class T, int kTilesN>
 __device__ __forceinline__ void bwd_ws_biased_scores(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                      float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
-                                                     const float* delta, uint32_t box, bool keep_ds, int q0, int key0,
-                                                     const int (&keys)[2], int warp, int lane) {
+                                                     const float* delta, uint32_t box, bool keep_ds, uint32_t sums,
+                                                     int q0, int key0, const int (&keys)[2], int warp, int lane) {
   const int g = lane / 4, t = lane % 4;
   const uint32_t at[2] = {swizzled_row<128>(box, 2 * t, 32 * warp + 2 * g),
                           swizzled_row<128>(box, 2 * t + 1, 32 * warp + 2 * g)};
+  const uint32_t sums_box = sums + (warp / 2) * 64 * wgmma::kSwizzleRowBytes, sums_byte = 4 * (16 * (warp % 2) + g);
+  const uint32_t sum_at[2] = {swizzled_row<128>(sums_box, 2 * t, sums_byte),
+                              swizzled_row<128>(sums_box, 2 * t + 1, sums_byte)};
   auto score_at = [&](int nt, int e) { return (at[e & 1] ^ ((e >> 1) << 4)) + nt * 8 * wgmma::kSwizzleRowBytes; };
   auto bias = [&](int nt, int e) { return unpack_one(ptx::ld_shared_u16(score_at(nt, e)), T{}); };
   auto keep = [&](int nt, int e, float ds) {
     if (keep_ds) ptx::st_shared_u16(score_at(nt, e), pack_one(ds, T{}));
+    if (sums) ptx::st_shared_f32((sum_at[e & 1] ^ ((e >> 1) << 5)) + nt * 8 * wgmma::kSwizzleRowBytes, ds);
   };
   const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + 64 <= f.Sk &&
                         (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
@@ -468,7 +478,10 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
   const bool key_bias = !kGather && !Shape::kBiased && f.bias != nullptr;
   const bool db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
   const bool mask_keys = Shape::kMasked && f.mask_stride[2] == 0;
-  const bool ds_out = Shape::kBiased && p.dbias_owner == DbiasOwner::rows;  // each step's dS tile is dbias's
+  // Biased with dbias: each step's dS tile is dbias's (ds_out), or is added into its fp32 sums
+  // from the group's dq staging tile (ds_sums).
+  const bool ds_sums = Shape::kBiased && p.dbias_owner == DbiasOwner::rows && p.dbias_acc;
+  const bool ds_out = Shape::kBiased && p.dbias_owner == DbiasOwner::rows && !p.dbias_acc;
   float kb[2] = {0.f, 0.f};
   int kb_head = -1;
   const auto steps = bwd_ws_mask_steps<Shape>(smem, f, walk);
@@ -494,6 +507,10 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the step's queries.
     float st[kNq][4], dpt[kNq][4];
     Mma::template a_bt_pair<Shape::kGroupKeys, kBM>(st, k_tile, q_tile, dpt, v_tile, do_tile, warp, lane);
+    if (ds_sums) {  // the staging tile takes this step's dS: free once the last dq reduction has read it
+      if (tid == 0) tma::bulk_wait_group_read<0>();
+      sync_group();
+    }
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s));
     const float* delta = lse2 + kBM;
     if constexpr (kGather) {
@@ -507,8 +524,8 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
         });
       }
     } else if constexpr (Shape::kBiased) {
-      bwd_ws_biased_scores<T>(f, st, dpt, db, lse2, delta, Shape::bias_box(base, s, group), ds_out, q0, key0, keys,
-                              warp, lane);
+      bwd_ws_biased_scores<T>(f, st, dpt, db, lse2, delta, Shape::bias_box(base, s, group), ds_out,
+                              ds_sums ? Shape::stage_tile(base, group) : 0u, q0, key0, keys, warp, lane);
     } else if (!mask_all && !mask_keys) {
       bwd_ws_masked_scores(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), q0, key0, keys,
                            group * Shape::kGroupKeys + 16 * warp + g, 0, warp, t);
@@ -537,9 +554,15 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
       ptx::named_barrier_sync<1, 2 * kBwdThreads>();
     else
       sync_group();
-    if (ds_out && tid == 0) {  // the group's dS box is whole: dbias[b, h's, q0.., key0..]
-      tma::store_4d(&maps.dbias, Shape::bias_box(base, s, group), key0, q0, int(head_index(f.bias_head_mode, h, f.G)),
-                    p.dbias_size[0] == 1 ? 0 : walk.b);
+    if ((ds_out || ds_sums) && tid == 0) {  // the group's dS is whole: into dbias[b, h's, q0.., key0..]
+      const int hb = int(head_index(f.bias_head_mode, h, f.G)), bb = p.dbias_size[0] == 1 ? 0 : walk.b;
+      if (ds_out) {
+        tma::store_4d(&maps.dbias, Shape::bias_box(base, s, group), key0, q0, hb, bb);
+      } else {
+        const uint32_t sums = Shape::stage_tile(base, group);
+        tma::reduce_add_4d(&maps.dbias, sums, key0, q0, hb, bb);
+        tma::reduce_add_4d(&maps.dbias, sums + kBM * wgmma::kSwizzleRowBytes, key0 + 32, q0, hb, bb);
+      }
       tma::bulk_commit_group();
     }
     float acc[8][4];
@@ -556,8 +579,10 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
     wgmma::fence_operands(acc);
     Mma::template keep_live<kNq>(p_frag);
     Mma::template keep_live<kNq>(ds_frag);
-    if (ds_out && tid == 0) tma::bulk_wait_group_read<0>();  // the dbias store has read the stage's box
+    // The dbias store has read the stage's box, or its reductions the staging tile.
+    if ((ds_out || ds_sums) && tid == 0) tma::bulk_wait_group_read<0>();
     mbar::arrive(Shape::empty(base, s));  // this thread is done with the stage's Q, dO, lse2, delta
+    if (ds_sums) sync_group();  // the staging tile is free for dq's block
     const uint32_t stage = Shape::stage_tile(base, group);
     store_dq_block(stage, acc, warp, lane);
     wgmma::fence_proxy_async_smem();  // the stores, before the copy engine reads them
@@ -793,7 +818,8 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
       wgmma::regs_shrink<Shape::kProducerRegs>();
       if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
       if constexpr (Shape::kBiased)
-        if (warp > 0 && p.dbias_owner == DbiasOwner::rows) bwd_ws_zero_dbias_above<T, Shape>(p, walk, tid - 32);
+        if (warp > 0 && p.dbias_owner == DbiasOwner::rows && !p.dbias_acc)  // (the sums start at zero)
+          bwd_ws_zero_dbias_above<T, Shape>(p, walk, tid - 32);
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       bwd_ws_consume<T, kHeadDim, Shape>(maps, p, base, smem, walk, (tid - 128) / 128, tid % 128);
@@ -812,13 +838,15 @@ inline BwdWsKind bwd_ws_kind(const AttentionFwdParams& f) {
                                             : BwdWsKind::dense;
 }
 
-// Whether a biased call's dbias is the kernel's to write: none asked for, or one of q's dtype
-// where each dS is one element (not summed over batches, heads or keys; the dq kernel's
-// reductions do that) with contiguous keys.
+// Whether a biased call's dbias is the kernel's to write: none asked for; one of q's dtype
+// where each dS is one element, with contiguous keys (stored tile by tile); or one summed over
+// batches or heads into fp32 sums (one slot, no key broadcast, rows of whole 16 bytes), which
+// the copy engine adds to tile by tile.
 inline bool bwd_ws_writes_dbias(const AttentionBwdParams& p) {
-  return p.dbias_owner == DbiasOwner::none ||
-         (p.dbias_owner == DbiasOwner::rows && !p.dbias_acc && !p.dbias_f32 && p.rows_batches_per_block == 1 &&
-          p.rows_heads_per_block == 1 && p.dbias_stride[3] == 1);
+  if (p.dbias_owner == DbiasOwner::none) return true;
+  if (p.dbias_owner != DbiasOwner::rows) return false;
+  if (p.dbias_acc) return p.dbias_slots == 1 && p.dbias_size[3] == p.f.Sk && p.f.Sk % 4 == 0;
+  return !p.dbias_f32 && p.rows_batches_per_block == 1 && p.rows_heads_per_block == 1 && p.dbias_stride[3] == 1;
 }
 
 // Whether the warp-specialized backward takes this call (the caller checks the device): the
@@ -869,10 +897,14 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
                          f.bias_stride[2], f.bias_stride[1], f.bias_stride[0], Shape::kGroupKeys, rows,
                          CU_TENSOR_MAP_SWIZZLE_128B))
       return false;
+    const int64_t* n = p.dbias_size;  // the fp32 sums: dense [n0][n1][Sq][Sk] (dbias_dense)
     if (p.dbias_owner == DbiasOwner::rows &&
-        !encode_tile_map(maps.dbias, p.dbias, kDtype, 2, f.Sk, f.Sq, int(p.dbias_size[1]), int(p.dbias_size[0]),
-                         p.dbias_stride[2], p.dbias_stride[1], p.dbias_stride[0], Shape::kGroupKeys, rows,
-                         CU_TENSOR_MAP_SWIZZLE_128B))
+        !(p.dbias_acc ? encode_tile_map(maps.dbias, p.dbias_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.Sk, f.Sq,
+                                        int(n[1]), int(n[0]), f.Sk, int64_t(f.Sq) * f.Sk, n[1] * f.Sq * f.Sk, 32, rows,
+                                        CU_TENSOR_MAP_SWIZZLE_128B)
+                      : encode_tile_map(maps.dbias, p.dbias, kDtype, 2, f.Sk, f.Sq, int(n[1]), int(n[0]),
+                                        p.dbias_stride[2], p.dbias_stride[1], p.dbias_stride[0], Shape::kGroupKeys,
+                                        rows, CU_TENSOR_MAP_SWIZZLE_128B)))
       return false;
   }
   return kind == BwdWsKind::gathered ||

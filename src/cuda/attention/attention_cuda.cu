@@ -107,15 +107,17 @@ struct BwdPlan {
 // always with a mask at D 128, so no temporary is asked for there but where the
 // warp-specialized kernel takes the call (D exactly 128, a mask, no bias). A dbias with a query
 // dim is the dq kernel's but where the warp-specialized kernel writes it (D exactly 64 or 128,
-// no mask, bias and dbias of q's dtype, one dS an element: plan.use_acc unset). At D 256 only
-// the warp-specialized kernel has it: D exactly 256, no bias with a query dim, and no bias at
-// all with a mask.
+// no mask, a bias of q's dtype; a dbias of q's dtype that is one dS an element, or one summed
+// over batches or heads, not keys, into the fp32 slot: attention_bwd_ws.cuh,
+// bwd_ws_writes_dbias). At D 256 only the warp-specialized kernel has it: D exactly 256, no
+// bias with a query dim, and no bias at all with a mask.
 bool fused_dq_applies(const detail::AttentionProblem& prob, const BwdPlan& plan) {
   if (prob.deterministic || !fused_dq_allowed() || wgmma_disabled()) return false;
   const detail::Dims& d = prob.dims;
+  const bool keys_summed = prob.bias.size[3] == 1 && d.Sk > 1;
   if (plan.owner == DbiasOwner::rows &&
-      (plan.use_acc || prob.mask.present || (d.D != 64 && d.D != 128) || prob.bias_dtype != prob.dtype ||
-       prob.dbias_dtype != prob.dtype))
+      (prob.mask.present || (d.D != 64 && d.D != 128) || prob.bias_dtype != prob.dtype ||
+       (plan.use_acc ? keys_summed || plan.slots != 1 || d.Sk % 4 != 0 : prob.dbias_dtype != prob.dtype)))
     return false;
   const int bucket = head_dim_bucket(int(d.D));
   const bool wide = d.D == 256 && (prob.mask.present ? !prob.bias.present : !prob.bias.present || prob.bias.size[2] == 1);

@@ -29,6 +29,9 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y)
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
+__device__ __forceinline__ void st_shared_f32(uint32_t addr, float x) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+}
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t x) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(x) : "memory");
 }

@@ -48,6 +48,18 @@ __device__ __forceinline__ void store_4d(const CUtensorMap* map, uint32_t src, i
 #endif
 }
 
+// The same box added element by element into the tensor (the map's element type; float32 adds
+// are done in L2), by one thread, completing in its bulk group like store_4d.
+__device__ __forceinline__ void reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#endif
+}
+
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) of contiguous global memory into
 // shared memory at `dst`, completing on `bar` like the tensor copies: no map, for short rows.
 __device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
