@@ -273,12 +273,22 @@ __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
 }
 
 // Dense: the CTA's walk over its kBlockN keys (causal: from the first key's diagonal; the first
-// key blocks walk the most queries, so every head's start first, cta_order.cuh).
+// key blocks walk the most queries, so every head's start first, cta_order.cuh). With
+// batches_too (a dbias summed over heads or batches), the CTAs of one key block over every
+// (KV head, batch) are handed out together, so that their sums into the same dbias tiles meet
+// in L2 (in the plain order each tile's additions came a head apart and went to DRAM).
 template <class Shape>
-__device__ __forceinline__ BwdWsWalk bwd_ws_dense_walk(const AttentionFwdParams& f) {
-  const CtaTile cta = cta_tile(f.causal);
+__device__ __forceinline__ BwdWsWalk bwd_ws_dense_walk(const AttentionFwdParams& f, bool batches_too = false) {
+  CtaTile cta = cta_tile(f.causal);
+  int b = blockIdx.z;
+  if (batches_too) {
+    const int64_t linear = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+    const int64_t heads = int64_t(gridDim.y) * gridDim.z, rest = linear % heads;
+    cta = {int(linear / heads), int(rest % gridDim.y)};
+    b = int(rest / gridDim.y);
+  }
   BwdWsWalk walk;
-  walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = blockIdx.z, walk.group = 0;
+  walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = b, walk.group = 0;
   walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
   walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
   walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
@@ -805,7 +815,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
       bwd_ws_consume_items<T, kHeadDim, Shape>(maps, p, base, smem, (tid - 128) / 128, tid % 128);
     }
   } else {
-    BwdWsWalk walk = bwd_ws_dense_walk<Shape>(f);
+    BwdWsWalk walk = bwd_ws_dense_walk<Shape>(f, Shape::kBiased && p.dbias_acc);
     if constexpr (kMasked) {  // the walk's verdicts; none active: nothing to load or compute
       const BwdWsMaskSteps<Shape> steps(smem, f, walk);
       if (steps.tabled) {
