@@ -239,7 +239,8 @@ __device__ __forceinline__ void bwd_ws_biased_scores(const AttentionFwdParams& f
   const int g = lane / 4, t = lane % 4;
   const uint32_t at[2] = {swizzled_row<128>(box, 2 * t, 32 * warp + 2 * g),
                           swizzled_row<128>(box, 2 * t + 1, 32 * warp + 2 * g)};
-  const uint32_t sums_box = sums + (warp / 2) * 64 * wgmma::kSwizzleRowBytes, sums_byte = 4 * (16 * (warp % 2) + g);
+  const uint32_t sums_box = sums + (warp / 2) * 8 * kTilesN * wgmma::kSwizzleRowBytes;
+  const uint32_t sums_byte = 4 * (16 * (warp % 2) + g);
   const uint32_t sum_at[2] = {swizzled_row<128>(sums_box, 2 * t, sums_byte),
                               swizzled_row<128>(sums_box, 2 * t + 1, sums_byte)};
   auto score_at = [&](int nt, int e) { return (at[e & 1] ^ ((e >> 1) << 4)) + nt * 8 * wgmma::kSwizzleRowBytes; };
