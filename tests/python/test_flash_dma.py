@@ -86,6 +86,32 @@ def test_every_mask_and_bias_broadcast(device, heads, bits):
         assert_close(a, r, dtype, n)
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("bias_shape", ["per head", "per KV head", "over batches", "shared"])
+def test_query_bias_gradients_without_a_mask(device, D, bias_shape):
+    # Biases with a query dim and no mask at head dims 64 and 128, which the warp-specialized
+    # backward takes on Hopper: dbias written tile by tile where each dS is one element, summed
+    # in fp32 over heads (GQA or shared) or batches otherwise. Keys a multiple of 8 (16-byte
+    # rows for the copy engine), queries not a multiple of the kernel's 64-query steps.
+    B, Sq, Sk, H, Hk = 2, 130, 192, 4, 2
+    shape = {"per head": [B, H, Sq, Sk], "per KV head": [B, Hk, Sq, Sk], "over batches": [1, H, Sq, Sk],
+             "shared": [1, 1, Sq, Sk]}[bias_shape]
+    dtype = dtypes(device)[0]
+    for causal in (False, True):
+        q, k, v = qkv(B, Sq, Sk, H, Hk, D, dtype, device, seed=D + int(causal))
+        bias = rand(shape, dtype, device, 31 + D, -2, 2).requires_grad_()
+        dout = rand((B, Sq, H, D), dtype, device, 11)
+        out, grads = grads_of(lambda: flash_dma.attention(q, k, v, attn_bias=bias, is_causal=causal),
+                              [q, k, v, bias], dout)
+        ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
+        ref, rgrads = grads_of(lambda: attention_ref(*ref_in[:3], bias=ref_in[3], causal=causal), ref_in,
+                               dout.double())
+        assert_close(out, ref, dtype, "out")
+        for a, r, n in zip(grads, rgrads, ["dq", "dk", "dv", "dbias"]):
+            assert a.shape == r.shape, n
+            assert_close(a, r, dtype, f"{n} (causal {causal})")
+
+
 def test_left_padded_causal_mask_with_empty_rows(device):
     # What a padded batch in a model brings: a 4-D causal + padding mask in which the padded
     # queries see no key at all, GQA and a small head dim.
