@@ -54,8 +54,8 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_bwd_common.cuh"
-#include "cuda/attention/next_active.cuh"
-#include "cuda/attention/score_tiles_sm90.cuh"
+#include "cuda/attention/bwd_ws_scores.cuh"
+#include "cuda/attention/bwd_ws_walk.cuh"
 #include "cuda/primitives/fast_divmod.cuh"
 #include "cuda/primitives/mbarrier.cuh"
 #include "cuda/primitives/per_device.cuh"
@@ -156,113 +156,6 @@ struct BwdWsShape {
   __device__ static uint32_t item_empty(uint32_t base, int n) { return base + kBars + 8 * (3 + 2 * kStages + (n & 1)); }
 };
 
-// The walk of a CTA (gathered: of an item): steps [it_begin, it_end) over (head of the group,
-// 64-query tile). Dense: the G heads of its KV head, each over the query tiles that can see its
-// keys (causal: from the first key's diagonal), head-major. Gathered: the tiles its keys'
-// intervals span, from the last down, the G heads innermost (by_group divides by G); group is
-// the item's key group (BwdWsPlan).
-struct BwdWsWalk {
-  int key0, hk, b, q_begin, n_q, it_begin, it_end, group;
-  FastDivmod by_group{1};
-  template <bool kGather>
-  __device__ int head(const AttentionFwdParams& f, int i) const {
-    return hk * f.G + (kGather ? by_group.mod(i) : i / n_q);
-  }
-  template <bool kGather, int kRows>
-  __device__ int q0(int i) const {
-    return q_begin + (kGather ? n_q - 1 - by_group.div(i) : i % n_q) * kRows;
-  }
-};
-
-// Dense steps: a warp group's S^T and dP^T (its warp's 16 keys from key0, this thread's keys[2];
-// queries from q0, 8 kTilesN of them) to P^T and dS^T, one loop per case: tiles whose scores
-// are all visible (in range, and causal below the diagonal) with a per-key bias (kb, the
-// thread's keys') or none, else the visibility tested per score (kb is zero without a bias).
-template <int kTilesN>
-__device__ __forceinline__ void dense_scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
-                                                       float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
-                                                       const float* delta, int q0, int key0, int n_keys,
-                                                       const int (&keys)[2], bool key_bias, const float (&kb)[2],
-                                                       int warp, int t) {
-  const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + n_keys <= f.Sk &&
-                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-  if (interior && key_bias) {
-    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
-  } else if (interior) {
-    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
-  } else {
-    scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-      return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
-    });
-  }
-}
-
-// Masked steps the summary does not keep whole: dense_scores_to_p_ds_t with the mask tile's
-// verdict on each score (the step's [queries][keys] bytes, kRowBytes = 128 or 64 a row with the
-// matching swizzle; this thread's keys are columns `col` and col + 8 of it, its queries rows
-// row0 + 8 nt + 2t (+1), row0 a multiple of 8). Rows row0 + 8 nt + c share the swizzle of row
-// c, so each of the thread's two row classes is one address plus constants.
-template <int kRowBytes = 128, int kTilesN>
-__device__ __forceinline__ void bwd_ws_masked_scores(const AttentionFwdParams& f, float (&st)[kTilesN][4],
-                                                     float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
-                                                     const float* delta, uint32_t mask, int q0, int key0,
-                                                     const int (&keys)[2], int col, int row0, int warp, int t) {
-  const uint32_t at[2] = {swizzled_row<kRowBytes>(mask, row0 + 2 * t, col),
-                          swizzled_row<kRowBytes>(mask, row0 + 2 * t + 1, col)};
-  auto kept = [&](int nt, int e) { return ptx::ld_shared_u8(at[e & 1] + nt * 8 * kRowBytes + (e >> 1) * 8) != 0; };
-  const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + 64 <= f.Sk &&
-                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-  if (interior) {
-    scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
-                     [&](int nt, int e) { return kept(nt, e) ? 0.f : -INFINITY; });
-  } else {
-    scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-      return kept(nt, e) && visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? 0.f : -INFINITY;
-    });
-  }
-}
-
-// Biased steps: dense_scores_to_p_ds_t with each score's term read from the step's bias box
-// (this group's [64 queries][64 keys] of q's dtype, 128-byte swizzled, in store_ds_t's layout:
-// this thread's keys are columns 16 warp + g and + 8, its queries rows 8 nt + 2t (+1)). With
-// keep_ds (dbias asked for, one dS an element) each score's dS goes back over its bias, which
-// makes the box the step's dbias tile; with a staging tile `sums` (dbias summed) it goes there
-// as fp32: two boxes of [64 queries][32 keys], 128-byte swizzled, warps 0-1's keys in the
-// first. Rows 8 nt + c share the swizzle of row c, and key + 8 is the chunk after next (fp32)
-// or the next (16-bit): each of the thread's two row classes is one address, XORed and offset
-// by constants.
-template <class T, int kTilesN>
-__device__ __forceinline__ void bwd_ws_biased_scores(const AttentionFwdParams& f, float (&st)[kTilesN][4],
-                                                     float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
-                                                     const float* delta, uint32_t box, bool keep_ds, uint32_t sums,
-                                                     int q0, int key0, const int (&keys)[2], int warp, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  const uint32_t at[2] = {swizzled_row<128>(box, 2 * t, 32 * warp + 2 * g),
-                          swizzled_row<128>(box, 2 * t + 1, 32 * warp + 2 * g)};
-  const uint32_t sums_box = sums + (warp / 2) * 8 * kTilesN * wgmma::kSwizzleRowBytes;
-  const uint32_t sums_byte = 4 * (16 * (warp % 2) + g);
-  const uint32_t sum_at[2] = {swizzled_row<128>(sums_box, 2 * t, sums_byte),
-                              swizzled_row<128>(sums_box, 2 * t + 1, sums_byte)};
-  auto score_at = [&](int nt, int e) { return (at[e & 1] ^ ((e >> 1) << 4)) + nt * 8 * wgmma::kSwizzleRowBytes; };
-  auto bias = [&](int nt, int e) { return unpack_one(ptx::ld_shared_u16(score_at(nt, e)), T{}); };
-  auto keep = [&](int nt, int e, float ds) {
-    if (keep_ds) ptx::st_shared_u16(score_at(nt, e), pack_one(ds, T{}));
-    if (sums) ptx::st_shared_f32((sum_at[e & 1] ^ ((e >> 1) << 5)) + nt * 8 * wgmma::kSwizzleRowBytes, ds);
-  };
-  const bool interior = q0 + 8 * kTilesN <= f.Sq && key0 + 64 <= f.Sk &&
-                        (!f.causal || key0 + 16 * warp + 15 <= q0 + f.Sk - f.Sq);
-  if (interior) {
-    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, bias, keep);
-  } else {
-    scores_to_p_ds_t(
-        f, st, dpt, db, lse2, delta, t,
-        [&](int nt, int e) {
-          return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? bias(nt, e) : -INFINITY;
-        },
-        keep);
-  }
-}
-
 // The K/V barrier and the stages' full (the copies) and empty (every consumer thread) barriers.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
@@ -271,29 +164,6 @@ __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
     mbar::init(Shape::full(base, s), 1);
     mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
   }
-}
-
-// Dense: the CTA's walk over its kBlockN keys (causal: from the first key's diagonal; the first
-// key blocks walk the most queries, so every head's start first, cta_order.cuh). With
-// batches_too (a dbias summed over heads or batches), the CTAs of one key block over every
-// (KV head, batch) are handed out together, so that their sums into the same dbias tiles meet
-// in L2 (in the plain order each tile's additions came a head apart and went to DRAM).
-template <class Shape>
-__device__ __forceinline__ BwdWsWalk bwd_ws_dense_walk(const AttentionFwdParams& f, bool batches_too = false) {
-  CtaTile cta = cta_tile(f.causal);
-  int b = blockIdx.z;
-  if (batches_too) {
-    const int64_t linear = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-    const int64_t heads = int64_t(gridDim.y) * gridDim.z, rest = linear % heads;
-    cta = {int(linear / heads), int(rest % gridDim.y)};
-    b = int(rest / gridDim.y);
-  }
-  BwdWsWalk walk;
-  walk.key0 = cta.x * Shape::kBlockN, walk.hk = cta.y, walk.b = b, walk.group = 0;
-  walk.q_begin = f.causal ? max(0, walk.key0 - (f.Sk - f.Sq)) / Shape::kBlockM * Shape::kBlockM : 0;
-  walk.n_q = walk.q_begin < f.Sq ? (f.Sq - walk.q_begin + Shape::kBlockM - 1) / Shape::kBlockM : 0;
-  walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
-  return walk;
 }
 
 // Dense: K and V, once, by tensor copies onto kv_full: kKeyTiles tiles of 64 keys each.
@@ -309,82 +179,6 @@ __device__ __forceinline__ void bwd_ws_produce_keys(const BwdTensorMaps& maps, u
       tma::load_4d(Shape::k_tile(base, g) + c * kBlock, &maps.k, Shape::kv_full(base), c * 64, key, walk.hk, walk.b);
       tma::load_4d(Shape::v_tile(base, g) + c * kBlock, &maps.v, Shape::kv_full(base), c * 64, key, walk.hk, walk.b);
     }
-}
-
-// Masked: the mask summary's verdict on step i of the CTA's walk: whether the mask keeps any of
-// its scores, and whether it keeps all of them.
-template <class Shape>
-struct BwdWsMaskStep {
-  bool active, all;
-  __device__ static BwdWsMaskStep of(const AttentionFwdParams& f, const BwdWsWalk& walk, int i) {
-    const int h = walk.template head<false>(f, i), q0 = walk.template q0<false, Shape::kBlockM>(i);
-    const typename Shape::Summary tiles = Shape::Summary::of(f, walk.b, h, q0 / Shape::kBlockM);
-    const int nb = walk.key0 / Shape::kBlockN;
-    return {tiles.active(nb), tiles.keeps_all(nb)};
-  }
-};
-
-// Masked: the walk's verdicts as bitmaps in shared memory, built once by all the CTA's threads,
-// so that a run of ruled-out steps costs a few shared loads, not a summary read each (at 1/8 of
-// the blocks kept, the walk of reads made the backward slower than the dk/dv kernel's). Walks
-// of more than kMaxMaskSteps steps read the summary per step instead, as do all walks where
-// the next-active table is switched off (FDMA_NEXT_ACTIVE_TABLE=0: the tests' way to reach
-// that walk).
-template <class Shape>
-struct BwdWsMaskSteps {
-  const uint32_t *some, *all;  // bit r: step it_begin + r
-  int n;
-  bool tabled;
-
-  __device__ BwdWsMaskSteps(const unsigned char* smem, const AttentionFwdParams& f, const BwdWsWalk& walk)
-      : some(reinterpret_cast<const uint32_t*>(smem + Shape::kMaskSteps)),
-        all(some + Shape::kMaxMaskSteps / 32),
-        n(walk.it_end - walk.it_begin),
-        tabled(f.next_active_table && n <= Shape::kMaxMaskSteps) {}
-
-  // Fills the bitmaps, all threads of the CTA (whole warps) taking 32 steps a warp at a time.
-  __device__ static void build(unsigned char* smem, const AttentionFwdParams& f, const BwdWsWalk& walk, int tid,
-                               int threads) {
-    uint32_t* some = reinterpret_cast<uint32_t*>(smem + Shape::kMaskSteps);
-    uint32_t* all = some + Shape::kMaxMaskSteps / 32;
-    const int n = walk.it_end - walk.it_begin;
-    for (int r0 = tid / 32 * 32; r0 < n; r0 += threads) {
-      const int r = r0 + tid % 32;
-      BwdWsMaskStep<Shape> m{false, false};
-      if (r < n) m = BwdWsMaskStep<Shape>::of(f, walk, walk.it_begin + r);
-      const uint32_t s = __ballot_sync(0xffffffffu, m.active), a = __ballot_sync(0xffffffffu, m.all);
-      if (tid % 32 == 0) some[r0 / 32] = s, all[r0 / 32] = a;
-    }
-  }
-
-  // The first step at or after i (absolute) the summary leaves active, or walk.it_end; and
-  // whether the summary keeps all of step i.
-  __device__ int next(const AttentionFwdParams& f, const BwdWsWalk& walk, int i) const {
-    if (!tabled) {
-      while (i < walk.it_end && !BwdWsMaskStep<Shape>::of(f, walk, i).active) ++i;
-      return i;
-    }
-    for (int r = i - walk.it_begin; r < n; r = (r | 31) + 1) {
-      const uint32_t w = some[r / 32] >> (r % 32);
-      if (w) return walk.it_begin + r + __ffs(w) - 1;
-    }
-    return walk.it_end;
-  }
-  __device__ bool keeps_all(const AttentionFwdParams& f, const BwdWsWalk& walk, int i) const {
-    if (!tabled) return BwdWsMaskStep<Shape>::of(f, walk, i).all;
-    const int r = i - walk.it_begin;
-    return (all[r / 32] >> (r % 32)) & 1u;
-  }
-};
-
-// The walk's verdicts of a masked call (nothing for the others).
-template <class Shape>
-__device__ __forceinline__ auto bwd_ws_mask_steps(const unsigned char* smem, const AttentionFwdParams& f,
-                                                  const BwdWsWalk& walk) {
-  if constexpr (Shape::kMasked)
-    return BwdWsMaskSteps<Shape>(smem, f, walk);
-  else
-    return 0;
 }
 
 // The copy-issuing thread's steps: each step's Q, dO, lse2 and delta (masked: and its mask tile,
