@@ -44,6 +44,9 @@
 // Scores outside a key's interval are -inf. Steps are 64 queries (the plan's tiles); at D = 64
 // each group computes dS K over its own keys. Every item adds its dk, dv and dscores into fp32
 // rows (red.global.add) that dkdv_split_sum writes out; no dq kernel runs: five matmuls, not seven.
+//
+// Its pieces beside this file: the CTA's walk and the mask summary's verdicts on its steps
+// (bwd_ws_walk.cuh), the per-score terms of each kind of step (bwd_ws_scores.cuh).
 #pragma once
 
 #include <cuda.h>
