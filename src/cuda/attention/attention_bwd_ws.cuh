@@ -59,6 +59,7 @@
 #include "cuda/attention/attention_bwd_common.cuh"
 #include "cuda/attention/bwd_ws_scores.cuh"
 #include "cuda/attention/bwd_ws_walk.cuh"
+#include "cuda/attention/term_maps.hpp"
 #include "cuda/primitives/fast_divmod.cuh"
 #include "cuda/primitives/mbarrier.cuh"
 #include "cuda/primitives/per_device.cuh"
@@ -694,17 +695,10 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
       !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, rows))
     return false;
   if (kind == BwdWsKind::masked && f.mask_stride[2] != 0 &&
-      !encode_tile_map(maps.mask, f.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, f.Sk, f.Sq,
-                       f.mask_head_mode == 2 ? f.H : f.mask_head_mode == 1 ? f.Hk : 1, f.mask_stride[0] == 0 ? 1 : f.B,
-                       f.mask_stride[2], f.mask_stride[1], f.mask_stride[0], Shape::kBlockN, rows,
-                       CU_TENSOR_MAP_SWIZZLE_128B))
+      !encode_mask_tiles(maps.mask, f, Shape::kBlockN, rows, CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
   if (kind == BwdWsKind::biased) {
-    const int heads = f.bias_head_mode == 2 ? f.H : f.bias_head_mode == 1 ? f.Hk : 1;
-    if (!encode_tile_map(maps.bias, f.bias, kDtype, 2, f.Sk, f.Sq, heads, f.bias_stride[0] == 0 ? 1 : f.B,
-                         f.bias_stride[2], f.bias_stride[1], f.bias_stride[0], Shape::kGroupKeys, rows,
-                         CU_TENSOR_MAP_SWIZZLE_128B))
-      return false;
+    if (!encode_bias_tiles(maps.bias, f, kDtype, rows)) return false;
     const int64_t* n = p.dbias_size;  // the fp32 sums: dense [n0][n1][Sq][Sk] (dbias_dense)
     if (p.dbias_owner == DbiasOwner::rows &&
         !(p.dbias_acc ? encode_tile_map(maps.dbias, p.dbias_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, f.Sk, f.Sq,

@@ -39,6 +39,7 @@
 #include "cuda/attention/next_active.cuh"
 #include "cuda/attention/score_mod_sm80.cuh"
 #include "cuda/attention/score_tiles_sm90.cuh"
+#include "cuda/attention/term_maps.hpp"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/mbarrier.cuh"
 #include "cuda/primitives/path_switches.hpp"
@@ -664,29 +665,19 @@ bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) 
       if (FwdWsTerms<Shape>(p).smem_bytes(untabled) > 227 * 1024) return false;
     }
     if (p.mask) {
-      const int heads = p.mask_head_mode == 2 ? p.H : p.mask_head_mode == 1 ? p.Hk : 1;
-      const int batch = p.mask_stride[0] == 0 ? 1 : p.B;
       const bool ok = p.mask_stride[2] == 0
-                          ? encode_key_rows_map(maps.mask, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.Sk, heads,
-                                                batch, p.mask_stride[0], p.mask_stride[1], Shape::kBlockN)
-                          : encode_tile_map(maps.mask, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.Sk, p.Sq, heads,
-                                            batch, p.mask_stride[2], p.mask_stride[1], p.mask_stride[0],
-                                            Shape::kBlockN, Shape::kBlockM,
-                                            Shape::kBlockN == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
-                                                                  : CU_TENSOR_MAP_SWIZZLE_64B);
+                          ? encode_mask_keys(maps.mask, p, Shape::kBlockN)
+                          : encode_mask_tiles(maps.mask, p, Shape::kBlockN, Shape::kBlockM,
+                                              Shape::kBlockN == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                                    : CU_TENSOR_MAP_SWIZZLE_64B);
       if (!ok) return false;
     }
     if (p.bias) {
       const CUtensorMapDataType dtype = p.bias_f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                         : bf16     ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-      const int heads = p.bias_head_mode == 2 ? p.H : p.bias_head_mode == 1 ? p.Hk : 1;
-      const int batch = p.bias_stride[0] == 0 ? 1 : p.B;
-      const bool ok = bias_keys ? encode_key_rows_map(maps.bias, p.bias, dtype, p.bias_f32 ? 4 : 2, p.Sk, heads, batch,
-                                                      p.bias_stride[0], p.bias_stride[1], Shape::kBlockN)
-                                : encode_tile_map(maps.bias, p.bias, dtype, 2, p.Sk, p.Sq, heads, batch,
-                                                  p.bias_stride[2], p.bias_stride[1], p.bias_stride[0], 64,
-                                                  Shape::kBlockM, CU_TENSOR_MAP_SWIZZLE_128B);
+      const bool ok = bias_keys ? encode_bias_keys(maps.bias, p, dtype, Shape::kBlockN)
+                                : encode_bias_tiles(maps.bias, p, dtype, Shape::kBlockM);
       if (!ok) return false;
     }
     return encode_rows_map(maps.q, p.q, bf16, p.D, p.Sq, p.H, p.B, p.q_stride, Shape::kBlockM) &&

@@ -30,8 +30,8 @@ inline bool fwd_ws_allowed() { return !env_is("FDMA_FWD_WS", "0"); }
 inline bool fused_dq_allowed() { return !env_is("FDMA_BWD_FUSED_DQ", "0"); }
 
 // FDMA_BWD_WS=0: fused-dq backwards at D = 64 and 128 on the dk/dv kernel, not the warp-specialized
-// one (masked ones at D = 128 on the two kernels, as that kernel declines them); at D = 256 the
-// two kernels.
+// one (masked ones at D = 128, and those with a dbias with a query dim, on the two kernels, as
+// that kernel declines them); at D = 256 the two kernels.
 inline bool bwd_ws_allowed() { return !env_is("FDMA_BWD_WS", "0"); }
 
 // FDMA_SELECT_PATH=cluster|shared|global|levels: the training selection's path ("" = per call).
