@@ -3,7 +3,8 @@ against the cp.async wgmma kernel (FDMA_FWD_WS=0; mma.sync at D 256), SDPA flash
 (FlashAttention-2) and SDPA cuDNN (dense cases), in one process. Cases: dense; per-key (a bias
 [B, H, 1, S]); mask (a [1, 1, S, S] mask keeping each score with probability 0.9: every tile
 masked, none skipped); block (a [1, 1, S, S] mask of 128 x 128 blocks, 1/8 of them kept whole);
-bias (a [1, H, S, S] bias in q's dtype). For mask, block and bias, SDPA's memory-efficient
+bias (a [1, H, S, S] bias in q's dtype); mask-bias (the mask and the bias together: a mask tile
+and a bias tile a key tile). For these, SDPA's memory-efficient
 backend with the same mask or bias is the baseline. Each round times every system once per
 problem, the order rotated each round; the table gives medians over rounds of per-round
 medians of CUDA events.
@@ -51,7 +52,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cases", default="dense", help="dense, per-key, mask, block, bias (comma-separated)")
+    ap.add_argument("--cases", default="dense", help="dense, per-key, mask, block, bias, mask-bias (comma-separated)")
     ap.add_argument("--keys", type=int, default=0, help="Sk, when not S (non-causal only)")
     ap.add_argument("--systems", default="", help="time only these columns (comma-separated: "
                     "ws, cpasync, flash, cudnn, efficient); default all")
@@ -70,17 +71,18 @@ def main():
             for case, causal in [(c, cz) for c in args.cases.split(",") for cz in causals]:
                 bias = key_bias if case == "per-key" else None
                 mask = None
-                if case == "mask":
+                if case in ("mask", "mask-bias"):
                     mask = torch.rand(1, 1, S, Sk, device=dev) < 0.9
                 elif case == "block":
                     blocks = torch.rand(1, 1, (S + 127) // 128, (Sk + 127) // 128, device=dev) < 0.125
                     mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)[:, :, :S, :Sk].contiguous()
-                elif case == "bias":
+                if case in ("bias", "mask-bias"):
                     bias = torch.randn(1, H, S, Sk, device=dev, dtype=torch.bfloat16)
                 # SDPA's form of the same terms: an additive float mask (-inf where hidden)
                 sdpa_terms = None
                 if mask is not None:
-                    sdpa_terms = torch.zeros(1, 1, S, Sk, device=dev, dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))
+                    sdpa_terms = (bias if bias is not None else torch.zeros(1, 1, S, Sk, device=dev, dtype=torch.bfloat16)
+                                  ).masked_fill(~mask, float("-inf"))
                     if causal:  # bottom-right aligned, as ours; S == Sk here
                         sdpa_terms = sdpa_terms.masked_fill(torch.ones(S, Sk, device=dev, dtype=torch.bool).triu(1), float("-inf"))
                 elif case == "bias":

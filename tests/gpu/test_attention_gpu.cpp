@@ -594,7 +594,8 @@ void fill_mixed_blocks(AttnRun& r, uint64_t seed) {
 // unmasked) and the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU backend, at
 // D 64, 128 and 256: masks per query head, per KV head and shared, of mixed blocks; masks
 // broadcast over queries; biases with a query dim in q's dtype, alone and with a mask (a mask
-// tile and a bias tile together fit only at D 64: the other head dims take the other kernel);
+// tile and a bias tile together: 128-key tiles at D 64, the 64-key scored_narrow kind at D 128,
+// the other kernel at D 256);
 // per-key biases beside a mask; softcap, causal with more and fewer keys than queries, GQA,
 // both dtypes, ragged ends, and key counts whose rows the copy engine cannot read (the other
 // kernel).
@@ -606,9 +607,9 @@ TEST(AttentionGpu, WarpSpecializedScoredForwardMatchesTheCpu) {
     SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
     ws.set(on);
     for (int64_t D : {64, 128, 256})
-      for (int variant = 0; variant < 7; ++variant) {
+      for (int variant = 0; variant < 9; ++variant) {
         const bool causal = (variant + D / 64) % 2 == 1;
-        const auto [Sq, Sk] = variant == 5   ? std::pair<int64_t, int64_t>{400, 160}
+        const auto [Sq, Sk] = variant == 5 || variant == 8 ? std::pair<int64_t, int64_t>{400, 160}
                               : variant == 6 ? std::pair<int64_t, int64_t>{130, 200}
                                              : std::pair<int64_t, int64_t>{333, 640};
         AttnCase c = base(Sq, Sk, 4, 2, D, causal, (variant + D / 64) % 3 == 0 ? DType::f16 : DType::bf16, seed++);
@@ -632,6 +633,11 @@ TEST(AttentionGpu, WarpSpecializedScoredForwardMatchesTheCpu) {
             break;
           case 4:  // a [1, 1, Sq, Sk] mask and a [B, H, Sq, Sk] bias
             c.mask.present = true, c.mask.b = false, c.mask.heads = 0;
+            c.bias.present = true;
+            break;
+          case 7:  // a [B, H, Sq, Sk] mask of mixed blocks and a [B, H, Sq, Sk] bias
+          case 8:  // the same with fewer keys than queries
+            c.mask.present = true;
             c.bias.present = true;
             break;
         }

@@ -19,10 +19,12 @@
 // core back and forth (ping-pong): a group issues its step's matmuls only after the other has
 // issued its own, so one group's softmax runs under the other's matmuls.
 //
+// Scored calls with both a mask tile and a bias tile at D = 128 take a kind of their own on
+// 64-key tiles (scored_narrow), where two stages of both fit beside K and V.
 // The other forward (attention_fwd.cuh) loads tiles with cp.async from every thread and meets
 // at a CTA barrier per key tile; it stays for the other head dims, for masks and biases the
 // copy engine cannot read or whose tiles do not fit beside K and V (a mask and a bias tile
-// together at D = 128 and 256; a float32 bias with a query dim).
+// together at D = 256; a float32 bias with a query dim).
 #pragma once
 
 #include <cuda.h>
@@ -64,19 +66,24 @@ struct FwdTensorMaps {
 // The calls a kernel takes; each kind is an instantiation of its own, so that a kernel's
 // unrolled loop holds only its own score path.
 enum class FwdWsKind {
-  dense,     // no mask; no bias or a per-key one ([.., 1, Sk])
-  scored,    // a mask and/or a bias with a query dim: tiles copied with K, the mask summary walked
-  gathered,  // dynamic-mask mode: the keys of a query tile's list
+  dense,          // no mask; no bias or a per-key one ([.., 1, Sk])
+  scored,         // a mask and/or a bias with a query dim: tiles copied with K, the mask summary walked
+  scored_narrow,  // the same on 64-key tiles at D = 128: a mask tile and a bias tile together
+  gathered,       // dynamic-mask mode: the keys of a query tile's list
 };
+constexpr bool fwd_ws_scored(FwdWsKind kind) { return kind == FwdWsKind::scored || kind == FwdWsKind::scored_narrow; }
 
 // Keys per tile: 128 for gathered calls (their lists' tiles); for dense calls 192 at D = 64,
 // 176 at D = 128 and 80 at D = 256 (O takes 128 registers a thread there): the widest S the
 // consumers' registers hold, which spreads a step's fixed costs (the turn barriers, the row
 // maxima's shuffles, O's rescale) over the most keys (docs/performance.md, "attention forward").
 // Scored calls: 128 (64 at D = 256), where a stage's mask and bias tiles fit beside K and V and
-// their rows are one swizzle span (128 or 64 bytes of mask, 64-key blocks of bias).
+// their rows are one swizzle span (128 or 64 bytes of mask, 64-key blocks of bias). At D = 128
+// two stages of K, V, a mask tile and a bias tile of 128 keys take 256 KB; of 64 keys, 144 KB
+// (scored_narrow, the kind such calls take).
 constexpr int fwd_ws_key_tile(int head_dim, FwdWsKind kind) {
   if (kind == FwdWsKind::gathered) return 128;
+  if (kind == FwdWsKind::scored_narrow) return 64;
   if (kind == FwdWsKind::scored) return head_dim == 256 ? 64 : 128;
   return head_dim == 64 ? 192 : head_dim == 128 ? 176 : 80;
 }
@@ -87,8 +94,9 @@ constexpr int fwd_ws_key_tile(int head_dim, FwdWsKind kind) {
 // terms (FwdWsTerms), sized per call.
 template <class T, int kHeadDim, FwdWsKind kKind>
 struct FwdWsShape {
-  static constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = kKind == FwdWsKind::scored;
+  static constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = fwd_ws_scored(kKind);
   static_assert(kHeadDim <= 128 || !kGather, "gathered calls: D = 64 and 128 (lists of 128-row query tiles)");
+  static_assert(kKind != FwdWsKind::scored_narrow || kHeadDim == 128, "narrow scored tiles: D = 128");
   using Mma = FwdMmaSm90<T, kHeadDim, fwd_ws_key_tile(kHeadDim, kKind)>;
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kStages = 2;
@@ -352,7 +360,7 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
   if constexpr (kKind == FwdWsKind::gathered) {
     apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
     mbar::arrive(Shape::k_empty(base, st));
-  } else if constexpr (kKind == FwdWsKind::scored) {
+  } else if constexpr (fwd_ws_scored(kKind)) {
     const FwdWsTerms<Shape> terms(p);  // from the params per tile: uniform arithmetic, no registers held across the loop
     const int t = lane % 4;
     if (terms.bias_tile) {
@@ -423,7 +431,7 @@ template <class T, int kHeadDim, FwdWsKind kKind, class Shape, class Walk>
 __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint32_t base, const unsigned char* smem,
                                                int n_listed, const Walk& walk, int first, int row0, int h, int b,
                                                int group, int warp, int lane) {
-  constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = kKind == FwdWsKind::scored;
+  constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = fwd_ws_scored(kKind);
   using Mma = typename Shape::Mma;
   constexpr int kN = Mma::kTilesN, kDT = Mma::kTilesD;
   const int n_blocks = walk.n_blocks;
@@ -641,10 +649,11 @@ inline FwdWsKind fwd_ws_kind(const AttentionFwdParams& p) {
 }
 
 // Whether the warp-specialized forward of kind kKind takes this call (the caller checks the
-// device and that fwd_ws_kind(p) == kKind): gathered calls always; the others at exactly this
-// head dim where the copy engine can describe q, k, v, the bias and the mask (maps filled
-// here), and for scored calls where their terms fit in shared memory (a mask tile and a bias
-// tile together only at D = 64; a bias with a query dim in q's dtype).
+// device and that fwd_ws_kind(p) == kKind, or is scored for scored_narrow): gathered calls
+// always; the others at exactly this head dim where the copy engine can describe q, k, v, the
+// bias and the mask (maps filled here), and for scored calls where their terms fit in shared
+// memory (a mask tile and a bias tile together: at D = 64 on 128-key tiles, at D = 128 on the
+// narrow kind's 64-key ones, not at D = 256; a bias with a query dim in q's dtype).
 template <class T, int kHeadDim, FwdWsKind kKind>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
   using Shape = FwdWsShape<T, kHeadDim, kKind>;
@@ -693,7 +702,7 @@ cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& params, const FwdT
   auto kernel = attention_fwd_ws_kernel<T, kHeadDim, kKind>;
   AttentionFwdParams p = params;
   int smem = Shape::kSmemBytes;
-  if constexpr (kKind == FwdWsKind::scored) {
+  if constexpr (Shape::kScored) {
     // The next-active table only where it fits beside the terms (attention_fwd_ws_applies
     // checked the rest).
     const FwdWsTerms<Shape> terms(p);
