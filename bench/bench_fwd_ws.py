@@ -16,8 +16,11 @@ kept share not counted: the same work as dense). --keys: Sk keys
 against S queries, non-causal only (short rows: each CTA walks few key tiles, as in the
 dynamic-mask forward, whose query tiles list about w + 128 keys). Also checks each
 flash-dma output against SDPA flash (dense) or the cp.async kernel (the other cases): max |diff|.
+With --lib base.so,new.so the warp-specialized call also runs through each library's C ABI, as
+"ws@0", "ws@1", ..., in the same rotation: an A/B of two builds in one process.
 """
 import argparse
+import ctypes
 import os
 import statistics
 import sys
@@ -28,8 +31,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from bench_attention import median_ms  # noqa: E402
+from bench_attention import median_ms, view  # noqa: E402
+from bench_attention_bwd import call  # noqa: E402
 import flash_dma  # noqa: E402
+from flash_dma import _abi  # noqa: E402
 
 
 SWITCHES = ("FDMA_FWD_WS",)
@@ -55,8 +60,10 @@ def main():
     ap.add_argument("--cases", default="dense", help="dense, per-key, mask, block, bias, mask-bias (comma-separated)")
     ap.add_argument("--keys", type=int, default=0, help="Sk, when not S (non-causal only)")
     ap.add_argument("--systems", default="", help="time only these columns (comma-separated: "
-                    "ws, cpasync, flash, cudnn, efficient); default all")
+                    "ws, cpasync, flash, cudnn, efficient, ws@0, ws@1, ...); default all")
+    ap.add_argument("--lib", default="", help="libraries to A/B through the C ABI (comma-separated)")
     args = ap.parse_args()
+    libs = [_abi.load_library(path) for path in args.lib.split(",")] if args.lib else []
     dev, B, H = torch.device("cuda"), args.batch, args.heads
     rows = []
     for D in [int(d) for d in args.headdims.split(",")]:
@@ -100,8 +107,27 @@ def main():
                 def ours():
                     return flash_dma.attention(q, k, v, attn_mask=mask, attn_bias=bias, is_causal=causal)
 
+                def ours_lib(lib):  # the same call through a library's C ABI
+                    out, lse = torch.empty_like(q), torch.empty(B, H, S, device=dev, dtype=torch.float32)
+                    p = _abi.AttentionParams()
+                    p.q, p.k, p.v, p.out, p.lse = view(q), view(k), view(v), view(out), view(lse)
+                    p.bias, p.mask, p.causal = view(bias), view(mask), int(causal)
+                    p.stream = torch.cuda.current_stream().cuda_stream
+                    n = ctypes.c_size_t(0)
+                    if lib.fdma_attention_workspace_size(ctypes.byref(p), _abi.PASS_FORWARD, ctypes.byref(n)) != 0:
+                        raise RuntimeError(lib.fdma_last_error().decode())
+                    ws = torch.empty(max(1, n.value), device=dev, dtype=torch.uint8)
+                    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+
+                    def run():
+                        call(lib, lib.fdma_attention_fwd, p)
+                        return out
+                    run.keep = (p, ws, lse)  # alive as long as the call: the library writes through p
+                    return run
+
                 systems = {"flash-dma ws": with_env(None, ours),
                            "flash-dma cp.async": with_env({"FDMA_FWD_WS": "0"}, ours)}
+                systems.update({f"ws@{i}": with_env(None, ours_lib(lib)) for i, lib in enumerate(libs)})
                 if case == "dense":
                     systems.update({"SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
                                     "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)})
@@ -109,13 +135,17 @@ def main():
                     systems["SDPA efficient"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
                 short = {"ws": "flash-dma ws", "cpasync": "flash-dma cp.async", "flash": "SDPA flash",
                          "cudnn": "SDPA cuDNN", "efficient": "SDPA efficient"}
-                timed = ([short[x] for x in args.systems.split(",") if short[x] in systems] if args.systems
+                timed = ([short.get(x, x) for x in args.systems.split(",") if short.get(x, x) in systems] if args.systems
                          else list(systems))
                 with torch.no_grad():
                     # the reference: SDPA flash, or with a mask or bias the cp.async kernel
                     ref = (systems["SDPA flash"]().transpose(1, 2) if case == "dense" else
                            systems["flash-dma cp.async"]()).float()
-                    errs = {n: (systems[n]().float() - ref).abs().max().item() for n in ("flash-dma ws", "flash-dma cp.async")}
+                    errs = {n: (systems[n]().float() - ref).abs().max().item()
+                            for n in ("flash-dma ws", "flash-dma cp.async", *(f"ws@{i}" for i in range(len(libs))))}
+                    # the libraries' outputs bitwise equal to the first one's
+                    first = systems["ws@0"]().clone() if libs else None
+                    same = all(torch.equal(first, systems[f"ws@{i}"]()) for i in range(1, len(libs)))
                     names = [n for n in systems if n in timed]
                     times = {n: [] for n in names}
                     for r in range(args.rounds):
@@ -124,16 +154,18 @@ def main():
                 with_env(None, lambda: None)()
                 flops = 4 * B * H * S * Sk * D / (2 if causal else 1)
                 med = {n: statistics.median(t) for n, t in times.items()}
-                rows.append((case, D, S if Sk == S else f"{S} x {Sk}", causal, med, flops, errs))
-                print(case, D, S, Sk, causal, {n: round(t, 3) for n, t in med.items()}, errs, flush=True)
+                rows.append((case, D, S if Sk == S else f"{S} x {Sk}", causal, med, flops, errs, same))
+                print(case, D, S, Sk, causal, {n: round(t, 3) for n, t in med.items()}, errs, same, flush=True)
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H}, forward; ms (TF/s), medians of {args.rounds} rotated rounds")
-    columns = ["flash-dma ws", "flash-dma cp.async", "SDPA flash", "SDPA cuDNN", "SDPA efficient"]
-    print("| case | D | S | causal | " + " | ".join(columns) + " | max abs diff ws / cp.async |")
-    print("|---" * (len(columns) + 5) + "|")
-    for case, D, S, causal, med, flops, errs in rows:
+    columns = ["flash-dma ws", *(f"ws@{i}" for i in range(len(libs))), "flash-dma cp.async", "SDPA flash",
+               "SDPA cuDNN", "SDPA efficient"]
+    print("| case | D | S | causal | " + " | ".join(columns) + " | max abs diff ws / cp.async |" +
+          (" ws@ outputs bitwise equal |" if libs else ""))
+    print("|---" * (len(columns) + 5 + bool(libs)) + "|")
+    for case, D, S, causal, med, flops, errs, same in rows:
         cells = " | ".join(f"{med[n]:.3f} ({flops / med[n] / 1e9:.0f})" if n in med else "-" for n in columns)
         print(f"| {case} | {D} | {S} | {int(causal)} | {cells} | "
-              f"{errs['flash-dma ws']:.3g} / {errs['flash-dma cp.async']:.3g} |")
+              f"{errs['flash-dma ws']:.3g} / {errs['flash-dma cp.async']:.3g} |" + (f" {same} |" if libs else ""))
 
 
 if __name__ == "__main__":
