@@ -11,7 +11,7 @@ FDMA_BWD_WS=0 (the dk/dv kernel's fused dq, or the two kernels where that one de
 Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192,16384]
                                         [--headdims 64,128] [--rounds 3]
                                         [--cases dense,per-key,block,block-all,mask,padding,
-                                                 bias,bias-nograd,bias-shared]
+                                                 bias,bias-nograd,bias-shared,mask-bias]
 With several comma-separated libraries (--lib base.so,new.so) the fused call also runs with
 each, as "fused@0", "fused@1", ... in the same rotation (an A/B of two builds in one process);
 the other columns use the first.
@@ -47,7 +47,8 @@ def main():
                     "1/8 kept), block-all (the same with every block kept), mask (a [B, 1, S, S] mask keeping each "
                     "score with probability 0.9: every tile masked), padding (a [B, 1, 1, S] key padding mask "
                     "hiding the last S/8 keys), bias (a [B, H, S, S] bias and its dbias), bias-nograd (the same "
-                    "bias, no dbias asked for), bias-shared (a [1, 1, S, S] bias and its dbias, summed over heads)")
+                    "bias, no dbias asked for), bias-shared (a [1, 1, S, S] bias and its dbias, summed over heads), "
+                    "mask-bias (the mask of 'mask' and the bias of 'bias' together, with dbias)")
     args = ap.parse_args()
     libs = [_abi.load_library(path) for path in args.lib.split(",")]
     lib = libs[0]
@@ -63,13 +64,13 @@ def main():
                     bias = torch.randn(B, H, 1, S, device=dev, dtype=torch.bfloat16)
                 elif case == "bias-shared":
                     bias = torch.randn(1, 1, S, S, device=dev, dtype=torch.bfloat16)
-                elif case.startswith("bias"):
+                elif case.startswith("bias") or case == "mask-bias":
                     bias = torch.randn(B, H, S, S, device=dev, dtype=torch.bfloat16)
                 mask = None
                 if case.startswith("block"):  # as bench_attention_bwd.py
                     blocks = torch.rand(B, 1, S // 128, S // 128, device=dev) < (1.0 if case == "block-all" else 1 / 8)
                     mask = blocks.repeat_interleave(128, 2).repeat_interleave(128, 3)
-                elif case == "mask":
+                elif case in ("mask", "mask-bias"):
                     mask = torch.rand(B, 1, S, S, device=dev) < 0.9
                 elif case == "padding":
                     mask = torch.ones(B, 1, 1, S, device=dev, dtype=torch.bool)
