@@ -695,7 +695,7 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
       !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, rows))
     return false;
   if (kind == BwdWsKind::masked && f.mask_stride[2] != 0 &&
-      !encode_mask_tiles(maps.mask, f, Shape::kBlockN, rows, CU_TENSOR_MAP_SWIZZLE_128B))
+      !encode_mask_tiles(maps.mask, f, Shape::kBlockN, rows))
     return false;
   if (kind == BwdWsKind::biased) {
     if (!encode_bias_tiles(maps.bias, f, kDtype, rows)) return false;

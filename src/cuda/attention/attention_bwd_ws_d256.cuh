@@ -286,7 +286,7 @@ bool attention_bwd_ws256_applies(const AttentionBwdParams& p, BwdTensorMaps& map
              : f.tile_active || (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
     return false;
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-  if (f.mask && f.mask_stride[2] != 0 && !encode_mask_tiles(maps.mask, f, 64, 64, CU_TENSOR_MAP_SWIZZLE_64B))
+  if (f.mask && f.mask_stride[2] != 0 && !encode_mask_tiles(maps.mask, f, 64, 64))
     return false;
   return encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, 64) &&
          encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, 64) &&

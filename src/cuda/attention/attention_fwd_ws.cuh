@@ -676,9 +676,7 @@ bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) 
     if (p.mask) {
       const bool ok = p.mask_stride[2] == 0
                           ? encode_mask_keys(maps.mask, p, Shape::kBlockN)
-                          : encode_mask_tiles(maps.mask, p, Shape::kBlockN, Shape::kBlockM,
-                                              Shape::kBlockN == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
-                                                                    : CU_TENSOR_MAP_SWIZZLE_64B);
+                          : encode_mask_tiles(maps.mask, p, Shape::kBlockN, Shape::kBlockM);
       if (!ok) return false;
     }
     if (p.bias) {

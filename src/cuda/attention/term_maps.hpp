@@ -16,11 +16,13 @@ inline int term_heads(const AttentionFwdParams& p, int head_mode) {
   return head_mode == 2 ? p.H : head_mode == 1 ? p.Hk : 1;
 }
 
-inline bool encode_mask_tiles(CUtensorMap& map, const AttentionFwdParams& p, int box_keys, int box_rows,
-                              CUtensorMapSwizzle swizzle) {
+// A mask as tiles of box_keys = 128 or 64 bytes a row, with the swizzle of that width (the
+// readers' swizzled_row<box_keys>).
+inline bool encode_mask_tiles(CUtensorMap& map, const AttentionFwdParams& p, int box_keys, int box_rows) {
+  if (box_keys != 128 && box_keys != 64) return false;
   return encode_tile_map(map, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.Sk, p.Sq, term_heads(p, p.mask_head_mode),
                          p.mask_stride[0] == 0 ? 1 : p.B, p.mask_stride[2], p.mask_stride[1], p.mask_stride[0],
-                         box_keys, box_rows, swizzle);
+                         box_keys, box_rows, box_keys == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 inline bool encode_mask_keys(CUtensorMap& map, const AttentionFwdParams& p, int box_keys) {
   return encode_key_rows_map(map, p.mask, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.Sk, term_heads(p, p.mask_head_mode),
