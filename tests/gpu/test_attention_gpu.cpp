@@ -785,6 +785,65 @@ TEST(AttentionGpu, WarpSpecializedBiasedBackwardMatchesTheCpu) {
   }
 }
 
+// The warp-specialized backward's calls with a mask and a bias with a query dim (masked_biased:
+// the biased kind's steps over the masked kind's walk, the mask laid over each step's bias tile
+// as -inf by the producer group's idle warps, who also zero the dbias tiles of skipped steps)
+// and the other kernels (FDMA_BWD_WS=0), each against the CPU backend at D 64 and 128: masks of
+// mixed blocks (a query tile that keeps nothing, blocks kept whole) per query head, per KV head
+// and shared; a [1, 1, 1, Sk] key padding mask whose keys end inside a 16-byte chunk; rows that
+// keep nothing; biases per query head, per KV head (GQA: dbias sums two heads) and shared, with
+// dbias one dS an element, summed over heads or batches, or not asked for; causal with more and
+// fewer keys than queries, ragged ends, softcap, both dtypes. Every other case runs without the
+// next-active table. dbias is poisoned first: an element nobody writes fails.
+TEST(AttentionGpu, WarpSpecializedMaskedBiasedBackwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_BWD_WS"), table("FDMA_NEXT_ACTIVE_TABLE");
+  uint64_t seed = 4700;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_BWD_WS=") + on);
+    ws.set(on);
+    for (int64_t D : {64, 128})
+      for (int variant = 0; variant < 7; ++variant) {
+        const bool causal = (variant + D / 64) % 2 == 1;
+        const auto [Sq, Sk] = variant == 2   ? std::pair<int64_t, int64_t>{400, 160}
+                              : variant == 3 ? std::pair<int64_t, int64_t>{130, 200}
+                              : variant == 6 ? std::pair<int64_t, int64_t>{200, 320}
+                                             : std::pair<int64_t, int64_t>{333, 512};
+        AttnCase c = base(Sq, Sk, 4, 2, D, causal, variant % 2 ? DType::f16 : DType::bf16, seed++);
+        c.softcap = variant == 1 || variant == 5 ? 5.0 : 0.0;
+        table.set((variant + D / 64) % 2 ? "0" : "1");
+        c.mask.present = true;
+        c.bias.present = true;
+        bool want_dbias = true;
+        switch (variant) {
+          case 0:  // [B, H, Sq, Sk] mask and bias: one dS an element
+          case 2:  // the same with fewer keys than queries, the bias [1, H, Sq, Sk] at B 1
+            if (variant == 2) c.B = 1, c.bias.b = false;
+            break;
+          case 1:  // [B, Hk, Sq, Sk] mask and bias under GQA: dbias sums two heads
+            c.mask.heads = 1, c.bias.heads = 1;
+            break;
+          case 3:  // a [1, 1, 1, Sk] key padding mask, 200 keys
+            c.mask.b = false, c.mask.heads = 0, c.mask.q = false;
+            break;
+          case 4:  // a shared [1, 1, Sq, Sk] mask, dbias not asked for
+            c.mask.b = false, c.mask.heads = 0;
+            want_dbias = false;
+            break;
+          case 5:  // a [1, 1, Sq, Sk] bias: dbias sums batches and heads
+            c.bias.b = false, c.bias.heads = 0;
+            break;
+          case 6:  // query rows that keep no key
+            c.empty_rows = 70;
+            break;
+        }
+        AttnRun r(c);
+        if (c.mask.q && c.empty_rows == 0) fill_mixed_blocks(r, seed);
+        run_gpu(r, true, nullptr, want_dbias);
+      }
+  }
+}
+
 // The same for D 256 (attention_bwd_ws_d256.cuh: the groups split dk's and dv's columns and
 // each step's queries) and the two kernels (FDMA_BWD_WS=0), each against the CPU backend:
 // tails of 64-query steps and 64-key CTAs, causal with more and fewer keys than queries, GQA

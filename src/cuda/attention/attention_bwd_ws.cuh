@@ -12,6 +12,10 @@
 //             dbias sums heads or batches, each score's dS goes into the group's dq staging
 //             tile as fp32 and the copy engine adds the tile into the fp32 sums
 //             (AttentionBwdParams::dbias_acc) that the finish kernel writes out;
+//   masked_biased  a mask with such a bias: the biased kind's steps over the masked kind's walk
+//             (the summary's verdicts), with the mask laid over each step's bias tile as -inf
+//             by the producer group's idle warps (bwd_ws_mask_over_bias.cuh), who also write
+//             the zeros of the skipped steps' dbias tiles;
 //   gathered  key lists (dynamic-mask mode, below).
 //
 // One CTA = 128 keys of a (batch, KV head); it walks the G query heads of the group and their
@@ -57,6 +61,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_bwd_common.cuh"
+#include "cuda/attention/bwd_ws_mask_over_bias.cuh"
 #include "cuda/attention/bwd_ws_scores.cuh"
 #include "cuda/attention/bwd_ws_walk.cuh"
 #include "cuda/attention/term_maps.hpp"
@@ -77,18 +82,23 @@ struct BwdTensorMaps {
   CUtensorMap q, dout, k, v, mask, bias, dbias;
 };
 
-enum class BwdWsKind { dense, masked, biased, gathered };
+enum class BwdWsKind { dense, masked, biased, masked_biased, gathered };
 
 // Shared memory: K and V as one 64-key tile per consumer group; per stage Q, dO and the step's
 // rows' lse2 and delta; two dS tiles (steps alternate); per consumer group the staging of its
 // dq block (two dq_acc tiles); masked, per stage the step's mask tile; biased, per stage the
 // step's bias tile; gathered, two slots for the item being handed out; then the mbarriers.
+// masked_biased takes the biased layout plus the masked walk's step bitmaps.
 // Every tile 1024-byte aligned (the swizzle).
 template <class T, int kHeadDim, BwdWsKind kKind = BwdWsKind::dense>
 struct BwdWsShape {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the warp-specialized backward: D = 64 or 128");
-  static constexpr bool kGather = kKind == BwdWsKind::gathered, kMasked = kKind == BwdWsKind::masked,
-                        kBiased = kKind == BwdWsKind::biased;
+  static constexpr bool kGather = kKind == BwdWsKind::gathered;
+  // kMasked: the walk takes the mask summary's verdicts; kMaskTiles: each step's mask tile comes
+  // with its Q; kMaskOverBias: the mask is laid over the bias tile (bwd_ws_mask_over_bias.cuh).
+  static constexpr bool kMaskOverBias = kKind == BwdWsKind::masked_biased;
+  static constexpr bool kMasked = kKind == BwdWsKind::masked || kMaskOverBias, kMaskTiles = kKind == BwdWsKind::masked;
+  static constexpr bool kBiased = kKind == BwdWsKind::biased || kMaskOverBias;
   using Mma = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
   // Queries a step: 128 for dense calls at D = 64, where a step's fixed costs (the barriers,
   // the dq staging and its reductions) would otherwise weigh as much as its matmuls; 64
@@ -105,15 +115,17 @@ struct BwdWsShape {
   static constexpr bool kDqOverBothGroups = kSplitColumns || kSplitRows;
   static_assert(!(kSplitColumns && kSplitRows), "one 64 x 64 dq block per group and step");
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // 24 x 128 + 240 x 256 registers fit the SM's 64 K (168 a thread at launch); gathered, the
-  // producer's item hand-out spilled at 24: 40 x 128 + 232 x 256.
+  // 24 x 128 + 240 x 256 registers: what the CTA's 168 a thread at launch give (a consumer
+  // group may take only what the producer group gave back, or its setmaxnreg waits forever);
+  // gathered, the producer's item hand-out spilled at 24: 40 x 128 + 232 x 256. (The mask over
+  // the bias spills a little at 24; its consumers spilled more at 232.)
   static constexpr int kProducerRegs = kGather ? 40 : 24, kConsumerRegs = kGather ? 232 : 240;
   static constexpr int kColBlocks = kHeadDim / 64;
   static constexpr int kKeyTile = Mma::tile_bytes(kGroupKeys), kQTile = Mma::tile_bytes(kBlockM);
   static constexpr int kDsTile = kBlockM * kBlockN * 2;  // [queries][128 keys], a 64-key block per group
   static constexpr int kStageTile = 2 * kDqAccTileBytes;
   static constexpr int kLseDeltaBytes = 2 * kBlockM * 4;  // the step's lse2 then delta
-  static constexpr int kMaskTile = kMasked ? kBlockM * kBlockN : 0;  // [queries][128 keys] bytes
+  static constexpr int kMaskTile = kMaskTiles ? kBlockM * kBlockN : 0;  // [queries][128 keys] bytes
   // [queries][64 keys] of q's dtype per consumer group, each in store_ds_t's layout
   static constexpr int kBiasBox = kBiased ? kBlockM * wgmma::kSwizzleRowBytes : 0, kBiasTile = kConsumers * kBiasBox;
   static constexpr int kK = 0, kV = kK + kConsumers * kKeyTile, kQ = kV + kConsumers * kKeyTile;
@@ -122,13 +134,14 @@ struct BwdWsShape {
   static constexpr int kMask = kStage + kConsumers * kStageTile, kBias = kMask + kStages * kMaskTile;
   static constexpr int kLseDelta = kBias + kStages * kBiasTile;
   // Masked: the walk's steps as two bitmaps (the summary keeps some / all of the step), up to
-  // kMaxMaskSteps steps a CTA (BwdWsMaskSteps).
-  static constexpr int kMaxMaskSteps = kMasked ? 32768 : 0;
+  // kMaxMaskSteps steps a CTA (BwdWsMaskSteps); with the bias tiles at D 128, what is left.
+  static constexpr int kMaxMaskSteps = !kMasked ? 0 : kMaskOverBias && kHeadDim == 128 ? 3840 : 32768;
   static constexpr int kMaskSteps = kLseDelta + kStages * kLseDeltaBytes;
   static constexpr int kSlots = kMaskSteps + 2 * kMaxMaskSteps / 8;
   static constexpr int kBars = kSlots + (kGather ? 16 : 0);
-  // kv_full, then per stage full, empty; gathered, per item slot full, empty
-  static constexpr int kNumBars = 1 + 2 * kStages + (kGather ? 4 : 0);
+  // kv_full, then per stage full, empty; gathered, per item slot full, empty; mask over bias, per
+  // stage ready (the mask laid over the stage's bias tile)
+  static constexpr int kNumBars = 1 + 2 * kStages + (kGather ? 4 : 0) + (kMaskOverBias ? kStages : 0);
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static_assert(kQTile % 1024 == 0 && kKeyTile % 1024 == 0 && kDsTile % 1024 == 0 && kStageTile % 1024 == 0 &&
@@ -141,6 +154,7 @@ struct BwdWsShape {
   __device__ static uint32_t kv_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
   __device__ static uint32_t empty(uint32_t base, int s) { return base + kBars + 8 * (1 + kStages + s); }
+  __device__ static uint32_t ready(uint32_t base, int s) { return base + kBars + 8 * (1 + 2 * kStages + s); }
   __device__ static uint32_t k_tile(uint32_t base, int g) { return base + kK + g * kKeyTile; }
   __device__ static uint32_t v_tile(uint32_t base, int g) { return base + kV + g * kKeyTile; }
   __device__ static uint32_t q_tile(uint32_t base, int s) { return base + kQ + s * kQTile; }
@@ -167,6 +181,7 @@ __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
   for (int s = 0; s < Shape::kStages; ++s) {
     mbar::init(Shape::full(base, s), 1);
     mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
+    if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), kBwdWsHelperThreads);
   }
 }
 
@@ -208,8 +223,12 @@ __device__ __forceinline__ void bwd_ws_produce_steps(const BwdTensorMaps& maps, 
     const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather, Shape::kBlockM>(i);
     const int j = Shape::kMasked ? j0 + issued++ : j0 + i - walk.it_begin, s = j % Shape::kStages;
     const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
+    if constexpr (Shape::kMaskOverBias)  // into L2 while the stage drains, for the helper warps' loads
+      if (!mask_all && f.mask_stride[2] != 0)
+        tma::prefetch_4d(&maps.mask, walk.key0, q0, int(head_index(f.mask_head_mode, h, f.G)),
+                         f.mask_stride[0] == 0 ? 0 : walk.b);
     mbar::wait(Shape::empty(base, s), free_parity);
-    if constexpr (Shape::kMasked) {
+    if constexpr (Shape::kMaskTiles) {
       mask_all |= f.mask_stride[2] == 0;  // a mask broadcast over queries: read per key by the consumers
       mbar::arrive_expect_tx(Shape::full(base, s), Shape::kStepBytes + (mask_all ? 0 : Shape::kMaskTile));
       if (!mask_all)
@@ -246,7 +265,7 @@ __device__ __forceinline__ void bwd_ws_produce(const BwdTensorMaps& maps, const 
   tma::prefetch_map(&maps.dout);
   tma::prefetch_map(&maps.k);
   tma::prefetch_map(&maps.v);
-  if constexpr (Shape::kMasked) tma::prefetch_map(&maps.mask);
+  if constexpr (Shape::kMasked) tma::prefetch_map(&maps.mask);  // (mask over bias: a broadcast one unused)
   if constexpr (Shape::kBiased) tma::prefetch_map(&maps.bias);
   if (walk.it_begin >= walk.it_end) return;  // the consumers wait for nothing: no copy may outlive the CTA
   bwd_ws_produce_keys<Shape>(maps, base, walk);
@@ -286,7 +305,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
   // read when the head changes (skipped steps may pass over a head's first).
   const bool key_bias = !kGather && !Shape::kBiased && f.bias != nullptr;
   const bool db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
-  const bool mask_keys = Shape::kMasked && f.mask_stride[2] == 0;
+  const bool mask_keys = Shape::kMaskTiles && f.mask_stride[2] == 0;
   // Biased with dbias: each step's dS tile is dbias's (ds_out), or is added into its fp32 sums
   // from the group's dq staging tile (ds_sums).
   const bool ds_sums = Shape::kBiased && p.dbias_owner == DbiasOwner::rows && p.dbias_acc;
@@ -313,6 +332,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
       kb[0] = key_mask_at(f, walk.b, h, keys[0]), kb[1] = key_mask_at(f, walk.b, h, keys[1]);
     }
     mbar::wait(Shape::full(base, s), (j / Shape::kStages) & 1);
+    if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, s), (j / Shape::kStages) & 1);
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the step's queries.
     float st[kNq][4], dpt[kNq][4];
     Mma::template a_bt_pair<Shape::kGroupKeys, kBM>(st, k_tile, q_tile, dpt, v_tile, do_tile, warp, lane);
@@ -540,31 +560,6 @@ __device__ __forceinline__ void bwd_ws_consume_items(const BwdTensorMaps& maps, 
   if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
 }
 
-// Biased with dbias: zeros over the rows [0, q_begin) of the walk's heads (causal: the queries
-// that see none of the CTA's keys, whose dS no step computes), by the producer group's three
-// idle warps (tid < 96) while the consumers run: 16-byte stores (the map's layout keeps rows
-// and key0 16-byte aligned), 2-byte ones for the keys of a last chunk before Sk. Lean for the
-// producer's 24 registers (zero_dbias_keys' general loop spilled there).
-template <class T, class Shape>
-__device__ __forceinline__ void bwd_ws_zero_dbias_above(const AttentionBwdParams& p, const BwdWsWalk& walk, int tid) {
-  const AttentionFwdParams& f = p.f;
-  const int rows = min(walk.q_begin, f.Sq), keys = min(Shape::kBlockN, f.Sk - walk.key0);
-  constexpr int kChunks = Shape::kBlockN / 8, kRowsAtOnce = 96 / kChunks;  // 8 keys a 16-byte chunk
-  const int c = tid % kChunks, n = min(8, keys - 8 * c);  // this thread's chunk of every row, its keys
-  if (n <= 0) return;
-  const int64_t pitch = p.dbias_stride[2] * 2;
-  for (int h = walk.hk * f.G; h < (walk.hk + 1) * f.G; ++h) {
-    char* at = static_cast<char*>(p.dbias) +
-               (dbias_offset(p, walk.b, head_index(f.bias_head_mode, h, f.G), tid / kChunks, walk.key0) + 8 * c) * 2;
-    for (int r = tid / kChunks; r < rows; r += kRowsAtOnce, at += kRowsAtOnce * pitch) {
-      if (n == 8)
-        *reinterpret_cast<uint4*>(at) = make_uint4(0, 0, 0, 0);
-      else
-        for (int e = 0; e < n; ++e) reinterpret_cast<uint16_t*>(at)[e] = 0;
-    }
-  }
-}
-
 template <class T, int kHeadDim, BwdWsKind kKind>
 __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     attention_bwd_ws_kernel(const AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps) {
@@ -615,6 +610,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     }
   } else {
     BwdWsWalk walk = bwd_ws_dense_walk<Shape>(f, Shape::kBiased && p.dbias_acc);
+    const BwdWsWalk whole = walk;  // (the helper warps zero the dbias of steps the summary rules out)
     if constexpr (kMasked) {  // the walk's verdicts; none active: nothing to load or compute
       const BwdWsMaskSteps<Shape> steps(smem, f, walk);
       if (steps.tabled) {
@@ -626,9 +622,12 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
       if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
-      if constexpr (Shape::kBiased)
+      if constexpr (Shape::kMaskOverBias) {
+        if (warp > 0) bwd_ws_hide_masked_bias<T, Shape>(p, base, smem, whole, tid - 32);
+      } else if constexpr (Shape::kBiased) {
         if (warp > 0 && p.dbias_owner == DbiasOwner::rows && !p.dbias_acc)  // (the sums start at zero)
           bwd_ws_zero_dbias_above<T, Shape>(p, walk, tid - 32);
+      }
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       bwd_ws_consume<T, kHeadDim, Shape>(maps, p, base, smem, walk, (tid - 128) / 128, tid % 128);
@@ -641,10 +640,11 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
 
 // The kind of call p is (the instantiation that would take it).
 inline BwdWsKind bwd_ws_kind(const AttentionFwdParams& f) {
-  return f.lists.keys                       ? BwdWsKind::gathered
-         : f.mask                           ? BwdWsKind::masked
-         : f.bias && f.bias_stride[2] != 0 ? BwdWsKind::biased
-                                            : BwdWsKind::dense;
+  const bool query_bias = f.bias && f.bias_stride[2] != 0;
+  return f.lists.keys   ? BwdWsKind::gathered
+         : f.mask       ? (query_bias ? BwdWsKind::masked_biased : BwdWsKind::masked)
+         : query_bias   ? BwdWsKind::biased
+                        : BwdWsKind::dense;
 }
 
 // Whether a biased call's dbias is the kernel's to write: none asked for; one of q's dtype
@@ -662,7 +662,7 @@ inline bool bwd_ws_writes_dbias(const AttentionBwdParams& p) {
 // fused dq's temporary given, D = kHeadDim, and tensors the copy engine can describe (maps
 // filled here). Dense: no bias, or one broadcast over queries (whose dbias, if any, the columns
 // own). Masked: the summary given, rows the copy engine can read, no bias. Biased: a bias tile
-// of q's dtype and a dbias bwd_ws_writes_dbias takes. Key lists (dynamic-mask mode): also the
+// of q's dtype and a dbias bwd_ws_writes_dbias takes. Masked-biased: both. Key lists (dynamic-mask mode): also the
 // fp32 dk/dv rows and the work list; no bias tensor (the scores come with the lists), no dbias.
 template <class T, int kHeadDim>
 bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
@@ -678,6 +678,9 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
     case BwdWsKind::masked:
       if (f.bias || !f.tile_active || !f.mask_tiled || p.dbias_owner != DbiasOwner::none) return false;
       break;
+    case BwdWsKind::masked_biased:
+      if (!f.tile_active || !f.mask_tiled) return false;
+      [[fallthrough]];
     case BwdWsKind::biased:
       if (!f.bias_tiled || f.bias_f32 || !bwd_ws_writes_dbias(p)) return false;
       break;
@@ -694,10 +697,11 @@ bool attention_bwd_ws_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) 
   if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, rows) ||
       !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, rows))
     return false;
-  if (kind == BwdWsKind::masked && f.mask_stride[2] != 0 &&
+  // (mask over bias: the boxes the copy-issuing thread prefetches into L2)
+  if ((kind == BwdWsKind::masked || kind == BwdWsKind::masked_biased) && f.mask_stride[2] != 0 &&
       !encode_mask_tiles(maps.mask, f, Shape::kBlockN, rows))
     return false;
-  if (kind == BwdWsKind::biased) {
+  if (kind == BwdWsKind::biased || kind == BwdWsKind::masked_biased) {
     if (!encode_bias_tiles(maps.bias, f, kDtype, rows)) return false;
     const int64_t* n = p.dbias_size;  // the fp32 sums: dense [n0][n1][Sq][Sk] (dbias_dense)
     if (p.dbias_owner == DbiasOwner::rows &&
@@ -724,6 +728,8 @@ auto bwd_ws_kernel_of(BwdWsKind kind) {
       return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::masked>;
     case BwdWsKind::biased:
       return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::biased>;
+    case BwdWsKind::masked_biased:
+      return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::masked_biased>;
     default:
       return attention_bwd_ws_kernel<T, kHeadDim, BwdWsKind::dense>;
   }
@@ -737,6 +743,8 @@ int bwd_ws_smem_of(BwdWsKind kind) {
       return BwdWsShape<T, kHeadDim, BwdWsKind::masked>::kSmemBytes;
     case BwdWsKind::biased:
       return BwdWsShape<T, kHeadDim, BwdWsKind::biased>::kSmemBytes;
+    case BwdWsKind::masked_biased:
+      return BwdWsShape<T, kHeadDim, BwdWsKind::masked_biased>::kSmemBytes;
     default:
       return BwdWsShape<T, kHeadDim, BwdWsKind::dense>::kSmemBytes;
   }
@@ -751,7 +759,7 @@ cudaError_t launch_attention_bwd_ws(const AttentionBwdParams& p, const BwdTensor
   const BwdWsKind kind = bwd_ws_kind(f);
   const auto kernel = bwd_ws_kernel_of<T, kHeadDim>(kind);
   const int smem = bwd_ws_smem_of<T, kHeadDim>(kind);
-  static std::atomic<int> granted[4][kMaxDevices] = {};
+  static std::atomic<int> granted[5][kMaxDevices] = {};
   cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted[int(kind)] : nullptr, device);
   if (err != cudaSuccess) return err;
   using Shape = BwdWsShape<T, kHeadDim>;

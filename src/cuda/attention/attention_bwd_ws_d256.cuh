@@ -44,6 +44,7 @@ struct BwdWs256Shape {
   static constexpr int kGroupKeys = 64, kKeyTiles = 1;  // K and V: one tile each (bwd_ws_produce_keys)
   // Dense or masked calls, no bias with a query dim (bwd_ws_produce_steps)
   static constexpr bool kGather = false, kMasked = kMaskedCall, kBiased = false;
+  static constexpr bool kMaskTiles = kMasked, kMaskOverBias = false;
   static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
   static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
   static constexpr int kThreads = 128 * (1 + kConsumers);

@@ -105,24 +105,25 @@ struct BwdPlan {
 // not, the launch takes the two kernels and the temporary goes unused). The launcher also
 // declines it where its shared memory would change the two kernels' plan (attention_bwd.cuh):
 // always with a mask at D 128, so no temporary is asked for there but where the
-// warp-specialized kernel takes the call (D exactly 128, a mask, no bias). A dbias with a query
-// dim is the dq kernel's but where the warp-specialized kernel writes it (D exactly 64 or 128,
-// no mask, a bias of q's dtype; a dbias of q's dtype that is one dS an element, or one summed
-// over batches or heads, not keys, into the fp32 slot: attention_bwd_ws.cuh,
-// bwd_ws_writes_dbias). At D 256 only the warp-specialized kernel has it: D exactly 256, no
-// bias with a query dim, and no bias at all with a mask.
+// warp-specialized kernel takes the call (D exactly 128, a mask, and no bias or one with a query
+// dim in q's dtype). A dbias with a query dim is the dq kernel's but where the warp-specialized
+// kernel writes it (D exactly 64 or 128, a bias of q's dtype; a dbias of q's dtype that is one
+// dS an element, or one summed over batches or heads, not keys, into the fp32 slot:
+// attention_bwd_ws.cuh, bwd_ws_writes_dbias). At D 256 only the warp-specialized kernel has
+// it: D exactly 256, no bias with a query dim, and no bias at all with a mask.
 bool fused_dq_applies(const detail::AttentionProblem& prob, const BwdPlan& plan) {
   if (prob.deterministic || !fused_dq_allowed() || wgmma_disabled()) return false;
   const detail::Dims& d = prob.dims;
   const bool keys_summed = prob.bias.size[3] == 1 && d.Sk > 1;
+  const bool query_bias = prob.bias.present && prob.bias.stride[2] != 0 && prob.bias_dtype == prob.dtype;
   if (plan.owner == DbiasOwner::rows &&
-      (prob.mask.present || (d.D != 64 && d.D != 128) || prob.bias_dtype != prob.dtype ||
+      ((prob.mask.present && !query_bias) || (d.D != 64 && d.D != 128) || prob.bias_dtype != prob.dtype ||
        (plan.use_acc ? keys_summed || plan.slots != 1 || d.Sk % 4 != 0 : prob.dbias_dtype != prob.dtype)))
     return false;
   const int bucket = head_dim_bucket(int(d.D));
   const bool wide = d.D == 256 && (prob.mask.present ? !prob.bias.present : !prob.bias.present || prob.bias.size[2] == 1);
-  // A mask at D 128: only the warp-specialized kernel's (no bias).
-  const bool masked_ws = d.D == 128 && !prob.bias.present;
+  // A mask at D 128: only the warp-specialized kernel's (no bias, or one with a query dim).
+  const bool masked_ws = d.D == 128 && (!prob.bias.present || query_bias);
   if (bucket != 64 && (bucket != 128 || (prob.mask.present && !masked_ws)) && !wide) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {

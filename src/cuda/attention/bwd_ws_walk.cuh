@@ -11,6 +11,7 @@
 #include "cuda/attention/cta_order.cuh"
 #include "cuda/attention/next_active.cuh"
 #include "cuda/primitives/fast_divmod.cuh"
+#include "cuda/primitives/ptx.cuh"
 
 namespace fdma::cuda {
 
@@ -76,13 +77,12 @@ struct BwdWsMaskStep {
 // that walk).
 template <class Shape>
 struct BwdWsMaskSteps {
-  const uint32_t *some, *all;  // bit r: step it_begin + r
+  uint32_t some;  // the bitmaps' shared address (bit r: step it_begin + r), "all" kMaxMaskSteps bits on
   int n;
   bool tabled;
 
   __device__ BwdWsMaskSteps(const unsigned char* smem, const AttentionFwdParams& f, const BwdWsWalk& walk)
-      : some(reinterpret_cast<const uint32_t*>(smem + Shape::kMaskSteps)),
-        all(some + Shape::kMaxMaskSteps / 32),
+      : some(ptx::smem_addr(smem + Shape::kMaskSteps)),  // (one register, not two 64-bit pointers)
         n(walk.it_end - walk.it_begin),
         tabled(f.next_active_table && n <= Shape::kMaxMaskSteps) {}
 
@@ -109,7 +109,7 @@ struct BwdWsMaskSteps {
       return i;
     }
     for (int r = i - walk.it_begin; r < n; r = (r | 31) + 1) {
-      const uint32_t w = some[r / 32] >> (r % 32);
+      const uint32_t w = ptx::ld_shared_b32(some + r / 32 * 4) >> (r % 32);
       if (w) return walk.it_begin + r + __ffs(w) - 1;
     }
     return walk.it_end;
@@ -117,7 +117,7 @@ struct BwdWsMaskSteps {
   __device__ bool keeps_all(const AttentionFwdParams& f, const BwdWsWalk& walk, int i) const {
     if (!tabled) return BwdWsMaskStep<Shape>::of(f, walk, i).all;
     const int r = i - walk.it_begin;
-    return (all[r / 32] >> (r % 32)) & 1u;
+    return (ptx::ld_shared_b32(some + Shape::kMaxMaskSteps / 8 + r / 32 * 4) >> (r % 32)) & 1u;
   }
 };
 

@@ -101,6 +101,17 @@ __device__ __forceinline__ void bulk_wait_group() {
 #endif
 }
 
+// Starts bringing the box at coordinates (c0 innermost .. c3) of a 4-D map into L2, for
+// threads that will read it with ordinary loads; completes on nothing.
+__device__ __forceinline__ void prefetch_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+#endif
+}
+
 // Brings the map's 128 bytes into the copy engine's cache ahead of the first copy.
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
