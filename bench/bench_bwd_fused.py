@@ -4,7 +4,7 @@ same call with deterministic=1: dq and dk/dv kernels, seven matmuls, no atomics)
 (FlashAttention-2) and SDPA cuDNN, in one process. Each round times every system once per
 problem, the order rotated each round; the table gives medians over rounds of per-round medians
 of CUDA events. At D = 64 and 128 the fused call runs the warp-specialized backward
-(attention_bwd_ws.cuh; with a mask and no bias, or a bias with a query dim and no mask); "fused
+(attention_bwd_ws.cuh; with a mask, a bias with a query dim, or both); "fused
 dk/dv kernel" is the same call with
 FDMA_BWD_WS=0 (the dk/dv kernel's fused dq, or the two kernels where that one declines).
 

@@ -16,7 +16,7 @@
 // temporary with bulk reductions, and a convert kernel writes dq. The warp-specialized kernels
 // take such calls: attention_bwd_ws.cuh at D 64 and 128, dense, masked (no bias), biased (a
 // bias with a query dim and no mask; its dbias where each dS is one element, which the dq
-// kernel otherwise owns) or gathered (given its fp32 dk/dv rows and work list:
+// kernel otherwise owns), masked_biased (both) or gathered (given its fp32 dk/dv rows and work list:
 // dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh at D 256, dense
 // or masked (no bias).
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
