@@ -595,7 +595,8 @@ void fill_mixed_blocks(AttnRun& r, uint64_t seed) {
 // D 64, 128 and 256: masks per query head, per KV head and shared, of mixed blocks; masks
 // broadcast over queries; biases with a query dim in q's dtype, alone and with a mask (a mask
 // tile and a bias tile together: 128-key tiles at D 64, the 64-key scored_narrow kind at D 128,
-// the other kernel at D 256);
+// the mask laid over the bias tile at D 256 (masked_biased), whose mixed blocks include a query
+// tile that keeps nothing);
 // per-key biases beside a mask; softcap, causal with more and fewer keys than queries, GQA,
 // both dtypes, ragged ends, and key counts whose rows the copy engine cannot read (the other
 // kernel).

@@ -402,15 +402,20 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
     using Gathered = std::integral_constant<FwdWsKind, FwdWsKind::gathered>;
     using Scored = std::integral_constant<FwdWsKind, FwdWsKind::scored>;
     using ScoredNarrow = std::integral_constant<FwdWsKind, FwdWsKind::scored_narrow>;
+    using MaskedBiased = std::integral_constant<FwdWsKind, FwdWsKind::masked_biased>;
     using Dense = std::integral_constant<FwdWsKind, FwdWsKind::dense>;
     cudaError_t ws_err = cudaSuccess;
     if constexpr (kGather) {
       if (try_kind(Gathered{}, ws_err)) return ws_err;
     } else if (fwd_ws_kind(p) == FwdWsKind::scored) {
       if (try_kind(Scored{}, ws_err)) return ws_err;
-      // A mask tile and a bias tile together at D = 128: 64-key tiles, where 128-key ones do not fit.
+      // A mask tile and a bias tile together where both do not fit: at D = 128 64-key tiles; at
+      // D = 256 the mask laid over the bias tile (at D = 128 that ran 3x slower than the narrow
+      // tiles: the helper warps' 16 KB of mask a tile outlast a step, docs/performance.md).
       if constexpr (kHeadDim == 128)
         if (try_kind(ScoredNarrow{}, ws_err)) return ws_err;
+      if constexpr (kHeadDim == 256)
+        if (try_kind(MaskedBiased{}, ws_err)) return ws_err;
     } else if (try_kind(Dense{}, ws_err)) {
       return ws_err;
     }

@@ -20,11 +20,14 @@
 // issued its own, so one group's softmax runs under the other's matmuls.
 //
 // Scored calls with both a mask tile and a bias tile at D = 128 take a kind of their own on
-// 64-key tiles (scored_narrow), where two stages of both fit beside K and V.
+// 64-key tiles (scored_narrow), where two stages of both fit beside K and V; at D = 256 one
+// (masked_biased) that copies only the bias tile, the producer group's idle warps laying the
+// mask over it as -inf (mask_over_bias_sm90.cuh) before the consumers read it (a per-stage
+// "ready" mbarrier).
 // The other forward (attention_fwd.cuh) loads tiles with cp.async from every thread and meets
 // at a CTA barrier per key tile; it stays for the other head dims, for masks and biases the
-// copy engine cannot read or whose tiles do not fit beside K and V (a mask and a bias tile
-// together at D = 256; a float32 bias with a query dim).
+// copy engine cannot read or whose tiles do not fit beside K and V (a float32 bias with a
+// query dim).
 #pragma once
 
 #include <cuda.h>
@@ -38,6 +41,7 @@
 #include "cuda/attention/cta_order.cuh"
 #include "cuda/attention/fwd_epilogue.cuh"
 #include "cuda/attention/fwd_mma_sm90.cuh"
+#include "cuda/attention/mask_over_bias_sm90.cuh"
 #include "cuda/attention/next_active.cuh"
 #include "cuda/attention/score_mod_sm80.cuh"
 #include "cuda/attention/score_tiles_sm90.cuh"
@@ -69,9 +73,13 @@ enum class FwdWsKind {
   dense,          // no mask; no bias or a per-key one ([.., 1, Sk])
   scored,         // a mask and/or a bias with a query dim: tiles copied with K, the mask summary walked
   scored_narrow,  // the same on 64-key tiles at D = 128: a mask tile and a bias tile together
+  masked_biased,  // scored, with a mask tile and a bias tile where both do not fit (D = 256): the
+                  // bias tile copied, the mask laid over it by the producer group's idle warps
   gathered,       // dynamic-mask mode: the keys of a query tile's list
 };
-constexpr bool fwd_ws_scored(FwdWsKind kind) { return kind == FwdWsKind::scored || kind == FwdWsKind::scored_narrow; }
+constexpr bool fwd_ws_scored(FwdWsKind kind) {
+  return kind == FwdWsKind::scored || kind == FwdWsKind::scored_narrow || kind == FwdWsKind::masked_biased;
+}
 
 // Keys per tile: 128 for gathered calls (their lists' tiles); for dense calls 192 at D = 64,
 // 176 at D = 128 and 80 at D = 256 (O takes 128 registers a thread there): the widest S the
@@ -84,7 +92,7 @@ constexpr bool fwd_ws_scored(FwdWsKind kind) { return kind == FwdWsKind::scored 
 constexpr int fwd_ws_key_tile(int head_dim, FwdWsKind kind) {
   if (kind == FwdWsKind::gathered) return 128;
   if (kind == FwdWsKind::scored_narrow) return 64;
-  if (kind == FwdWsKind::scored) return head_dim == 256 ? 64 : 128;
+  if (kind == FwdWsKind::scored || kind == FwdWsKind::masked_biased) return head_dim == 256 ? 64 : 128;
   return head_dim == 64 ? 192 : head_dim == 128 ? 176 : 80;
 }
 
@@ -95,6 +103,7 @@ constexpr int fwd_ws_key_tile(int head_dim, FwdWsKind kind) {
 template <class T, int kHeadDim, FwdWsKind kKind>
 struct FwdWsShape {
   static constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = fwd_ws_scored(kKind);
+  static constexpr bool kMaskOverBias = kKind == FwdWsKind::masked_biased;
   static_assert(kHeadDim <= 128 || !kGather, "gathered calls: D = 64 and 128 (lists of 128-row query tiles)");
   static_assert(kKind != FwdWsKind::scored_narrow || kHeadDim == 128, "narrow scored tiles: D = 128");
   using Mma = FwdMmaSm90<T, kHeadDim, fwd_ws_key_tile(kHeadDim, kKind)>;
@@ -115,8 +124,9 @@ struct FwdWsShape {
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
   static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;
-  // q_full, then per stage k_full, k_empty, v_full, v_empty.
-  static constexpr int kNumBars = 1 + 4 * kStages;
+  // q_full, then per stage k_full, k_empty, v_full, v_empty; mask over bias, per stage ready (the
+  // mask laid over the stage's bias tile)
+  static constexpr int kNumBars = 1 + 4 * kStages + (kMaskOverBias ? kStages : 0);
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;  // without a scored call's terms
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static constexpr int kTerms = (kBars + kNumBars * 8 + 1023) / 1024 * 1024;  // scored calls' terms (1024-aligned)
@@ -128,6 +138,7 @@ struct FwdWsShape {
   __device__ static uint32_t k_empty(uint32_t base, int s) { return base + kBars + 8 * (1 + kStages + s); }
   __device__ static uint32_t v_full(uint32_t base, int s) { return base + kBars + 8 * (1 + 2 * kStages + s); }
   __device__ static uint32_t v_empty(uint32_t base, int s) { return base + kBars + 8 * (1 + 3 * kStages + s); }
+  __device__ static uint32_t ready(uint32_t base, int s) { return base + kBars + 8 * (1 + 4 * kStages + s); }
   __device__ static uint32_t k_tile(uint32_t base, int s) { return base + kK + s * Mma::kKVBytes; }
   __device__ static uint32_t v_tile(uint32_t base, int s) { return base + kV + s * Mma::kKVBytes; }
   __device__ static int info_offset(int s) { return kInfo + s * kInfoBytes; }
@@ -147,7 +158,7 @@ struct FwdWsTerms {
 
   __host__ __device__ explicit FwdWsTerms(const AttentionFwdParams& p) {
     const bool mask_keys = p.mask && p.mask_stride[2] == 0, bias_keys = p.bias && p.bias_stride[2] == 0;
-    mask_tile = p.mask && !mask_keys ? Shape::kBlockM * Shape::kBlockN : 0;
+    mask_tile = p.mask && !mask_keys && !Shape::kMaskOverBias ? Shape::kBlockM * Shape::kBlockN : 0;
     mask_row = mask_keys ? 128 : 0;  // kBlockN <= 128 bytes
     bias_tile = p.bias && !bias_keys ? Shape::kBlockM * Shape::kBlockN * 2 : 0;
     bias_row = bias_keys ? Shape::kBlockN * (p.bias_f32 ? 4 : 2) : 0;  // a multiple of 128
@@ -261,6 +272,8 @@ __device__ __forceinline__ void fwd_ws_produce_scored(const AttentionFwdParams& 
   for (int j = 0, nb = first; nb < walk.n_blocks; ++j, nb = walk.next(nb + 1)) {
     const int key0 = nb * Shape::kBlockN;
     const bool mask_all = walk.tiles.keeps_all(nb);
+    if constexpr (Shape::kMaskOverBias)  // into L2 while the stage drains, for the helper warps' loads
+      if (!mask_all) tma::prefetch_4d(&maps.mask, key0, row0, mask_head, mask_batch);
     fwd_ws_load_kv<Shape>(maps, base, j, key0, hk, b, terms.copy_bytes(mask_all), [&](int s, uint32_t full) {
       if (terms.mask_tile && !mask_all)
         tma::load_4d(base + terms.mask_tile_at(s), &maps.mask, full, key0, row0, mask_head, mask_batch);
@@ -272,6 +285,29 @@ __device__ __forceinline__ void fwd_ws_produce_scored(const AttentionFwdParams& 
                        bias_head, bias_batch);
       if (terms.bias_row) tma::load_3d(base + terms.bias_row_at(s), &maps.bias, full, key0, bias_head, bias_batch);
     });
+  }
+}
+
+// Mask over bias: the producer group's warps 1-3 (`a` 0..95) over the key tiles of `walk`,
+// beside the copy-issuing thread: once a tile's copies landed, -inf over the bias terms its
+// mask drops (mask_over_bias_sm90.cuh; none where the summary keeps the tile whole), then an
+// arrival on the stage's ready barrier, which the consumers wait on before reading the terms.
+// They wait for every tile's copies, so that they arrive once per use of the stage.
+template <class T, class Shape, class Walk>
+__device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, uint32_t base, const Walk& walk,
+                                                 int first, int row0, int h, int b, int a) {
+  const FwdWsTerms<Shape> terms(p);
+  const uint8_t* mask = p.mask + b * p.mask_stride[0] + head_index(p.mask_head_mode, h, p.G) * p.mask_stride[1];
+  for (int j = 0, nb = first; nb < walk.n_blocks; ++j, nb = walk.next(nb + 1)) {
+    const int s = j % Shape::kStages;
+    const uint32_t parity = (j / Shape::kStages) & 1;
+    auto wait_landed = [&] { mbar::wait(Shape::k_full(base, s), parity); };
+    if (walk.tiles.keeps_all(nb))
+      wait_landed();
+    else
+      lay_mask_over_bias<T, Shape::kBlockM, Shape::kBlockN, 96>(p, mask, row0, nb * Shape::kBlockN,
+                                                                 base + terms.bias_tile_at(s), wait_landed, a);
+    mbar::arrive(Shape::ready(base, s));  // releases the writes to the consumers
   }
 }
 
@@ -494,6 +530,7 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
       Mma::qk_issue(s, s_q, Shape::k_tile(base, 0), warp);
       pass_turn(last);
       Mma::template wait_qk<false>(s);
+      if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, 0), 0);  // the mask laid over the bias
       fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, 0, first * Shape::kBlockN, b, h, warp_row0, lane, raw,
                                      tile_row, mask_all(first));
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
@@ -513,6 +550,7 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
       Mma::pv_issue(o, pf, Shape::v_tile(base, s_prev));
       pass_turn(last);
       Mma::template wait_qk<true>(s);
+      if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, s_now), (j / Shape::kStages) & 1);
       fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, s_now, nb * Shape::kBlockN, b, h, warp_row0, lane, raw,
                                      tile_row, mask_all(nb));
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
@@ -588,6 +626,7 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
       mbar::init(Shape::v_full(base, s), Shape::kFillArrivals);
       mbar::init(Shape::k_empty(base, s), 128 * Shape::kConsumers);
       mbar::init(Shape::v_empty(base, s), 128 * Shape::kConsumers);
+      if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), 96);
     }
     mbar::fence_init();
   }
@@ -613,6 +652,8 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
         fwd_ws_produce_gather<T, kHeadDim, Shape>(p, base, list, n_listed, n_blocks, row0, h, hk, b, tid);
       else if constexpr (kScored) {
         if (warp == 0 && lane == 0) fwd_ws_produce_scored<Shape>(p, maps, base, walk, first, row0, h, hk, b);
+        if constexpr (Shape::kMaskOverBias)
+          if (warp > 0) fwd_ws_lay_masks<T, Shape>(p, base, walk, first, row0, h, b, tid - 32);
       } else if (warp == 0 && lane == 0)
         fwd_ws_produce_tma<Shape>(maps, base, n_blocks, row0, h, hk, b,
                                   p.bias ? Shape::kBlockN * (p.bias_f32 ? 4 : 2) : 0,
@@ -649,11 +690,13 @@ inline FwdWsKind fwd_ws_kind(const AttentionFwdParams& p) {
 }
 
 // Whether the warp-specialized forward of kind kKind takes this call (the caller checks the
-// device and that fwd_ws_kind(p) == kKind, or is scored for scored_narrow): gathered calls
-// always; the others at exactly this head dim where the copy engine can describe q, k, v, the
-// bias and the mask (maps filled here), and for scored calls where their terms fit in shared
-// memory (a mask tile and a bias tile together: at D = 64 on 128-key tiles, at D = 128 on the
-// narrow kind's 64-key ones, not at D = 256; a bias with a query dim in q's dtype).
+// device and that fwd_ws_kind(p) == kKind, or is scored for scored_narrow and masked_biased):
+// gathered calls always; the others at exactly this head dim where the copy engine can
+// describe q, k, v, the bias and the mask (maps filled here), and for scored calls where their
+// terms fit in shared memory (a mask tile and a bias tile together: at D = 64 on 128-key
+// tiles, at D = 128 on the narrow kind's 64-key ones, at D = 256 the mask laid over the bias;
+// a bias with a query dim in q's dtype). masked_biased: only a mask with a query dim and such
+// a bias.
 template <class T, int kHeadDim, FwdWsKind kKind>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
   using Shape = FwdWsShape<T, kHeadDim, kKind>;
@@ -669,6 +712,7 @@ bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) 
       if (p.mask || (p.bias && !bias_keys)) return false;
     } else {
       if (p.bias && !bias_keys && p.bias_f32) return false;
+      if (kKind == FwdWsKind::masked_biased && !(p.mask && p.mask_stride[2] != 0 && p.bias && !bias_keys)) return false;
       AttentionFwdParams untabled = p;
       untabled.next_active_table = false;
       if (FwdWsTerms<Shape>(p).smem_bytes(untabled) > 227 * 1024) return false;

@@ -1,6 +1,6 @@
 // The mask laid over a bias tile as -inf (the warp-specialized kernels' calls with a mask and a
 // bias with a query dim where shared memory holds the bias tiles but not the mask's besides:
-// backward at D 64 and 128, attention_bwd_ws.cuh; forward at D 128 and 256, attention_fwd_ws.cuh).
+// backward at D 64 and 128, attention_bwd_ws.cuh; forward at D 256, attention_fwd_ws.cuh).
 // The producer group's idle warps read the tile's mask bytes from global memory once the copy
 // engine has landed the bias tile and write -inf over the terms of the scores the mask drops:
 // the consumers then run the bias-only code, P = 0 where masked, so dS and dbias are 0 there.
