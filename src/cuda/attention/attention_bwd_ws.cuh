@@ -82,7 +82,7 @@ struct BwdTensorMaps {
   CUtensorMap q, dout, k, v, mask, bias, dbias;
 };
 
-enum class BwdWsKind { dense, masked, biased, masked_biased, gathered };
+enum class BwdWsKind { dense, masked, biased, masked_biased, gathered };  // gathered last: launch_attention_bwd_ws sizes its table by it
 
 // Shared memory: K and V as one 64-key tile per consumer group; per stage Q, dO and the step's
 // rows' lse2 and delta; two dS tiles (steps alternate); per consumer group the staging of its
@@ -181,7 +181,7 @@ __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
   for (int s = 0; s < Shape::kStages; ++s) {
     mbar::init(Shape::full(base, s), 1);
     mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
-    if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), kBwdWsHelperThreads);
+    if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), kMaskHelperThreads);
   }
 }
 
@@ -759,7 +759,7 @@ cudaError_t launch_attention_bwd_ws(const AttentionBwdParams& p, const BwdTensor
   const BwdWsKind kind = bwd_ws_kind(f);
   const auto kernel = bwd_ws_kernel_of<T, kHeadDim>(kind);
   const int smem = bwd_ws_smem_of<T, kHeadDim>(kind);
-  static std::atomic<int> granted[5][kMaxDevices] = {};
+  static std::atomic<int> granted[int(BwdWsKind::gathered) + 1][kMaxDevices] = {};  // one row a kind
   cudaError_t err = grant_smem_once(kernel, smem, device < kMaxDevices ? granted[int(kind)] : nullptr, device);
   if (err != cudaSuccess) return err;
   using Shape = BwdWsShape<T, kHeadDim>;

@@ -305,7 +305,7 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
     if (walk.tiles.keeps_all(nb))
       wait_landed();
     else
-      lay_mask_over_bias<T, Shape::kBlockM, Shape::kBlockN, 96>(p, mask, row0, nb * Shape::kBlockN,
+      lay_mask_over_bias<T, Shape::kBlockM, Shape::kBlockN, kMaskHelperThreads>(p, mask, row0, nb * Shape::kBlockN,
                                                                  base + terms.bias_tile_at(s), wait_landed, a);
     mbar::arrive(Shape::ready(base, s));  // releases the writes to the consumers
   }
@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
       mbar::init(Shape::v_full(base, s), Shape::kFillArrivals);
       mbar::init(Shape::k_empty(base, s), 128 * Shape::kConsumers);
       mbar::init(Shape::v_empty(base, s), 128 * Shape::kConsumers);
-      if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), 96);
+      if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), kMaskHelperThreads);
     }
     mbar::fence_init();
   }

@@ -21,8 +21,6 @@
 
 namespace fdma::cuda {
 
-constexpr int kBwdWsHelperThreads = 96;  // the producer group's warps 1-3
-
 // Zeros of dbias (q's dtype, one dS an element) over rows [r0, r1) of head h and the CTA's keys,
 // by the helper threads (a < 96): 16-byte stores (the map's layout keeps rows and key0 16-byte
 // aligned), 2-byte ones for the keys of a last chunk before Sk. Lean for the producer's
@@ -31,7 +29,7 @@ template <class T, class Shape>
 __device__ __forceinline__ void bwd_ws_zero_dbias_rows(const AttentionBwdParams& p, const BwdWsWalk& walk, int h,
                                                        int r0, int r1, int a) {
   const AttentionFwdParams& f = p.f;
-  constexpr int kChunks = Shape::kBlockN / 8, kRowsAtOnce = kBwdWsHelperThreads / kChunks;  // 8 keys a chunk
+  constexpr int kChunks = Shape::kBlockN / 8, kRowsAtOnce = kMaskHelperThreads / kChunks;  // 8 keys a chunk
   const int keys = min(Shape::kBlockN, f.Sk - walk.key0);
   const int c = a % kChunks, n = min(8, keys - 8 * c);  // this thread's chunk of every row, its keys
   if (n <= 0) return;
@@ -87,7 +85,7 @@ __device__ __forceinline__ void bwd_ws_hide_masked_bias(const AttentionBwdParams
     } else {
       const int h = walk.template head<false>(f, i), q0 = walk.template q0<false, kBM>(i);
       const uint8_t* mask = f.mask + walk.b * f.mask_stride[0] + head_index(f.mask_head_mode, h, f.G) * f.mask_stride[1];
-      lay_mask_over_bias<T, kBM, Shape::kBlockN, kBwdWsHelperThreads>(
+      lay_mask_over_bias<T, kBM, Shape::kBlockN, kMaskHelperThreads>(
           f, mask, q0, walk.key0, Shape::bias_box(base, s, 0), [&] { mbar::wait(Shape::full(base, s), parity); }, a);
     }
     mbar::arrive(Shape::ready(base, s));  // releases the writes to the consumers

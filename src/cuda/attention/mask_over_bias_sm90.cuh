@@ -18,6 +18,10 @@
 
 namespace fdma::cuda {
 
+// The threads that lay the mask: the producer group's warps 1-3, beside the copy-issuing thread
+// (their `a` 0..95); each stage's "ready" mbarrier counts one arrival from each.
+constexpr int kMaskHelperThreads = 96;
+
 // A 16-byte chunk of a bias tile (8 terms of a 16-bit dtype, in key order) with neg_inf2 (two
 // -inf of that dtype) over the terms whose mask byte is zero: m_lo holds the first four keys'
 // bytes, m_hi the last four.
