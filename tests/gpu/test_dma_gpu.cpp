@@ -428,6 +428,20 @@ TEST(DmaGpu, CausalKeptKeysSpanSeveralWindows) {
   run_gpu_dma(r);
 }
 
+TEST(DmaGpu, KeptListsOfSeveralLongRows) {
+  // Several rows (batch, KV head) of 2500 keys, each row's kept list placed from one scan over
+  // all rows (dma_lists.cu), causal (tile lists) and not (the kept list itself), key padding
+  // dropping keys all along the rows.
+  REQUIRE_GPU();
+  for (bool causal : {true, false}) {
+    DmaCase c;
+    c.B = 2, c.Sq = 700, c.Sk = 2500, c.H = 4, c.Hk = 2, c.D = 64, c.w = 1500, c.causal = causal;
+    c.seed = causal ? 1001 : 1002, c.dtype = DType::bf16, c.padding = true;
+    DmaRun r(c);
+    run_gpu_dma(r);
+  }
+}
+
 TEST(DmaGpu, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   DmaCase c;
