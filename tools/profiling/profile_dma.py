@@ -1,9 +1,14 @@
 """One causal dynamic_mask_attention forward + backward (B1 H16 Hk4 D128 w2048 unless told,
 bf16), for a profiler: `ncu --print-summary per-kernel python3 tools/profiling/profile_dma.py
---seqlen 16384`; the seed config: `--heads 2 --kv-heads 1 --headdim 64 --window 1024 --seqlen 32768`."""
+--seqlen 16384`; the seed config: `--heads 2 --kv-heads 1 --headdim 64 --window 1024 --seqlen 32768`.
+
+With `--timeline N` it runs without ncu: N calls under the torch profiler, then for each kernel
+of a call its start and end from the call's first kernel's start (medians over the calls, us,
+the GPU's own clock, launches overlapped as the library issues them) and each call's span."""
 import argparse
 import ctypes
 import os
+import statistics
 import sys
 
 import torch
@@ -25,6 +30,7 @@ def main():
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--window", type=int, default=2048)
     ap.add_argument("--forward-only", action="store_true")
+    ap.add_argument("--timeline", type=int, default=0, help="calls to profile with the torch profiler")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev, S, B, Hk = torch.device("cuda"), args.seqlen, 1, args.kv_heads
@@ -33,11 +39,46 @@ def main():
     keep = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)  # the forward's selection, for the backward
     p.keep_begin, p.keep_end = view(keep[0]), view(keep[1])
     ws = attach_workspace([(lib, p)])
-    assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
-    if not args.forward_only:
-        assert lib.fdma_dma_bwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
+
+    def call():
+        assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
+        if not args.forward_only:
+            assert lib.fdma_dma_bwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
+
+    call()
     torch.cuda.synchronize()
+    if args.timeline:
+        timeline(call, args.timeline)
     del ws
+
+
+def short(name):
+    """A kernel's name without namespaces, return type, template and arguments."""
+    for noise in ("(anonymous namespace)::", "void ", "fdma::cuda::"):
+        name = name.replace(noise, "")
+    return name.split("(")[0].split("<")[0]
+
+
+def timeline(call, n):
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+            torch.cuda.synchronize()  # calls apart, so that each is its own group of kernels
+    kernels = sorted((e.time_range.start, e.time_range.end, short(e.name))
+                     for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    per_call = len(kernels) // n
+    assert per_call * n == len(kernels), "calls launched different kernels"
+    calls = [kernels[i * per_call:(i + 1) * per_call] for i in range(n)]
+    spans = [c[-1][1] - c[0][0] for c in calls]
+    print(f"{n} calls, {per_call} kernels each, span median {statistics.median(spans):.1f} us; per kernel, "
+          "start .. end from the call's start (medians, us):")
+    for i in range(per_call):
+        begin = statistics.median(c[i][0] - c[0][0] for c in calls)
+        end = statistics.median(c[i][1] - c[0][0] for c in calls)
+        print(f"  {calls[0][i][2][:48]:48s} {begin:8.1f} .. {end:8.1f}  ({end - begin:7.1f})")
 
 
 if __name__ == "__main__":
