@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # dma_problem.py
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+import bench_decode  # noqa: E402
 from bench_attention import view  # noqa: E402
 from dma_problem import attach_workspace, dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
@@ -52,13 +53,6 @@ def main():
     del ws
 
 
-def short(name):
-    """A kernel's name without namespaces, return type, template and arguments."""
-    for noise in ("(anonymous namespace)::", "void ", "fdma::cuda::"):
-        name = name.replace(noise, "")
-    return name.split("(")[0].split("<")[0]
-
-
 def timeline(call, n):
     for _ in range(3):
         call()
@@ -67,7 +61,7 @@ def timeline(call, n):
         for _ in range(n):
             call()
             torch.cuda.synchronize()  # calls apart, so that each is its own group of kernels
-    kernels = sorted((e.time_range.start, e.time_range.end, short(e.name))
+    kernels = sorted((e.time_range.start, e.time_range.end, bench_decode.kernel_name(e.name))
                      for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     per_call = len(kernels) // n
     assert per_call * n == len(kernels), "calls launched different kernels"
