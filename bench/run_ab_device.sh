@@ -5,7 +5,8 @@
 # and compute-sanitizer over SAN_FILTER (SANITIZE=0 skips them) on the working tree, then
 # bench_switches.py with both libraries alternating in one process (BENCH_ARGS, and
 # BENCH_SEED=1 for the seed config too); outputs and gradients are checked bitwise between
-# them. Logs go to $OUT; the tables print last.
+# them. Logs go to $OUT; the tables print last. BUILD_ARGS (device_build.sh) builds both trees
+# with a subset of the kernels: GTEST_FILTER then names only tests within it.
 source "$(dirname "$0")/device_build.sh"
 [ -d .base ] || { echo "no .base/ tree"; exit 1; }
 BUILD_SRC=.base BUILD_DIR=build-base LOGS=/tmp/base-logs device_build fdma
