@@ -99,6 +99,12 @@ struct BwdWsShape {
   static constexpr bool kMaskOverBias = kKind == BwdWsKind::masked_biased;
   static constexpr bool kMasked = kKind == BwdWsKind::masked || kMaskOverBias, kMaskTiles = kKind == BwdWsKind::masked;
   static constexpr bool kBiased = kKind == BwdWsKind::biased || kMaskOverBias;
+  // Mask over bias, where the consumers wait for the helpers: at D = 64 after S^T and dP^T
+  // (which do not read the bias tile), so that laying the mask runs under them, 1.5-2.6% faster;
+  // at D = 128 before them (after: 0.3-1.5% slower; the helpers are done before the step starts).
+  // docs/performance.md, "attention backward".
+  static constexpr bool kReadyAfterProducts = kMaskOverBias && kHeadDim == 64;
+  static constexpr bool kReadyBeforeProducts = kMaskOverBias && !kReadyAfterProducts;
   using Mma = BwdMmaSm90<T, kHeadDim, kBwdThreads>;
   // Queries a step: 128 for dense calls at D = 64, where a step's fixed costs (the barriers,
   // the dq staging and its reductions) would otherwise weigh as much as its matmuls; 64
@@ -285,11 +291,6 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
   using Mma = typename Shape::Mma;
   constexpr bool kGather = Shape::kGather;
   constexpr int kBM = Shape::kBlockM, kNq = kBM / 8;
-  // Mask over bias: at D = 64 the consumers wait for the helpers only after S^T and dP^T (which
-  // do not read the bias tile), so that laying the mask runs under them: 1.5-2.6% faster there,
-  // 0.3-1.5% slower at D = 128, whose helpers are done before the step starts (docs/performance.md,
-  // "attention backward").
-  constexpr bool kReadyAfterProducts = kHeadDim == 64;
   const AttentionFwdParams& f = p.f;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key0 = walk.key0 + group * Shape::kGroupKeys;
@@ -337,8 +338,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
       kb[0] = key_mask_at(f, walk.b, h, keys[0]), kb[1] = key_mask_at(f, walk.b, h, keys[1]);
     }
     mbar::wait(Shape::full(base, s), (j / Shape::kStages) & 1);
-    if constexpr (Shape::kMaskOverBias && !kReadyAfterProducts)
-      mbar::wait(Shape::ready(base, s), (j / Shape::kStages) & 1);
+    if constexpr (Shape::kReadyBeforeProducts) mbar::wait(Shape::ready(base, s), (j / Shape::kStages) & 1);
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the step's queries.
     float st[kNq][4], dpt[kNq][4];
     Mma::template a_bt_pair<Shape::kGroupKeys, kBM>(st, k_tile, q_tile, dpt, v_tile, do_tile, warp, lane);
@@ -346,8 +346,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
       if (tid == 0) tma::bulk_wait_group_read<0>();
       sync_group();
     }
-    if constexpr (Shape::kMaskOverBias && kReadyAfterProducts)
-      mbar::wait(Shape::ready(base, s), (j / Shape::kStages) & 1);
+    if constexpr (Shape::kReadyAfterProducts) mbar::wait(Shape::ready(base, s), (j / Shape::kStages) & 1);
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s));
     const float* delta = lse2 + kBM;
     if constexpr (kGather) {
