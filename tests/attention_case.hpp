@@ -28,6 +28,7 @@ struct AttnCase {
   DType dtype = DType::f32;
   Bcast mask, bias;
   int layout = 0;  // 0: contiguous, 1: [B, H, S, D] physical, 2: rows padded by 3, 3: by 8
+  int64_t out_row_pad = 0;  // elements after each row of D in out (2: strides the copy engine cannot take)
   double scale = 0;
   int empty_rows = 0;  // mask rows forced all-false (needs a mask)
   uint64_t seed = 1;
@@ -36,6 +37,7 @@ struct AttnCase {
     std::ostringstream os;
     os << "B" << B << " Sq" << Sq << " Sk" << Sk << " H" << H << " Hk" << Hk << " D" << D << " causal" << causal
        << " softcap" << softcap << " " << dtype_name(dtype) << " layout" << layout;
+    if (out_row_pad) os << " out_row_pad" << out_row_pad;
     auto bc = [&](const char* n, const Bcast& x) {
       if (x.present)
         os << " " << n << "[" << (x.b ? "B" : "1") << "," << (x.heads == 2 ? "H" : x.heads == 1 ? "Hk" : "1") << ","
@@ -109,7 +111,7 @@ struct AttnRun {
       }
       dbias = HostTensor(bias.dtype(), bias_shape);
     }
-    out = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm, pad);
+    out = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm, pad, c.out_row_pad);
     lse = HostTensor(c.dtype == DType::f64 ? DType::f64 : DType::f32, {c.B, c.H, c.Sq});
     dout = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D});
     dout.fill_uniform(rng, -1, 1);

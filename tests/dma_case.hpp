@@ -20,13 +20,14 @@ struct DmaCase {
   DType dtype = DType::f32;
   DType score_dtype = DType::f32;
   int layout = 0;
+  int64_t out_row_pad = 0;  // elements after each row of D in out (2: strides the copy engine cannot take)
   uint64_t seed = 1;
   std::string str() const {
     std::ostringstream os;
     os << "B" << B << " Sq" << Sq << " Sk" << Sk << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " causal"
        << causal << " add_scores" << add_scores << " padding" << padding << " ties" << ties << " softcap" << softcap
        << " " << dtype_name(dtype) << " scores " << dtype_name(score_dtype) << " layout" << layout
-       << (deterministic ? " deterministic" : "");
+       << " out_row_pad" << out_row_pad << (deterministic ? " deterministic" : "");
     return os.str();
   }
 };
@@ -60,7 +61,7 @@ struct DmaRun {
     rp.q = q.values(), rp.k = k.values(), rp.v = v.values();
     rebuild_reference_mask();
 
-    out = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm);
+    out = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D}, perm, 0, c.out_row_pad);
     lse = HostTensor(c.dtype == DType::f64 ? DType::f64 : DType::f32, {c.B, c.H, c.Sq});
     dout = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D});
     dout.fill_uniform(rng, -1, 1);

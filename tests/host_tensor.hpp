@@ -20,8 +20,10 @@ class HostTensor {
   HostTensor() = default;
 
   // Contiguous in the physical order `perm` (perm[0] outermost), each non-innermost physical
-  // dim padded by `pad` elements. perm = identity, pad = 0 is plain row-major.
-  HostTensor(DType dtype, std::vector<int64_t> shape, std::vector<int> perm = {}, int64_t pad = 0)
+  // dim padded by `pad` elements and the innermost by `inner_pad`. perm = identity, pad = 0
+  // is plain row-major.
+  HostTensor(DType dtype, std::vector<int64_t> shape, std::vector<int> perm = {}, int64_t pad = 0,
+             int64_t inner_pad = 0)
       : dtype_(dtype), shape_(std::move(shape)) {
     const int n = static_cast<int>(shape_.size());
     if (perm.empty()) {
@@ -32,7 +34,7 @@ class HostTensor {
     int64_t stride = 1;
     for (int k = n - 1; k >= 0; --k) {
       strides_[perm[k]] = stride;
-      stride *= shape_[perm[k]] + (k == n - 1 ? 0 : pad);
+      stride *= shape_[perm[k]] + (k == n - 1 ? inner_pad : pad);
     }
     storage_.assign(static_cast<size_t>(stride) * dtype_size(dtype_) + 64, 0);
   }

@@ -598,8 +598,9 @@ void fill_mixed_blocks(AttnRun& r, uint64_t seed) {
 // the mask laid over the bias tile at D 256 (masked_biased), whose mixed blocks include a query
 // tile that keeps nothing);
 // per-key biases beside a mask; softcap, causal with more and fewer keys than queries, GQA,
-// both dtypes, ragged ends, and key counts whose rows the copy engine cannot read (the other
-// kernel).
+// both dtypes, ragged ends, key counts whose rows the copy engine cannot read (the other
+// kernel), and outs it cannot describe (rows of D padded by 2 elements: O stored from
+// registers, not through the copy engine).
 TEST(AttentionGpu, WarpSpecializedScoredForwardMatchesTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_FWD_WS");
@@ -646,6 +647,14 @@ TEST(AttentionGpu, WarpSpecializedScoredForwardMatchesTheCpu) {
         if (c.mask.present && c.mask.q) fill_mixed_blocks(r, seed);
         run_gpu(r, false);
       }
+    for (int64_t D : {64, 128, 256}) {
+      AttnCase c = base(333, 640, 4, 2, D, D == 128, D == 64 ? DType::f16 : DType::bf16, seed++);
+      c.mask.present = true;
+      c.out_row_pad = 2;
+      AttnRun r(c);
+      fill_mixed_blocks(r, seed);
+      run_gpu(r, false);
+    }
   }
 }
 

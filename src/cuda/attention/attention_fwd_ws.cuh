@@ -17,7 +17,9 @@
 // softmax, O += P V) with the softmax of tile j under the P V of tile j - 1, never waiting on
 // each other: no CTA-wide barrier after the start. A pair of named barriers hands the tensor
 // core back and forth (ping-pong): a group issues its step's matmuls only after the other has
-// issued its own, so one group's softmax runs under the other's matmuls.
+// issued its own, so one group's softmax runs under the other's matmuls. At the end each group
+// stores its O rows: in scored and gathered calls through the copy engine from shared memory
+// (over its own Q rows), in dense calls from registers.
 //
 // Scored calls with both a mask tile and a bias tile at D = 128 take a kind of their own on
 // 64-key tiles (scored_narrow), where two stages of both fit beside K and V; at D = 256 one
@@ -61,10 +63,12 @@
 namespace fdma::cuda {
 
 // Copy-engine descriptors of q, k and v (boxes of 64 columns by 128 rows of one head), of a
-// bias (per-key rows of a key tile, or 64-key blocks of 128 rows) and of a mask (a key tile's
-// row, or its 128 rows).
+// bias (per-key rows of a key tile, or 64-key blocks of 128 rows), of a mask (a key tile's
+// row, or its 128 rows) and of out (64 columns by a consumer group's 64 rows; where o_mapped,
+// O is stored through it, else from registers).
 struct FwdTensorMaps {
-  CUtensorMap q, k, v, bias, mask;
+  CUtensorMap q, k, v, bias, mask, o;
+  bool o_mapped;
 };
 
 // The calls a kernel takes; each kind is an instantiation of its own, so that a kernel's
@@ -132,6 +136,10 @@ struct FwdWsShape {
   static constexpr int kTerms = (kBars + kNumBars * 8 + 1023) / 1024 * 1024;  // scored calls' terms (1024-aligned)
   // Arrivals that fill a buffer: the TMA thread's one, or one per gathering thread.
   static constexpr int kFillArrivals = kGather ? 128 : 1;
+  // O stored by the copy engine from shared memory where out allows (fwd_ws_consume), else
+  // from registers. Not in dense calls: the staged store's code made the dense kernel's key
+  // loop slower on long rows (docs/performance.md, "the forward's epilogue").
+  static constexpr bool kStoreThroughCopy = kKind != FwdWsKind::dense;
 
   __device__ static uint32_t q_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t k_full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
@@ -464,9 +472,9 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
 // n_blocks but for scored calls, which skip those the mask rules out), then the epilogue.
 // `warp` counts the consumer warps (0..7): group `group` holds warps 4 * group .. + 3.
 template <class T, int kHeadDim, FwdWsKind kKind, class Shape, class Walk>
-__device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint32_t base, const unsigned char* smem,
-                                               int n_listed, const Walk& walk, int first, int row0, int h, int b,
-                                               int group, int warp, int lane) {
+__device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, const FwdTensorMaps& maps, uint32_t base,
+                                               unsigned char* smem, int n_listed, const Walk& walk, int first,
+                                               int row0, int h, int b, int group, int warp, int lane) {
   constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = fwd_ws_scored(kKind);
   using Mma = typename Shape::Mma;
   constexpr int kN = Mma::kTilesN, kDT = Mma::kTilesD;
@@ -600,7 +608,31 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, uint
 
   // Epilogue: normalise, store O and lse.
   softmax.finish();
-  store_output_rows<T, true>(o[0], softmax, p, b, h, warp_row0, lane / 4, lane % 4, raw ? p.scale : 1.f);
+  const float m_scale = raw ? p.scale : 1.f;
+  if (!Shape::kStoreThroughCopy || !maps.o_mapped) {
+    store_output_rows<T, true>(o[0], softmax, p, b, h, warp_row0, lane / 4, lane % 4, m_scale);
+    return;
+  }
+  // Through the copy engine: the group's O rows laid over its own Q rows, which its last S
+  // (waited on) was the last to read (and where no copy was issued: a CTA without key tiles
+  // never loads Q). Stored from registers, 4 bytes a thread at a time, O took a D 128 CTA
+  // about 2 us; the copy engine's store frees the CTA once it has read shared memory.
+  stage_output_rows_sw128<T, true>(o[0], softmax, p, b, h, warp_row0, smem + Shape::kQ, Shape::kBlockM,
+                                   Mma::warp_row_offset(warp), lane / 4, lane % 4, m_scale);
+  wgmma::fence_proxy_async_smem();  // the generic writes, for the copy engine's (async proxy) reads
+  if (group == 0)
+    ptx::named_barrier_sync<3, 128>();
+  else
+    ptx::named_barrier_sync<4, 128>();
+  if (warp % 4 == 0 && lane == 0) {
+    const int group_row = group * (Shape::kBlockM / Shape::kConsumers);
+#pragma unroll
+    for (int c = 0; c < Shape::kColBlocks; ++c)
+      tma::store_4d(&maps.o, base + Shape::kQ + c * Mma::kBlockBytesQ + group_row * wgmma::kSwizzleRowBytes, c * 64,
+                    row0 + group_row, h, b);
+    tma::bulk_commit_group();
+    tma::bulk_wait_group_read<0>();  // shared memory stays the CTA's until the copy has read it
+  }
 }
 
 // Every tile below n_blocks, in order (dense and gathered calls).
@@ -661,8 +693,8 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       const int consumer_warp = warp - 4;
-      fwd_ws_consume<T, kHeadDim, kKind, Shape>(p, base, smem, n_listed, walk, first, row0, h, b, consumer_warp / 4,
-                                                consumer_warp, lane);
+      fwd_ws_consume<T, kHeadDim, kKind, Shape>(p, maps, base, smem, n_listed, walk, first, row0, h, b,
+                                                consumer_warp / 4, consumer_warp, lane);
     }
   };
   if constexpr (kScored) {
@@ -738,11 +770,17 @@ bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) 
 }
 
 template <class T, int kHeadDim, FwdWsKind kKind>
-cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& params, const FwdTensorMaps& maps, int device,
+cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& params, const FwdTensorMaps& call_maps, int device,
                                     cudaStream_t stream) {
   using Shape = FwdWsShape<T, kHeadDim, kKind>;
   auto kernel = attention_fwd_ws_kernel<T, kHeadDim, kKind>;
   AttentionFwdParams p = params;
+  FwdTensorMaps maps = call_maps;
+  // O through the copy engine where it can describe out (a 16-byte aligned base and strides);
+  // its box is a consumer group's rows.
+  maps.o_mapped = Shape::kStoreThroughCopy && encode_rows_map(maps.o, p.out, std::is_same_v<T, __nv_bfloat16>, p.D,
+                                                              p.Sq, p.H, p.B, p.out_stride,
+                                                              Shape::kBlockM / Shape::kConsumers);
   int smem = Shape::kSmemBytes;
   if constexpr (Shape::kScored) {
     // The next-active table only where it fits beside the terms (attention_fwd_ws_applies
