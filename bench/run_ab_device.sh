@@ -4,8 +4,8 @@
 # device). Builds both for Hopper (the base into build-base), runs the GPU tests GTEST_FILTER
 # and compute-sanitizer over SAN_FILTER (SANITIZE=0 skips them) on the working tree, then
 # bench_switches.py with both libraries alternating in one process (BENCH_ARGS, and
-# BENCH_SEED=1 for the seed config too); outputs and gradients are checked bitwise between
-# them. Logs go to $OUT; the tables print last. BUILD_ARGS (device_build.sh) builds both trees
+# BENCH_SEED=1 for the seed config too); outputs are checked bitwise between them (gradients
+# too, which non-deterministic calls may change in their last bits). Logs go to $OUT; the tables print last. BUILD_ARGS (device_build.sh) builds both trees
 # with a subset of the kernels: GTEST_FILTER then names only tests within it.
 source "$(dirname "$0")/device_build.sh"
 [ -d .base ] || { echo "no .base/ tree"; exit 1; }
