@@ -16,7 +16,10 @@ kept share not counted: the same work as dense). --keys: Sk keys
 against S queries, non-causal only (short rows: each CTA walks few key tiles, as in the
 dynamic-mask forward, whose query tiles list about w + 128 keys); with several (--keys
 384,768,1152,2176,4352) also a line fit of each system's time against Sk, whose intercept is
-what a CTA costs beyond its keys (docs/performance.md, "short walks"). Also checks each
+what a CTA costs beyond its keys (docs/performance.md, "short walks"); "flash-dma ws" goes
+through the Python package, whose host time per call shows in calls of a quarter of a
+millisecond (0.287 against 0.220 ms through the C ABI at 512 keys, D 128): fit the "ws@0"
+column of --lib for the kernel alone. Also checks each
 flash-dma output against SDPA flash (dense) or the cp.async kernel (the other cases): max |diff|.
 With --lib base.so,new.so the warp-specialized call also runs through each library's C ABI, as
 "ws@0", "ws@1", ..., in the same rotation: an A/B of two builds in one process.
