@@ -245,19 +245,35 @@ def kernel_name(name):
     return name.split("(")[0].split("<")[0] + ("<" + name.split("<")[1].split(">")[0] + ">" if "pass" in name else "")
 
 
-def kernel_times(f, reps=10):
-    """Device µs per call of each kernel f launches (profiler over `reps` calls)."""
+def profile_calls(f, reps, each_alone=False):
+    """The torch profiler (CUDA activity) over `reps` calls of f, after 3 warm-up calls;
+    each_alone: every call waits for its kernels, so that no two calls' kernels overlap."""
     for _ in range(3):
         f()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             f()
+            if each_alone:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_events(prof):
+    """The profiler's kernel (CUDA) events."""
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_spans(prof):
+    """(start, end, name) of every kernel the profiler saw, by start (us, the GPU's clock)."""
+    return sorted((e.time_range.start, e.time_range.end, kernel_name(e.name)) for e in kernel_events(prof))
+
+
+def kernel_times(f, reps=10):
+    """Device µs per call of each kernel f launches (profiler over `reps` calls)."""
     per = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
+    for e in kernel_events(profile_calls(f, reps)):
         us = e.device_time if hasattr(e, "device_time") else e.cuda_time
         name = kernel_name(e.name)
         per[name] = per.get(name, 0.0) + us / reps

@@ -192,9 +192,7 @@ def print_fits(fits, heads, sms):
             ys = [med[name] for k, med in points if name in med]
             if len(xs) < 2:
                 continue
-            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-            icpt = my - slope * mx
+            slope, icpt = statistics.linear_regression(xs, ys)
             print(f"| {case} | {D} | {S} | {name} | {slope * 1e6:.1f} | {icpt:.4f} | {icpt * 1e3 * sms / ctas:.2f} |")
 
 

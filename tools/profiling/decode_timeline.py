@@ -52,8 +52,7 @@ def timeline(B, K, label):
         for _ in range(REPLAYS):
             graph.replay()
         torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.time_range.end, bench_decode.kernel_name(e.name)) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = bench_decode.kernel_spans(prof)
     first = kernels[0][2]  # each step starts with the same kernel (the append)
     steps, cur = [], []
     for k in kernels:

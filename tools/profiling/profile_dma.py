@@ -54,15 +54,8 @@ def main():
 
 
 def timeline(call, n):
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            call()
-            torch.cuda.synchronize()  # calls apart, so that each is its own group of kernels
-    kernels = sorted((e.time_range.start, e.time_range.end, bench_decode.kernel_name(e.name))
-                     for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    # calls apart, so that each is its own group of kernels
+    kernels = bench_decode.kernel_spans(bench_decode.profile_calls(call, n, each_alone=True))
     per_call = len(kernels) // n
     assert per_call * n == len(kernels), "calls launched different kernels"
     calls = [kernels[i * per_call:(i + 1) * per_call] for i in range(n)]

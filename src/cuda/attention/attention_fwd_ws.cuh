@@ -114,6 +114,7 @@ struct FwdWsShape {
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows
+  static constexpr int kGroupRows = kBlockM / kConsumers;  // (the box of out's tensor map)
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // Registers a thread, with 168 a thread at launch: 24 x 128 + 240 x 256 fit the SM's 64 K,
   // and so do 40 x 128 + 232 x 256, which the gathering producer takes (each lane's source
@@ -625,7 +626,7 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
   else
     ptx::named_barrier_sync<4, 128>();
   if (warp % 4 == 0 && lane == 0) {
-    const int group_row = group * (Shape::kBlockM / Shape::kConsumers);
+    const int group_row = group * Shape::kGroupRows;
 #pragma unroll
     for (int c = 0; c < Shape::kColBlocks; ++c)
       tma::store_4d(&maps.o, base + Shape::kQ + c * Mma::kBlockBytesQ + group_row * wgmma::kSwizzleRowBytes, c * 64,
@@ -779,8 +780,7 @@ cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& params, const FwdT
   // O through the copy engine where it can describe out (a 16-byte aligned base and strides);
   // its box is a consumer group's rows.
   maps.o_mapped = Shape::kStoreThroughCopy && encode_rows_map(maps.o, p.out, std::is_same_v<T, __nv_bfloat16>, p.D,
-                                                              p.Sq, p.H, p.B, p.out_stride,
-                                                              Shape::kBlockM / Shape::kConsumers);
+                                                              p.Sq, p.H, p.B, p.out_stride, Shape::kGroupRows);
   int smem = Shape::kSmemBytes;
   if constexpr (Shape::kScored) {
     // The next-active table only where it fits beside the terms (attention_fwd_ws_applies
