@@ -28,7 +28,7 @@ struct AttnCase {
   DType dtype = DType::f32;
   Bcast mask, bias;
   int layout = 0;  // 0: contiguous, 1: [B, H, S, D] physical, 2: rows padded by 3, 3: by 8
-  int64_t out_row_pad = 0;  // elements after each row of D in out (2: strides the copy engine cannot take)
+  int64_t out_row_pad = 0;  // elements after each row of D in out
   double scale = 0;
   int empty_rows = 0;  // mask rows forced all-false (needs a mask)
   uint64_t seed = 1;

@@ -20,7 +20,7 @@ struct DmaCase {
   DType dtype = DType::f32;
   DType score_dtype = DType::f32;
   int layout = 0;
-  int64_t out_row_pad = 0;  // elements after each row of D in out (2: strides the copy engine cannot take)
+  int64_t out_row_pad = 0;  // elements after each row of D in out
   uint64_t seed = 1;
   std::string str() const {
     std::ostringstream os;

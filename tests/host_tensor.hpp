@@ -130,6 +130,17 @@ class HostTensor {
   bool all_poisoned() const {
     return std::all_of(storage_.begin(), storage_.end(), [](unsigned char c) { return c == 0xFF; });
   }
+  // Whether every byte outside the elements (padding, the slack past the end) is still 0xFF:
+  // a kernel wrote nothing beyond its output's elements.
+  bool gaps_poisoned() const {
+    std::vector<bool> element(storage_.size(), false);
+    const int64_t size = int64_t(dtype_size(dtype_));
+    for (int64_t i = 0; i < numel(); ++i)
+      std::fill_n(element.begin() + offset(i) * size, size, true);
+    for (size_t k = 0; k < storage_.size(); ++k)
+      if (!element[k] && storage_[k] != 0xFF) return false;
+    return true;
+  }
   const std::vector<unsigned char>& bytes() const { return storage_; }
   std::vector<unsigned char>& bytes() { return storage_; }
 

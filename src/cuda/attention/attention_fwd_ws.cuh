@@ -64,11 +64,10 @@ namespace fdma::cuda {
 
 // Copy-engine descriptors of q, k and v (boxes of 64 columns by 128 rows of one head), of a
 // bias (per-key rows of a key tile, or 64-key blocks of 128 rows), of a mask (a key tile's
-// row, or its 128 rows) and of out (64 columns by a consumer group's 64 rows; where o_mapped,
-// O is stored through it, else from registers).
+// row, or its 128 rows) and of out (64 columns by a consumer group's 64 rows: the kinds that
+// store O through the copy engine).
 struct FwdTensorMaps {
   CUtensorMap q, k, v, bias, mask, o;
-  bool o_mapped;
 };
 
 // The calls a kernel takes; each kind is an instantiation of its own, so that a kernel's
@@ -137,9 +136,9 @@ struct FwdWsShape {
   static constexpr int kTerms = (kBars + kNumBars * 8 + 1023) / 1024 * 1024;  // scored calls' terms (1024-aligned)
   // Arrivals that fill a buffer: the TMA thread's one, or one per gathering thread.
   static constexpr int kFillArrivals = kGather ? 128 : 1;
-  // O stored by the copy engine from shared memory where out allows (fwd_ws_consume), else
-  // from registers. Not in dense calls: the staged store's code made the dense kernel's key
-  // loop slower on long rows (docs/performance.md, "the forward's epilogue").
+  // O stored by the copy engine from shared memory (fwd_ws_consume), else from registers. Not
+  // in dense calls: the staged store's code made the dense kernel's key loop slower on long
+  // rows (docs/performance.md, "the forward's epilogue").
   static constexpr bool kStoreThroughCopy = kKind != FwdWsKind::dense;
 
   __device__ static uint32_t q_full(uint32_t base) { return base + kBars; }
@@ -610,29 +609,29 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
   // Epilogue: normalise, store O and lse.
   softmax.finish();
   const float m_scale = raw ? p.scale : 1.f;
-  if (!Shape::kStoreThroughCopy || !maps.o_mapped) {
+  if constexpr (!Shape::kStoreThroughCopy) {
     store_output_rows<T, true>(o[0], softmax, p, b, h, warp_row0, lane / 4, lane % 4, m_scale);
-    return;
-  }
-  // Through the copy engine: the group's O rows laid over its own Q rows, which its last S
-  // (waited on) was the last to read (and where no copy was issued: a CTA without key tiles
-  // never loads Q). Stored from registers, 4 bytes a thread at a time, O took a D 128 CTA
-  // about 2 us; the copy engine's store frees the CTA once it has read shared memory.
-  stage_output_rows_sw128<T, true>(o[0], softmax, p, b, h, warp_row0, smem + Shape::kQ, Shape::kBlockM,
-                                   Mma::warp_row_offset(warp), lane / 4, lane % 4, m_scale);
-  wgmma::fence_proxy_async_smem();  // the generic writes, for the copy engine's (async proxy) reads
-  if (group == 0)
-    ptx::named_barrier_sync<3, 128>();
-  else
-    ptx::named_barrier_sync<4, 128>();
-  if (warp % 4 == 0 && lane == 0) {
-    const int group_row = group * Shape::kGroupRows;
+  } else {
+    // Through the copy engine: the group's O rows laid over its own Q rows, which its last S
+    // (waited on) was the last to read (and where no copy was issued: a CTA without key tiles
+    // never loads Q). Stored from registers, 4 bytes a thread at a time, O took a D 128 CTA
+    // about 2 us; the copy engine's store frees the CTA once it has read shared memory.
+    stage_output_rows_sw128<T, true>(o[0], softmax, p, b, h, warp_row0, smem + Shape::kQ, Shape::kBlockM,
+                                     Mma::warp_row_offset(warp), lane / 4, lane % 4, m_scale);
+    wgmma::fence_proxy_async_smem();  // the generic writes, for the copy engine's (async proxy) reads
+    if (group == 0)
+      ptx::named_barrier_sync<3, 128>();
+    else
+      ptx::named_barrier_sync<4, 128>();
+    if (warp % 4 == 0 && lane == 0) {
+      const int group_row = group * Shape::kGroupRows;
 #pragma unroll
-    for (int c = 0; c < Shape::kColBlocks; ++c)
-      tma::store_4d(&maps.o, base + Shape::kQ + c * Mma::kBlockBytesQ + group_row * wgmma::kSwizzleRowBytes, c * 64,
-                    row0 + group_row, h, b);
-    tma::bulk_commit_group();
-    tma::bulk_wait_group_read<0>();  // shared memory stays the CTA's until the copy has read it
+      for (int c = 0; c < Shape::kColBlocks; ++c)
+        tma::store_4d(&maps.o, base + Shape::kQ + c * Mma::kBlockBytesQ + group_row * wgmma::kSwizzleRowBytes, c * 64,
+                      row0 + group_row, h, b);
+      tma::bulk_commit_group();
+      tma::bulk_wait_group_read<0>();  // shared memory stays the CTA's until the copy has read it
+    }
   }
 }
 
@@ -724,7 +723,8 @@ inline FwdWsKind fwd_ws_kind(const AttentionFwdParams& p) {
 
 // Whether the warp-specialized forward of kind kKind takes this call (the caller checks the
 // device and that fwd_ws_kind(p) == kKind, or is scored for scored_narrow and masked_biased):
-// gathered calls always; the others at exactly this head dim where the copy engine can
+// every kind but dense where the copy engine can describe out; gathered calls then where k's
+// and v's row strides fit 32 bits; the others at exactly this head dim where the copy engine can
 // describe q, k, v, the bias and the mask (maps filled here), and for scored calls where their
 // terms fit in shared memory (a mask tile and a bias tile together: at D = 64 on 128-key
 // tiles, at D = 128 on the narrow kind's 64-key ones, at D = 256 the mask laid over the bias;
@@ -734,12 +734,18 @@ template <class T, int kHeadDim, FwdWsKind kKind>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
   using Shape = FwdWsShape<T, kHeadDim, kKind>;
   if (!fwd_ws_allowed()) return false;
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  // O's store through the copy engine: out's map, its box a consumer group's rows. The backend
+  // asks of out what the map needs (16-byte aligned rows), so only a driver without the
+  // encoder sends such a call to the other forward.
+  if (Shape::kStoreThroughCopy &&
+      !encode_rows_map(maps.o, p.out, bf16, p.D, p.Sq, p.H, p.B, p.out_stride, Shape::kGroupRows))
+    return false;
   if constexpr (kKind == FwdWsKind::gathered) {  // the gathering producer's row offsets: 32-bit strides
     const int64_t most = int64_t(INT32_MAX) / int64_t(sizeof(T));
     return p.k_stride[1] <= most && p.v_stride[1] <= most;
   } else {
     if (p.D != kHeadDim || (p.mask && !p.mask_tiled) || (p.bias && !p.bias_tiled)) return false;
-    constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
     const bool bias_keys = p.bias && p.bias_stride[2] == 0;
     if constexpr (kKind == FwdWsKind::dense) {
       if (p.mask || (p.bias && !bias_keys)) return false;
@@ -771,16 +777,11 @@ bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) 
 }
 
 template <class T, int kHeadDim, FwdWsKind kKind>
-cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& params, const FwdTensorMaps& call_maps, int device,
+cudaError_t launch_attention_fwd_ws(const AttentionFwdParams& params, const FwdTensorMaps& maps, int device,
                                     cudaStream_t stream) {
   using Shape = FwdWsShape<T, kHeadDim, kKind>;
   auto kernel = attention_fwd_ws_kernel<T, kHeadDim, kKind>;
   AttentionFwdParams p = params;
-  FwdTensorMaps maps = call_maps;
-  // O through the copy engine where it can describe out (a 16-byte aligned base and strides);
-  // its box is a consumer group's rows.
-  maps.o_mapped = Shape::kStoreThroughCopy && encode_rows_map(maps.o, p.out, std::is_same_v<T, __nv_bfloat16>, p.D,
-                                                              p.Sq, p.H, p.B, p.out_stride, Shape::kGroupRows);
   int smem = Shape::kSmemBytes;
   if constexpr (Shape::kScored) {
     // The next-active table only where it fits beside the terms (attention_fwd_ws_applies
