@@ -265,7 +265,16 @@ template <int kTilesN>
 __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int row0,
                                                    const KeyInfo* keys, int lane) {
   const int g = lane / 4, t = lane % 4;
-  cap_scores(s, p);
+  // Under softcap the scores are capped first (the scale inside the cap), then added to;
+  // without, the scale goes into one multiply-add with the key's term (rounded once).
+  float scale = p.scale;
+  if (p.softcap != 0.f) {
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = capped_score<true>(p, s[nt][e]);
+    scale = 1.f;
+  }
   if (keys_cover_rows<kTilesN>(keys, row0, lane)) {
     // Every key here is kept by every row: its score is capped + bias as on the CPU, with
     // no hidden-score select.
@@ -274,16 +283,18 @@ __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float bias = keys[nt * 8 + 2 * t + c].bias;  // one load for both rows
-        s[nt][c] += bias;
-        s[nt][c + 2] += bias;
+        s[nt][c] = fmaf(s[nt][c], scale, bias);
+        s[nt][c + 2] = fmaf(s[nt][c + 2], scale, bias);
       }
     return;
   }
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      s[nt][e] = add_visible(s[nt][e], interval_add(keys[nt * 8 + 2 * t + (e & 1)], row0 + g + 8 * (e >> 1)));
+    for (int e = 0; e < 4; ++e) {  // hidden: -inf whatever q.k was (add_visible)
+      const float add = interval_add(keys[nt * 8 + 2 * t + (e & 1)], row0 + g + 8 * (e >> 1));
+      s[nt][e] = add == -INFINITY ? add : fmaf(s[nt][e], scale, add);
+    }
 }
 
 // The additive term of one score read straight from global memory, for kernels that visit
