@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <type_traits>
 
 #include "cuda/primitives/arch_dispatch.cuh"
 #include "cuda/attention/attention_bwd_params.hpp"
@@ -120,13 +121,16 @@ struct ScoreGrad {
 };
 // kVisible: the score is visible for certain (a dynamic-mask tile whose keys all cover the rows,
 // or an interior tile without a mask test), so its term is its bias alone, added as the
-// forward adds it, with no hidden-score select.
-template <bool kSoftcap, bool kVisible>
+// forward adds it, with no hidden-score select. kNoTerm: visible and no term at all; without
+// softcap the raw q.k goes into the exponent's multiply-add with scale * log2(e), as the
+// forward's softmax takes such scores.
+template <bool kSoftcap, bool kVisible, bool kNoTerm = false>
 __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, float qk, float add, float lse2, float dp,
                                                 float delta) {
   constexpr float kLog2e = 1.4426950408889634f;
   const float c = capped_score<kSoftcap>(f, qk);
-  const float pr = ptx::exp2_approx(fmaf(kVisible ? c + add : add_visible(c, add), kLog2e, -lse2));
+  const float pr = ptx::exp2_approx(kNoTerm && !kSoftcap ? fmaf(qk, f.scale * kLog2e, -lse2)
+                                                          : fmaf(kVisible ? c + add : add_visible(c, add), kLog2e, -lse2));
   const float ds = pr * (dp - delta);
   return {pr, ds, ds * capped_slope<kSoftcap>(f, c)};
 }
@@ -155,22 +159,31 @@ __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float 
   });
 }
 
+// The additive term of visible scores in calls without a term (no bias, no mask): score_grad's
+// kNoTerm, and no dbias sums.
+struct NoTerm {
+  __device__ float operator()(int, int) const { return 0.f; }
+};
+
 // The transposed case of the dk/dv kernel: rows are keys, columns the step's queries
 // nt * 8 + 2t + (e & 1), with lse2 and delta in shared memory. st becomes P^T, dpt becomes
-// dS^T * d(capped)/d(qk), db[r] += dS^T; on_ds(nt, e, dS) sees each score's dS (a dbias tile).
+// dS^T * d(capped)/d(qk), db[r] += dS^T (not for NoTerm); on_ds(nt, e, dS) sees each score's dS
+// (a dbias tile).
 template <bool kVisible = false, int kTilesN, class Add, class OnDs>
 __device__ __forceinline__ void scores_to_p_ds_t(const AttentionFwdParams& f, float (&st)[kTilesN][4],
                                                  float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
                                                  const float* delta, int t, Add&& add_at, OnDs&& on_ds) {
+  constexpr bool kNoTerm = std::is_same_v<std::decay_t<Add>, NoTerm>;
+  static_assert(!kNoTerm || kVisible, "NoTerm is for visible scores");
   with_softcap(f, [&](auto softcap) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int il = nt * 8 + 2 * t + (e & 1);
-        const ScoreGrad g =
-            score_grad<decltype(softcap)::value, kVisible>(f, st[nt][e], add_at(nt, e), lse2[il], dpt[nt][e], delta[il]);
-        db[e >> 1] += g.ds;
+        const ScoreGrad g = score_grad<decltype(softcap)::value, kVisible, kNoTerm>(f, st[nt][e], add_at(nt, e),
+                                                                                   lse2[il], dpt[nt][e], delta[il]);
+        if constexpr (!kNoTerm) db[e >> 1] += g.ds;
         on_ds(nt, e, g.ds);
         st[nt][e] = g.pr;
         dpt[nt][e] = g.dqk;

@@ -32,7 +32,7 @@ __device__ __forceinline__ void dense_scores_to_p_ds_t(const AttentionFwdParams&
   if (interior && key_bias) {
     scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return kb[e >> 1]; });
   } else if (interior) {
-    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [](int, int) { return 0.f; });
+    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, NoTerm{});
   } else {
     scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
       return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? kb[e >> 1] : -INFINITY;
