@@ -13,8 +13,9 @@ Usage: python3 bench/bench_bwd_fused.py [--lib build/libfdma.so] [--seqlens 8192
                                         [--cases dense,per-key,block,block-all,mask,padding,
                                                  bias,bias-nograd,bias-shared,mask-bias]
 With several comma-separated libraries (--lib base.so,new.so) the fused call also runs with
-each, as "fused@0", "fused@1", ... in the same rotation (an A/B of two builds in one process);
-the other columns use the first.
+each, as "fused@0", "fused@1", ... in the same rotation (an A/B of two builds in one process),
+and with --ab-two-kernel the two-kernel call too ("two-kernel@0", ...); the other columns use
+the first.
 bf16, B1 H16 Hk16. TF/s = 3.5 * 4*B*H*S*S*D / t (bwd = 2.5x fwd), halved for causal (the block
 cases count every score too). Also checks the fused call against the two-kernel one: dk, dv
 (and dbias) bitwise, and the largest differences of dq and of dk, dv.
@@ -49,6 +50,8 @@ def main():
                     "hiding the last S/8 keys), bias (a [B, H, S, S] bias and its dbias), bias-nograd (the same "
                     "bias, no dbias asked for), bias-shared (a [1, 1, S, S] bias and its dbias, summed over heads), "
                     "mask-bias (the mask of 'mask' and the bias of 'bias' together, with dbias)")
+    ap.add_argument("--ab-two-kernel", action="store_true",
+                    help="with several --lib, also time the two-kernel call with each")
     args = ap.parse_args()
     libs = [_abi.load_library(path) for path in args.lib.split(",")]
     lib = libs[0]
@@ -124,6 +127,8 @@ def main():
                 systems = {"fused": ours(0), "two-kernel": ours(1)}
                 if len(libs) > 1:
                     systems.update({f"fused@{i}": ours(0, lib=other) for i, other in enumerate(libs)})
+                    if args.ab_two_kernel:
+                        systems.update({f"two-kernel@{i}": ours(1, lib=other) for i, other in enumerate(libs)})
                 if D in (64, 128):
                     systems["fused dk/dv kernel"] = ours(0, ws=False)
                 if bias is None and mask is None:
@@ -138,6 +143,9 @@ def main():
                 torch.cuda.synchronize()
                 if "fused dk/dv kernel" in systems:  # the default call's gradients, last
                     systems["fused"]()
+                    torch.cuda.synchronize()
+                if args.ab_two_kernel and len(libs) > 1:  # the first library's two-kernel gradients, last
+                    systems["two-kernel"]()
                     torch.cuda.synchronize()
                 same = all(torch.equal(a, b) for a, b in zip(grads[0][1:], grads[1][1:]) if a is not None)
                 dq_diff = (grads[0][0].float() - grads[1][0].float()).abs().max().item()
@@ -155,8 +163,9 @@ def main():
                       f"{dkv_diff:.3g}", flush=True)
                 del ws, params, grads
                 torch.cuda.empty_cache()
-    names = ("fused", *(f"fused@{i}" for i in range(len(libs)) if len(libs) > 1), "fused dk/dv kernel",
-             "two-kernel", "sdpa flash", "sdpa cudnn")
+    ab = range(len(libs)) if len(libs) > 1 else range(0)
+    names = ("fused", *(f"fused@{i}" for i in ab), "fused dk/dv kernel", "two-kernel",
+             *(f"two-kernel@{i}" for i in ab if args.ab_two_kernel), "sdpa flash", "sdpa cudnn")
     print(f"\n{torch.cuda.get_device_name()}, bf16, B{B} H{H} Hk{H}; fwd+bwd ms (TF/s), "
           f"medians of {args.rounds} rounds")
     print("| D | S | case | causal | " + " | ".join(names) + " | dk, dv == two-kernel | max abs dq diff | dk, dv |")
