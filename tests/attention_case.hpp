@@ -155,6 +155,7 @@ struct AttnRun {
     auto f = ref::forward(rp);
     EXPECT_TRUE(all_close(out.values(), f.out, forward_tol(c.dtype, f.out), "out")) << c.str();
     EXPECT_TRUE(all_close(lse.values(), f.lse, {1e-5, 2e-6}, "lse")) << c.str();
+    EXPECT_TRUE(out.gaps_poisoned() && lse.gaps_poisoned()) << "out or lse written outside its elements";
   }
 
   void check_backward() {
@@ -162,6 +163,8 @@ struct AttnRun {
     EXPECT_TRUE(all_close(dq.values(), g.dq, grad_tol(c.dtype, g.dq), "dq")) << c.str();
     EXPECT_TRUE(all_close(dk.values(), g.dk, grad_tol(c.dtype, g.dk), "dk")) << c.str();
     EXPECT_TRUE(all_close(dv.values(), g.dv, grad_tol(c.dtype, g.dv), "dv")) << c.str();
+    EXPECT_TRUE(dq.gaps_poisoned() && dk.gaps_poisoned() && dv.gaps_poisoned())
+        << "dq, dk or dv written outside its elements";
     if (c.bias.present) {
       auto db = ref::reduce_broadcast(rp, g.dbias, bias_shape);
       // A reduced element sums many dS of both signs (a row's dS sums to 0), so its error

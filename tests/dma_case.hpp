@@ -156,6 +156,7 @@ struct DmaRun {
     auto f = ref::forward(rp);
     EXPECT_TRUE(all_close(out.values(), f.out, forward_tol(c.dtype, f.out), "out")) << c.str();
     EXPECT_TRUE(all_close(lse.values(), f.lse, {1e-5, 2e-6}, "lse")) << c.str();
+    EXPECT_TRUE(out.gaps_poisoned() && lse.gaps_poisoned()) << "out or lse written outside its elements";
   }
 
   void check_backward() {
@@ -163,6 +164,8 @@ struct DmaRun {
     EXPECT_TRUE(all_close(dq.values(), g.dq, grad_tol(c.dtype, g.dq), "dq")) << c.str();
     EXPECT_TRUE(all_close(dk.values(), g.dk, grad_tol(c.dtype, g.dk), "dk")) << c.str();
     EXPECT_TRUE(all_close(dv.values(), g.dv, grad_tol(c.dtype, g.dv), "dv")) << c.str();
+    EXPECT_TRUE(dq.gaps_poisoned() && dk.gaps_poisoned() && dv.gaps_poisoned())
+        << "dq, dk or dv written outside its elements";
     // dkey_scores(b, hk, j) = sum over the group's heads and all queries of dS(b, h, i, j).
     std::vector<double> ds(c.B * c.Hk * c.Sk, 0.0);
     const int64_t G = c.H / c.Hk;
