@@ -27,7 +27,8 @@ struct DmaCase {
     os << "B" << B << " Sq" << Sq << " Sk" << Sk << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " causal"
        << causal << " add_scores" << add_scores << " padding" << padding << " ties" << ties << " softcap" << softcap
        << " " << dtype_name(dtype) << " scores " << dtype_name(score_dtype) << " layout" << layout
-       << " out_row_pad" << out_row_pad << (deterministic ? " deterministic" : "");
+       << (deterministic ? " deterministic" : "");
+    if (out_row_pad) os << " out_row_pad" << out_row_pad;
     return os.str();
   }
 };

@@ -722,15 +722,15 @@ inline FwdWsKind fwd_ws_kind(const AttentionFwdParams& p) {
   return p.mask || (p.bias && p.bias_stride[2] != 0) ? FwdWsKind::scored : FwdWsKind::dense;
 }
 
-// Whether the warp-specialized forward of kind kKind takes this call (the caller checks the
-// device and that fwd_ws_kind(p) == kKind, or is scored for scored_narrow and masked_biased):
-// every kind but dense where the copy engine can describe out; gathered calls then where k's
-// and v's row strides fit 32 bits; the others at exactly this head dim where the copy engine can
-// describe q, k, v, the bias and the mask (maps filled here), and for scored calls where their
-// terms fit in shared memory (a mask tile and a bias tile together: at D = 64 on 128-key
-// tiles, at D = 128 on the narrow kind's 64-key ones, at D = 256 the mask laid over the bias;
-// a bias with a query dim in q's dtype). masked_biased: only a mask with a query dim and such
-// a bias.
+// Whether the warp-specialized forward of kind kKind takes this call (the caller checks the device
+// and that fwd_ws_kind(p) == kKind, or is scored for scored_narrow and masked_biased): the kinds
+// that store O through the copy engine (kStoreThroughCopy) where it can describe out; gathered
+// calls then where k's and v's row strides fit 32 bits; the others at exactly this head dim where
+// the copy engine can describe q, k, v, the bias and the mask (maps filled here), and for scored
+// calls where their terms fit in shared memory (a mask tile and a bias tile together: at D = 64 on
+// 128-key tiles, at D = 128 on the narrow kind's 64-key ones, at D = 256 the mask laid over the
+// bias; a bias with a query dim in q's dtype). masked_biased: only a mask with a query dim and
+// such a bias.
 template <class T, int kHeadDim, FwdWsKind kKind>
 bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) {
   using Shape = FwdWsShape<T, kHeadDim, kKind>;

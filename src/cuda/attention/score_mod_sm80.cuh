@@ -268,11 +268,8 @@ __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const
   // Under softcap the scores are capped first (the scale inside the cap), then added to;
   // without, the scale goes into one multiply-add with the key's term (rounded once).
   float scale = p.scale;
-  if (p.softcap > 0.f) {  // as with_softcap decides
-#pragma unroll
-    for (int nt = 0; nt < kTilesN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = capped_score<true>(p, s[nt][e]);
+  if (p.softcap > 0.f) {
+    cap_scores(s, p);
     scale = 1.f;
   }
   if (keys_cover_rows<kTilesN>(keys, row0, lane)) {
