@@ -135,6 +135,12 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttentionFwdParams& f, flo
   return {pr, ds, ds * capped_slope<kSoftcap>(f, c)};
 }
 
+// The additive term of visible scores in calls without a term (no bias, no mask): score_grad's
+// kNoTerm, and no dbias sums.
+struct NoTerm {
+  __device__ float operator()(int, int) const { return 0.f; }
+};
+
 // Scores (raw q.k in s, dP in dp, one warp's 16 rows) to gradients, for one way of finding
 // each score's additive term add_at(nt, e) (fragment element e of n-tile nt). Each caller
 // passes one lambda per uniform case, so the unrolled loop a tile executes holds only its own
@@ -145,25 +151,21 @@ template <bool kVisible = false, int kTilesN, class Add>
 __device__ __forceinline__ void scores_to_ds(const AttentionFwdParams& f, float (&s)[kTilesN][4],
                                              float (&dp)[kTilesN][4], const float (&lse2)[2], const float (&delta)[2],
                                              Add&& add_at) {
+  constexpr bool kNoTerm = std::is_same_v<std::decay_t<Add>, NoTerm>;
+  static_assert(!kNoTerm || kVisible, "NoTerm is for visible scores");
   with_softcap(f, [&](auto softcap) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        const ScoreGrad g =
-            score_grad<decltype(softcap)::value, kVisible>(f, s[nt][e], add_at(nt, e), lse2[r], dp[nt][e], delta[r]);
+        const ScoreGrad g = score_grad<decltype(softcap)::value, kVisible, kNoTerm>(f, s[nt][e], add_at(nt, e), lse2[r],
+                                                                                   dp[nt][e], delta[r]);
         dp[nt][e] = g.ds;
         s[nt][e] = g.dqk;
       }
   });
 }
-
-// The additive term of visible scores in calls without a term (no bias, no mask): score_grad's
-// kNoTerm, and no dbias sums.
-struct NoTerm {
-  __device__ float operator()(int, int) const { return 0.f; }
-};
 
 // The transposed case of the dk/dv kernel: rows are keys, columns the step's queries
 // nt * 8 + 2t + (e & 1), with lse2 and delta in shared memory. st becomes P^T, dpt becomes

@@ -254,11 +254,15 @@ __device__ __forceinline__ void attention_bwd_dkdv_body(const AttentionBwdParams
         constexpr bool kMask = decltype(has_mask)::value;
         constexpr BiasTerm kBias = decltype(bias_kind)::value;
         const T* bias_tile = Terms::template bias_tile<T>(terms, f);
-        scores_to_p_ds_t<!kMask>(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {  // as in the dq kernel
-          const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);
-          return tile_term<kMask, kBias>(kMask ? terms[il * mask_pitch + kl[r]] : 0u,
-                                         bias_tile + il * Terms::kBiasPitch + kl[r], kb[r]);
-        });
+        if constexpr (!kMask && kBias == BiasTerm::none) {
+          scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, NoTerm{});
+        } else {
+          scores_to_p_ds_t<!kMask>(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {  // as in the dq kernel
+            const int r = e >> 1, il = nt * 8 + 2 * t + (e & 1);
+            return tile_term<kMask, kBias>(kMask ? terms[il * mask_pitch + kl[r]] : 0u,
+                                           bias_tile + il * Terms::kBiasPitch + kl[r], kb[r]);
+          });
+        }
       });
     } else if (key_bias) {  // steps on the causal diagonal or the sequence ends
       scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {

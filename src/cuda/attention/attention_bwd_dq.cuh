@@ -202,14 +202,18 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
             }
             const T* bias_tile = Terms::template bias_tile<T>(terms, f);
             // Interior and no mask test: every score is visible and its term is the bias,
-            // added as the forward adds it (no hidden-score select).
-            scores_to_ds<!kMask>(f, s, dp, lse2, delta, [&](int nt, int e) {
-              const int r = e >> 1, c = nt * 8 + 2 * t + (e & 1);
-              // one load for the thread's key pair (the same address for e and e ^ 1)
-              const uint32_t pair = kMask ? mask_pair(terms + mask_rows[r] * Terms::kMaskPitch + nt * 8 + 2 * t) : 0;
-              return tile_term<kMask, kBias>((e & 1) ? pair >> 8 : pair & 0xff,
-                                             bias_tile + (rows[r] - row0) * Terms::kBiasPitch + c, kb[nt][e & 1]);
-            });
+            // added as the forward adds it (no hidden-score select), or none at all.
+            if constexpr (!kMask && kBias == BiasTerm::none) {
+              scores_to_ds<true>(f, s, dp, lse2, delta, NoTerm{});
+            } else {
+              scores_to_ds<!kMask>(f, s, dp, lse2, delta, [&](int nt, int e) {
+                const int r = e >> 1, c = nt * 8 + 2 * t + (e & 1);
+                // one load for the thread's key pair (the same address for e and e ^ 1)
+                const uint32_t pair = kMask ? mask_pair(terms + mask_rows[r] * Terms::kMaskPitch + nt * 8 + 2 * t) : 0;
+                return tile_term<kMask, kBias>((e & 1) ? pair >> 8 : pair & 0xff,
+                                               bias_tile + (rows[r] - row0) * Terms::kBiasPitch + c, kb[nt][e & 1]);
+              });
+            }
           });
         } else if (key_bias) {  // tiles on the causal diagonal or the sequence ends
           float kb[kN][2];
