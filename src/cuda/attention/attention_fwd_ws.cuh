@@ -137,10 +137,10 @@ struct FwdWsShape {
   // Arrivals that fill a buffer: the TMA thread's one, or one per gathering thread.
   static constexpr int kFillArrivals = kGather ? 128 : 1;
   // O stored by the copy engine from shared memory (fwd_ws_consume), else from registers. Not
-  // in dense calls at D 128 and 256: there the staged store's code made the key loop slower on
-  // long rows; at D 64 it was faster at every length (docs/performance.md, "the forward's
-  // epilogue").
-  static constexpr bool kStoreThroughCopy = kKind != FwdWsKind::dense || kHeadDim == 64;
+  // in dense calls at D 128: there the staged store's code made the key loop slower on long
+  // rows; at D 64 it was faster at every length, at D 256 as fast or faster (docs/performance.md,
+  // "the forward's epilogue").
+  static constexpr bool kStoreThroughCopy = kKind != FwdWsKind::dense || kHeadDim != 128;
 
   __device__ static uint32_t q_full(uint32_t base) { return base + kBars; }
   __device__ static uint32_t k_full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
