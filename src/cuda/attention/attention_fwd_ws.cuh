@@ -397,13 +397,16 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
 // is done and the stage's terms or records are read. `tile_row`: the thread's first row within
 // the CTA's 128 (scored calls).
 // Each consumer thread arrives on the stage's empty barrier itself (initialised to 256): no
-// thread's reads rely on another's arrival.
-template <class T, FwdWsKind kKind, class Shape, int kCols>
+// thread's reads rely on another's arrival. `key_terms`: what fwd_ws_key_terms read of a
+// gathered tile's records while S was computed.
+template <class T, FwdWsKind kKind, class Shape, int kCols, class KeyTerms>
 __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const AttentionFwdParams& p,
                                               const unsigned char* smem, uint32_t base, int st, int key0, int b, int h,
-                                              int warp_row0, int lane, bool raw, int tile_row, bool mask_all) {
+                                              int warp_row0, int lane, bool raw, int tile_row, bool mask_all,
+                                              const KeyTerms& key_terms) {
   if constexpr (kKind == FwdWsKind::gathered) {
-    apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), lane);
+    apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), key_terms,
+                       lane);
     mbar::arrive(Shape::k_empty(base, st));
   } else if constexpr (fwd_ws_scored(kKind)) {
     const FwdWsTerms<Shape> terms(p);  // from the params per tile: uniform arithmetic, no registers held across the loop
@@ -467,6 +470,18 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
     mbar::arrive(Shape::k_empty(base, st));
     apply_score_mod<T, false, kCols>(s, p, b, h, warp_row0, key0, lane, ScoreTiles{});
   }
+}
+
+// A gathered key tile's biases and cover vote (load_key_terms), read from stage st's KeyInfo
+// records once K's buffer is full, between issuing S and waiting for it: their loads' latency
+// hides under the matmul. Nothing for the other kinds.
+struct NoKeyTerms {};
+template <FwdWsKind kKind, class Shape, int kCols>
+__device__ __forceinline__ auto fwd_ws_key_terms(const unsigned char* smem, int st, int warp_row0, int lane) {
+  if constexpr (kKind == FwdWsKind::gathered)
+    return load_key_terms<kCols>(reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), warp_row0, lane);
+  else
+    return NoKeyTerms{};
 }
 
 // One consumer warp group: 64 query rows against every key tile of `walk` (every tile below
@@ -538,10 +553,11 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
       take_turn();
       Mma::qk_issue(s, s_q, Shape::k_tile(base, 0), warp);
       pass_turn(last);
+      const auto key_terms = fwd_ws_key_terms<kKind, Shape, kN>(smem, 0, warp_row0, lane);
       Mma::template wait_qk<false>(s);
       if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, 0), 0);  // the mask laid over the bias
       fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, 0, first * Shape::kBlockN, b, h, warp_row0, lane, raw,
-                                     tile_row, mask_all(first));
+                                     tile_row, mask_all(first), key_terms);
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
       Mma::pack_p(pf, s);
     };
@@ -558,10 +574,11 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
       Mma::template qk_issue<kKeys>(s, s_q, Shape::k_tile(base, s_now), warp);
       Mma::pv_issue(o, pf, Shape::v_tile(base, s_prev));
       pass_turn(last);
+      const auto key_terms = fwd_ws_key_terms<kKind, Shape, kKeys / 8>(smem, s_now, warp_row0, lane);
       Mma::template wait_qk<true>(s);
       if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, s_now), (j / Shape::kStages) & 1);
       fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, s_now, nb * Shape::kBlockN, b, h, warp_row0, lane, raw,
-                                     tile_row, mask_all(nb));
+                                     tile_row, mask_all(nb), key_terms);
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
       Mma::wait_pv(o, pf);
       release(Shape::v_empty(base, s_prev));

@@ -239,49 +239,74 @@ __device__ __forceinline__ const int32_t* tile_key_list(const KeyLists& l, int64
   return l.keys + bh * l.keys_bh_stride + first;
 }
 
+// capped + additive term, where a hidden score is -inf whatever q.k was (a NaN in a key
+// row must not reach queries that do not see it).
+__device__ __forceinline__ float add_visible(float capped, float add) { return add == -INFINITY ? add : capped + add; }
+
 // Dynamic-mask mode: key column c of the tile (its KeyInfo record in shared memory) is
 // visible to query i iff begin <= i < end; visible scores get the key's bias.
 __device__ __forceinline__ float interval_add(const KeyInfo& key, int i) {
   return i >= key.begin && i < key.end ? key.bias : -INFINITY;
 }
 
-// capped + additive term, where a hidden score is -inf whatever q.k was (a NaN in a key
-// row must not reach queries that do not see it).
-__device__ __forceinline__ float add_visible(float capped, float add) { return add == -INFINITY ? add : capped + add; }
-
 // Whether every one of the tile's kTilesN * 8 keys is kept by all 16 rows [row0, row0 + 16):
 // then the fragment needs the keys' biases only, no interval test per score. Most tiles of a
 // causal top-w list qualify (a row changes about w / i of its keys), all but those with keys
-// whose intervals begin or end among the rows, or padding. Warp-uniform.
+// whose intervals begin or end among the rows, or padding. Warp-uniform. Begin and end come in
+// one load: one load latency before the vote, not two.
 template <int kTilesN>
 __device__ __forceinline__ bool keys_cover_rows(const KeyInfo* keys, int row0, int lane) {
   bool covers = true;
 #pragma unroll
-  for (int c = lane; c < kTilesN * 8; c += 32) covers &= keys[c].begin <= row0 && keys[c].end >= row0 + 16;
+  for (int c = lane; c < kTilesN * 8; c += 32) {
+    const int2 interval = *reinterpret_cast<const int2*>(&keys[c].begin);
+    covers &= interval.x <= row0 && interval.y >= row0 + 16;
+  }
   return __all_sync(0xffffffffu, covers);
 }
 
+// Dynamic-mask mode: what a 16-row strip [row0, row0 + 16) needs of a key tile's KeyInfo records
+// (shared memory) besides the per-score intervals: the biases of the thread's columns, and
+// whether the keys cover the rows (keys_cover_rows). Read apart from the scores so that a
+// caller can have them loaded while its S is computed.
+template <int kTilesN>
+struct KeyTileTerms {
+  float bias[kTilesN][2];
+  bool covers;  // warp-uniform
+};
+
+template <int kTilesN>
+__device__ __forceinline__ KeyTileTerms<kTilesN> load_key_terms(const KeyInfo* keys, int row0, int lane) {
+  KeyTileTerms<kTilesN> terms;
+  terms.covers = keys_cover_rows<kTilesN>(keys, row0, lane);
+  const int t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) terms.bias[nt][c] = keys[nt * 8 + 2 * t + c].bias;  // one load for both rows
+  return terms;
+}
+
+// Key column c of the tile is visible to query i iff begin <= i < end; visible scores get the
+// key's bias. Under softcap the scores are capped first (the scale inside the cap), then added
+// to; without, the scale goes into one multiply-add with the key's term (rounded once).
 template <int kTilesN>
 __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int row0,
-                                                   const KeyInfo* keys, int lane) {
+                                                   const KeyInfo* keys, const KeyTileTerms<kTilesN>& terms,
+                                                   int lane) {
   const int g = lane / 4, t = lane % 4;
-  // Under softcap the scores are capped first (the scale inside the cap), then added to;
-  // without, the scale goes into one multiply-add with the key's term (rounded once).
   float scale = p.scale;
   if (p.softcap > 0.f) {
     cap_scores(s, p);
     scale = 1.f;
   }
-  if (keys_cover_rows<kTilesN>(keys, row0, lane)) {
-    // Every key here is kept by every row: its score is capped + bias as on the CPU, with
-    // no hidden-score select.
+  if (terms.covers) {  // capped + bias as on the CPU, with no hidden-score select
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float bias = keys[nt * 8 + 2 * t + c].bias;  // one load for both rows
-        s[nt][c] = fmaf(s[nt][c], scale, bias);
-        s[nt][c + 2] = fmaf(s[nt][c + 2], scale, bias);
+        s[nt][c] = fmaf(s[nt][c], scale, terms.bias[nt][c]);
+        s[nt][c + 2] = fmaf(s[nt][c + 2], scale, terms.bias[nt][c]);
       }
     return;
   }
@@ -289,9 +314,16 @@ __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {  // hidden: -inf whatever q.k was (add_visible)
-      const float add = interval_add(keys[nt * 8 + 2 * t + (e & 1)], row0 + g + 8 * (e >> 1));
-      s[nt][e] = add == -INFINITY ? add : fmaf(s[nt][e], scale, add);
+      const int2 interval = *reinterpret_cast<const int2*>(&keys[nt * 8 + 2 * t + (e & 1)].begin);
+      const int i = row0 + g + 8 * (e >> 1);
+      s[nt][e] = i >= interval.x && i < interval.y ? fmaf(s[nt][e], scale, terms.bias[nt][e & 1]) : -INFINITY;
     }
+}
+
+template <int kTilesN>
+__device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int row0,
+                                                   const KeyInfo* keys, int lane) {
+  apply_interval_mod(s, p, row0, keys, load_key_terms<kTilesN>(keys, row0, lane), lane);
 }
 
 // The additive term of one score read straight from global memory, for kernels that visit
