@@ -1,6 +1,6 @@
 """The causal top-w selection alone (`fdma_select`, causal unless --causal 0, w = 2048) on the GPU: time against
 row length and row count, run each way the library can (FDMA_SELECT_PATH=cluster: a cluster of
-up to 8 CTAs per row on sm_90, up to 32K keys; =shared: one CTA per
+up to 8 CTAs per row on sm_90, 16 for rows past 16K keys where the rows are few, up to 32K keys; =shared: one CTA per
 row in shared memory, up to 32K keys; =global: a device-wide sort, then a CTA per row through
 global memory; =levels: a device-wide sort, then kernels per wavelet level; unset: the
 library's choice; "wavelet ends": the library's choice of path with FDMA_SELECT_ENDS=wavelet, the

@@ -291,13 +291,14 @@ TEST(SelectGpu, WalkMatchesTheCpuOnOrderedScores) {
 }
 
 // Past 32K keys the cluster path takes 16 CTAs per row (a non-portable cluster size; where
-// the GPU cannot place one, the library falls back and this compares that path instead).
+// the GPU cannot place one, the library falls back and this compares that path instead), and
+// so do rows past 16K keys where every row's cluster fits in one wave (these two rows).
 TEST(SelectGpu, SixteenCtaClustersMatchTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv select_path("FDMA_SELECT_PATH");
   select_path.set("cluster");
   std::mt19937_64 rng(93);
-  for (int64_t Sk : {32769, 65536, 100003, 131072}) {
+  for (int64_t Sk : {16384, 16385, 32768, 32769, 65536, 100003, 131072}) {
     HostTensor scores(DType::bf16, {1, 2, Sk}), pad(DType::boolean, {1, Sk});
     scores.fill_uniform(rng, -2, 2);
     pad.fill_bool(rng, 0.9);

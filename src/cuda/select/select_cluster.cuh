@@ -2,8 +2,8 @@
 // (select_rows.cuh) leaves all but B * Hk SMs idle: at 16K keys and 4 rows, 4 SMs spent 73 us
 // on the rank sort and 70 us on the 14 wavelet levels, latency-bound on barriers. Here each row
 // is cut into C segments (C <= 8, a portable cluster, up to 32K keys; 16 above, where the GPU
-// can place such a cluster), one per CTA, and the CTAs exchange data through distributed
-// shared memory:
+// can place such a cluster, and past 16K keys where the rows are few), one per CTA, and the
+// CTAs exchange data through distributed shared memory:
 //   - the rank sort is a least-significant-digit radix sort over the 32 inverted score bits,
 //     8 bits per pass. Each pass ranks the CTA's keys by digit (stable), reads the peers' digit
 //     counts, and stores every key straight into the CTA that holds its destination. The
@@ -37,6 +37,10 @@ namespace fdma::cuda {
 // fit an SM).
 constexpr int kClusterPortableCtas = 8, kClusterMaxCtas = 16;
 constexpr int kClusterPortableRowKeys = 512 * 8 * kClusterPortableCtas;
+// Rows past this many keys take sixteen CTAs where few rows leave SMs idle (select_topw.cu,
+// cluster_wide): segments of more than 1024 keys (at 16K keys sixteen CTAs were slower than
+// eight, at 32K faster: docs/performance.md, "selection").
+constexpr int kClusterWideRowKeys = 1024 * kClusterMaxCtas;
 constexpr int kClusterRowMaxKeys = 512 * 16 * kClusterMaxCtas;
 constexpr int kDigitBits = 8, kDigits = 1 << kDigitBits;
 

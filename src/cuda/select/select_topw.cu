@@ -203,13 +203,16 @@ size_t select_row_bytes(int Sk) {
 
 // A row of Sk keys in segments of a multiple of 4 keys (the levels' 16-byte copies), one per
 // CTA of the cluster: eight where the row is long enough, fewer below 8 * 512 keys, sixteen
-// past kClusterPortableRowKeys.
-int cluster_segment(int Sk) {
-  const int ctas = Sk <= kClusterPortableRowKeys ? kClusterPortableCtas : kClusterMaxCtas;
+// past kClusterPortableRowKeys, or past kClusterWideRowKeys where `wide` (select_path).
+int cluster_segment(int Sk, bool wide) {
+  const int ctas = Sk > kClusterPortableRowKeys || (wide && Sk > kClusterWideRowKeys) ? kClusterMaxCtas
+                                                                                        : kClusterPortableCtas;
   const int part = (Sk + ctas - 1) / ctas;
   return (std::max(part, std::min(Sk, 512)) + 3) / 4 * 4;
 }
-int cluster_ctas(int Sk) { return (Sk + cluster_segment(Sk) - 1) / cluster_segment(Sk); }
+int cluster_ctas(int Sk, bool wide) {
+  return (Sk + cluster_segment(Sk, wide) - 1) / cluster_segment(Sk, wide);
+}
 
 // Calls f(Shape{}) with the cluster kernel's CTA shape for segments of `seg` keys.
 template <int kThreads, int kItems>
@@ -226,7 +229,7 @@ cudaError_t with_cluster_shape(int seg, F&& f) {
 // The launch configuration of the cluster kernel of this shape for rows of in.Sk keys (attr:
 // one slot); sets the kernel's attributes on first use on a device.
 template <class Shape>
-cudaError_t cluster_config(const TopwInputs& in, cudaStream_t stream, cudaLaunchConfig_t& cfg,
+cudaError_t cluster_config(const TopwInputs& in, bool wide, cudaStream_t stream, cudaLaunchConfig_t& cfg,
                            cudaLaunchAttribute* attr) {
   const auto kernel = select_cluster_kernel<Shape::threads, Shape::items>;
   constexpr size_t smem = select_cluster_smem<Shape::threads, Shape::items>();
@@ -238,7 +241,7 @@ cudaError_t cluster_config(const TopwInputs& in, cudaStream_t stream, cudaLaunch
       });
       err != cudaSuccess)
     return err;
-  const int ctas = cluster_ctas(in.Sk);
+  const int ctas = cluster_ctas(in.Sk, wide);
   cfg = cudaLaunchConfig_t{};
   cfg.gridDim = dim3(unsigned(ctas), unsigned(in.B * in.Hk));
   cfg.blockDim = dim3(unsigned(Shape::threads));
@@ -289,8 +292,8 @@ DeviceLimits device_limits() {
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute la[1];
     int placed = 0;
-    l.clusters16 = with_cluster_shape(cluster_segment(probe.Sk), [&](auto shape) {
-                     const cudaError_t err = cluster_config<decltype(shape)>(probe, nullptr, cfg, la);
+    l.clusters16 = with_cluster_shape(cluster_segment(probe.Sk, false), [&](auto shape) {
+                     const cudaError_t err = cluster_config<decltype(shape)>(probe, false, nullptr, cfg, la);
                      const auto kernel = select_cluster_kernel<decltype(shape)::threads, decltype(shape)::items>;
                      return err != cudaSuccess ? err : cudaOccupancyMaxActiveClusters(&placed, kernel, &cfg);
                    }) == cudaSuccess &&
@@ -303,6 +306,15 @@ DeviceLimits device_limits() {
   return l;
 }
 
+// Whether rows past kClusterWideRowKeys take sixteen CTAs a cluster: where the GPU places such
+// clusters and every row's cluster fits in one wave. Each pass of the cluster's sort is a
+// latency-bound chain over its segment, so halving the segment shortens it while the SMs
+// would idle anyway (few rows).
+bool cluster_wide(const TopwInputs& in) {
+  const DeviceLimits l = device_limits();
+  return l.clusters16 && int64_t(in.B) * in.Hk * kClusterMaxCtas <= l.sms;
+}
+
 // sort_only: the ranks without wavelet levels (non-causal, or causal ends by the walk).
 SelectPath select_path(const TopwInputs& in, bool sort_only) {
   const auto [sms, smem_optin, clusters, clusters16] = device_limits();
@@ -312,7 +324,7 @@ SelectPath select_path(const TopwInputs& in, bool sort_only) {
   const int64_t rows = int64_t(in.B) * in.Hk;
   const bool fits_cluster = (in.Sk <= kClusterPortableRowKeys ? clusters : clusters16) &&
                             in.Sk <= kClusterRowMaxKeys && rows <= 65535;
-  const bool cluster_pays = fits_cluster && rows * cluster_ctas(in.Sk) <= sms;
+  const bool cluster_pays = fits_cluster && rows * cluster_ctas(in.Sk, cluster_wide(in)) <= sms;
   // GPUs with less shared memory per block (99 KB on sm_86/89) take rows up to 16K keys here.
   const bool fits_shared = in.Sk <= kSharedRowMaxKeys && select_row_bytes(in.Sk) <= size_t(smem_optin);
   const char* forced = forced_select_path();
@@ -336,11 +348,13 @@ SelectPath select_path(const TopwInputs& in, bool sort_only) {
 
 cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
                                   cudaStream_t stream) {
-  const int seg = cluster_segment(in.Sk);
+  const bool wide = cluster_wide(in);
+  const int seg = cluster_segment(in.Sk, wide);
   return with_cluster_shape(seg, [&](auto shape) {
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
-    if (const cudaError_t err = cluster_config<decltype(shape)>(in, stream, cfg, attr); err != cudaSuccess) return err;
+    if (const cudaError_t err = cluster_config<decltype(shape)>(in, wide, stream, cfg, attr); err != cudaSuccess)
+      return err;
     const auto kernel = select_cluster_kernel<decltype(shape)::threads, decltype(shape)::items>;
     return cudaLaunchKernelEx(&cfg, kernel, in, seg, levels, s.keys_out, s.idx_out, rank0);
   });
