@@ -18,8 +18,9 @@
 // each other: no CTA-wide barrier after the start. A pair of named barriers hands the tensor
 // core back and forth (ping-pong): a group issues its step's matmuls only after the other has
 // issued its own, so one group's softmax runs under the other's matmuls. At the end each group
-// stores its O rows: in scored and gathered calls, and dense ones at D = 64, through the copy
-// engine from shared memory (over its own Q rows), in other dense calls from registers.
+// stores its O rows: in scored and gathered calls, and dense ones at D = 64 and 256, through the
+// copy engine from shared memory (over its own Q rows), in dense calls at D = 128 from registers.
+// A gathered step reads its keys' biases and cover vote while its S is computed (fwd_ws_key_terms).
 //
 // Scored calls with both a mask tile and a bias tile at D = 128 take a kind of their own on
 // 64-key tiles (scored_narrow), where two stages of both fit beside K and V; at D = 256 one
