@@ -2,6 +2,7 @@
 // (brute-force selection turned into a dense keep-mask plus the scores as a bias).
 #pragma once
 
+#include <cmath>
 #include <random>
 #include <sstream>
 #include <string>
@@ -84,6 +85,38 @@ struct DmaRun {
       keep_begin.set(i, i % 3 ? double(any(rng)) : -7.0);
       keep_end.set(i, i % 3 ? double(any(rng)) : 20.0 * c.Sq);
     }
+  }
+
+  // NaN in every element of the K rows of some keys of each (batch, KV head): up to `per_row`
+  // that some queries keep and others not (causal: their selected interval begins after query
+  // 0 or ends before the last query), and one that no query keeps. The reference reads the new
+  // K. Returns how many rows of the reference's out are NaN (the rows that keep such a key),
+  // so that a test can tell that both kinds of rows are there.
+  int64_t poison_key_rows(int per_row) {
+    const auto [begin, end] = cpu_selection();
+    auto poison = [&](int64_t bh, int64_t j) {
+      const int64_t bb = bh / c.Hk, hk = bh % c.Hk;
+      for (int64_t d = 0; d < c.D; ++d) k.set(((bb * c.Sk + j) * c.Hk + hk) * c.D + d, std::nan(""));
+    };
+    for (int64_t bh = 0; bh < c.B * c.Hk; ++bh) {
+      int partly = 0;
+      bool unkept = false;
+      for (int64_t j = c.Sk / 4; j < c.Sk; j += 7) {
+        const double b = begin[bh * c.Sk + j], e = end[bh * c.Sk + j];
+        if (b >= e && !unkept) {
+          poison(bh, j);
+          unkept = true;
+        } else if (b < e && (b > 0 || e < c.Sq) && partly < per_row) {
+          poison(bh, j);
+          ++partly;
+        }
+      }
+    }
+    rp.k = k.values();
+    const auto ref = ref::forward(rp);
+    int64_t nan_rows = 0;
+    for (int64_t row = 0; row < c.B * c.Sq * c.H; ++row) nan_rows += std::isnan(ref.out[row * c.D]);
+    return nan_rows;
   }
 
   // The selection as select_keys computes it on the CPU: (begin, end) values.

@@ -173,6 +173,24 @@ TEST(DynamicMaskAttention, BackwardReusesTheForwardsSelection) {
     }
 }
 
+// A NaN in a key's K row reaches only the queries that keep the key (a garbage or padded key
+// must not poison queries that never attend to it): out and lse match the reference, NaN in
+// exactly the rows that keep a poisoned key. Causal: keys kept by some queries and not others,
+// and keys no query keeps; non-causal (every query keeps the same keys): keys no query keeps.
+TEST(DynamicMaskAttention, NanKeyRowsReachOnlyTheQueriesThatKeepThem) {
+  for (bool causal : {true, false}) {
+    DmaCase c;
+    c.B = 1, c.Sq = 90, c.Sk = 120, c.H = 4, c.Hk = 2, c.D = 16, c.w = 6, c.seed = 320, c.causal = causal;
+    SCOPED_TRACE(c.str());
+    DmaRun r(c);
+    const int64_t nan_rows = r.poison_key_rows(3);
+    if (causal) ASSERT_GT(nan_rows, 0);
+    ASSERT_LT(nan_rows, c.B * c.Sq * c.H);
+    r.forward();
+    r.check_forward();
+  }
+}
+
 // Intervals that are no selection's (out of range, reversed, more keys than w per query)
 // give wrong gradients but run within bounds: they are clamped to the queries that exist.
 TEST(DynamicMaskAttention, MadeUpIntervalsStayInBounds) {

@@ -608,6 +608,30 @@ TEST(DmaGpu, BackwardReusesTheForwardsSelection) {
     }
 }
 
+// A NaN in a key's K row reaches only the queries that keep the key (test_dma.cpp has the CPU
+// backend's case), in both forward kernels: the warp-specialized gathered one, whose covered
+// tiles add the keys' biases with no per-score test and whose other tiles select on each
+// score's interval, and the cp.async one (FDMA_FWD_WS=0). Causal lists hold keys that some of a
+// tile's queries keep and others not.
+TEST(DmaGpu, NanKeyRowsReachOnlyTheQueriesThatKeepThem) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_FWD_WS");
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
+    ws.set(on);
+    for (int64_t D : {64, 128}) {
+      DmaCase c;
+      c.B = 1, c.Sq = 700, c.Sk = 700, c.H = 4, c.Hk = 2, c.D = D, c.w = 64, c.seed = 1500 + D, c.causal = true;
+      c.dtype = DType::bf16;
+      DmaRun r(c);
+      const int64_t nan_rows = r.poison_key_rows(6);
+      ASSERT_GT(nan_rows, 0);
+      ASSERT_LT(nan_rows, c.B * c.Sq * c.H);
+      run_gpu_dma(r, false);
+    }
+  }
+}
+
 // Intervals that are no selection's: clamped to the queries that exist, so the kernels stay
 // in bounds (compute-sanitizer's memcheck over this test finds no error) and every gradient is
 // written.
