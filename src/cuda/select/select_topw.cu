@@ -211,7 +211,8 @@ int cluster_segment(int Sk, bool wide) {
   return (std::max(part, std::min(Sk, 512)) + 3) / 4 * 4;
 }
 int cluster_ctas(int Sk, bool wide) {
-  return (Sk + cluster_segment(Sk, wide) - 1) / cluster_segment(Sk, wide);
+  const int seg = cluster_segment(Sk, wide);
+  return (Sk + seg - 1) / seg;
 }
 
 // Calls f(Shape{}) with the cluster kernel's CTA shape for segments of `seg` keys.
@@ -310,21 +311,21 @@ DeviceLimits device_limits() {
 // clusters and every row's cluster fits in one wave. Each pass of the cluster's sort is a
 // latency-bound chain over its segment, so halving the segment shortens it while the SMs
 // would idle anyway (few rows).
-bool cluster_wide(const TopwInputs& in) {
-  const DeviceLimits l = device_limits();
+bool cluster_wide(const TopwInputs& in, const DeviceLimits& l) {
   return l.clusters16 && int64_t(in.B) * in.Hk * kClusterMaxCtas <= l.sms;
 }
 
 // sort_only: the ranks without wavelet levels (non-causal, or causal ends by the walk).
 SelectPath select_path(const TopwInputs& in, bool sort_only) {
-  const auto [sms, smem_optin, clusters, clusters16] = device_limits();
+  const DeviceLimits limits = device_limits();
+  const auto [sms, smem_optin, clusters, clusters16] = limits;
   // The cluster path spreads a row over up to 16 SMs: for the few-row case, where the others
   // leave SMs idle (measured on the H200 at c682e7d: 8 rows of 16K keys 0.080 ms against 0.132
   // a CTA per row; 32 rows 0.178 against 0.150, 32 rows of 4K keys 0.109 against 0.078).
   const int64_t rows = int64_t(in.B) * in.Hk;
   const bool fits_cluster = (in.Sk <= kClusterPortableRowKeys ? clusters : clusters16) &&
                             in.Sk <= kClusterRowMaxKeys && rows <= 65535;
-  const bool cluster_pays = fits_cluster && rows * cluster_ctas(in.Sk, cluster_wide(in)) <= sms;
+  const bool cluster_pays = fits_cluster && rows * cluster_ctas(in.Sk, cluster_wide(in, limits)) <= sms;
   // GPUs with less shared memory per block (99 KB on sm_86/89) take rows up to 16K keys here.
   const bool fits_shared = in.Sk <= kSharedRowMaxKeys && select_row_bytes(in.Sk) <= size_t(smem_optin);
   const char* forced = forced_select_path();
@@ -348,7 +349,7 @@ SelectPath select_path(const TopwInputs& in, bool sort_only) {
 
 cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
                                   cudaStream_t stream) {
-  const bool wide = cluster_wide(in);
+  const bool wide = cluster_wide(in, device_limits());
   const int seg = cluster_segment(in.Sk, wide);
   return with_cluster_shape(seg, [&](auto shape) {
     cudaLaunchConfig_t cfg;
