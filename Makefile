@@ -59,10 +59,11 @@ pytest: build $(VENV)/.ready
 	FDMA_LIBRARY=$(LIB) $(VENV)/bin/python -m pytest tests/python -q $(PYTEST_ARGS)
 
 # A virtual environment with torch and pytest for the Python tests (about 2-3 minutes and
-# 5 GB the first time: torch from PyPI brings its CUDA libraries).
+# 5.6 GB the first time: torch from PyPI brings its CUDA libraries). No pip cache: it would
+# keep another 3 GB of wheels on a machine whose disk may be nearly full.
 $(VENV)/.ready: python/requirements-test.txt
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir -r python/requirements-test.txt
 	@touch $@
 
 # The C ABI fuzz target (tests/fuzz/fuzz_capi.cpp): clang, libFuzzer, ASan and UBSan over a
