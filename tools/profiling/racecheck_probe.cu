@@ -5,7 +5,7 @@
 // their own named barrier (bar.sync 1 / 2, 128) once per step, with as many steps as their
 // share of active tiles, then group 1 hands its sums to group 0 through shared memory between
 // two CTA-wide barriers. racecheck reports hazards on that hand-off only when the groups took
-// different step counts (docs/benchmarks.md, sanitizer runs). This kernel has the same shape
+// different step counts (docs/hardening.md, "racecheck and named barriers"). This kernel has the same shape
 // and no race by construction: every shared word is written and read by one thread, or passed
 // from group 1 to group 0 across a __syncthreads.
 //
