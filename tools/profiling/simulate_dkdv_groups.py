@@ -10,7 +10,9 @@ With --keys 128 --windows 512 (the warp-specialized backward's groups, attention
 it also schedules that kernel's items: each group's walk cut at query ranges of --range-tiles
 64-row tiles (default: bwd_ws_tiles_per_range's eighth of the average SM's work), handed out
 lowest range first to the first free of 132 SMs, each item costing its steps plus --prologue
-steps; the makespan against the average SM's work, and the same for whole walks in grid order.
+steps; the makespan against the average SM's work, and the same for whole walks in grid order;
+and what a consumer half (64 of the group's keys by index) would compute if it skipped the
+steps none of its keys is kept in.
 
 Usage: python3 tools/profiling/simulate_dkdv_groups.py [--seqlen 131072] [--windows 256,1024]
        [--w 2048 --kv-heads 4 --group 4]  (the seed config: --seqlen 32768 --w 1024 --kv-heads 1 --group 2)
@@ -64,6 +66,19 @@ def group_spans(begin, end, window, block_m, by_end):
             yield begin[grp].min() // block_m * block_m, end[grp].max()
 
 
+def half_spans(begin, end, window, block_m):
+    """The warp-specialized groups' two consumer halves (64 keys each, by index within the
+    group): for each group, its span and the spans of its halves, in block_m tiles."""
+    kept = np.nonzero(end > begin)[0]
+    kept = kept[np.lexsort((kept, -end[kept]))]
+    tiles = lambda g: (begin[g].min() // block_m, -(-end[g].max() // block_m))
+    for w0 in range(0, len(kept), window):
+        win = np.sort(kept[w0:w0 + window], kind="stable")
+        for g0 in range(0, len(win), GROUP):
+            grp = win[g0:g0 + GROUP]
+            yield tiles(grp), [tiles(h) for h in (grp[:GROUP // 2], grp[GROUP // 2:]) if len(h)]
+
+
 def makespan(items, sms=132, prologue=0.0):
     """Greedy list scheduling of item costs (in order) onto `sms` SMs: the last SM's end."""
     ends = [0.0] * sms
@@ -109,6 +124,17 @@ def main():
             print(f"{GROUP} keys, window {window}: kept / computed {useful / sum(GROUP * s // G * STEP for s in steps):.3f}; "
                   f"average SM {avg:.0f} steps; items of {tiles} tiles, lowest range first: makespan "
                   f"{ranged / avg:.2f}x the average ({len(items)} items); whole walks in grid order {whole / avg:.2f}x")
+            # If a consumer half skipped the steps where none of its 64 keys is kept.
+            halves, idle, total = 0, 0, 0
+            for (lo, hi), hs in half_spans(begin, end, window, STEP):
+                busy = np.zeros(hi - lo, int)
+                for a, b in hs:
+                    halves += GROUP // 2 * (b - a) * STEP
+                    busy[a - lo:b - lo] += 1
+                idle += int((busy < len(hs)).sum())
+                total += hi - lo
+            print(f"  halves skipping their idle steps: kept / computed {useful / halves:.3f}; "
+                  f"steps with a half idle {idle / total:.1%}")
         return
     for by_end, windows in ((False, args.windows), (True, "256")):
         for window in map(int, windows.split(",")):
