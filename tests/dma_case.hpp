@@ -34,6 +34,24 @@ struct DmaCase {
   }
 };
 
+// dkey_scores from the reference's full dS (ref::backward's dbias, [B, H, Sq, Sk]): summed over
+// the group's heads and all queries; with `magnitude`, the same sum of |dS| (the scale of its
+// rounding error).
+inline std::vector<double> reference_dscores(const DmaCase& c, const std::vector<double>& dbias,
+                                             bool magnitude = false) {
+  std::vector<double> ds(c.B * c.Hk * c.Sk, 0.0);
+  const int64_t G = c.H / c.Hk;
+  if (c.add_scores)
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t i = 0; i < c.Sq; ++i)
+          for (int64_t j = 0; j < c.Sk; ++j) {
+            const double x = dbias[((b * c.H + h) * c.Sq + i) * c.Sk + j];
+            ds[(b * c.Hk + h / G) * c.Sk + j] += magnitude ? std::fabs(x) : x;
+          }
+  return ds;
+}
+
 struct DmaRun {
   DmaCase c;
   HostTensor q, k, v, scores, pad, out, lse, dout, dq, dk, dv, dscores;
@@ -200,14 +218,7 @@ struct DmaRun {
     EXPECT_TRUE(all_close(dv.values(), g.dv, grad_tol(c.dtype, g.dv), "dv")) << c.str();
     EXPECT_TRUE(dq.gaps_poisoned() && dk.gaps_poisoned() && dv.gaps_poisoned())
         << "dq, dk or dv written outside its elements";
-    // dkey_scores(b, hk, j) = sum over the group's heads and all queries of dS(b, h, i, j).
-    std::vector<double> ds(c.B * c.Hk * c.Sk, 0.0);
-    const int64_t G = c.H / c.Hk;
-    if (c.add_scores)
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t h = 0; h < c.H; ++h)
-          for (int64_t i = 0; i < c.Sq; ++i)
-            for (int64_t j = 0; j < c.Sk; ++j) ds[(b * c.Hk + h / G) * c.Sk + j] += g.dbias[((b * c.H + h) * c.Sq + i) * c.Sk + j];
+    const std::vector<double> ds = reference_dscores(c, g.dbias);
     EXPECT_TRUE(all_close(dscores.values(), ds, grad_tol(c.score_dtype == DType::f32 ? c.dtype : c.score_dtype, ds),
                           "dkey_scores"))
         << c.str();

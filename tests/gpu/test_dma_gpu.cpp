@@ -16,22 +16,6 @@ using namespace fdma::test;
 
 namespace {
 
-// dkey_scores from the reference's full dS: summed over the group's heads and all queries
-// (and the same sum of |dS|, the scale of its rounding error).
-std::vector<double> reference_dscores(const DmaCase& c, const std::vector<double>& dbias, bool magnitude) {
-  std::vector<double> ds(c.B * c.Hk * c.Sk, 0.0);
-  const int64_t G = c.H / c.Hk;
-  if (c.add_scores)
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t h = 0; h < c.H; ++h)
-        for (int64_t i = 0; i < c.Sq; ++i)
-          for (int64_t j = 0; j < c.Sk; ++j) {
-            const double x = dbias[((b * c.H + h) * c.Sq + i) * c.Sk + j];
-            ds[(b * c.Hk + h / G) * c.Sk + j] += magnitude ? std::fabs(x) : x;
-          }
-  return ds;
-}
-
 struct GpuDma {
   DmaRun& r;
   DeviceTensor q, k, v, scores, pad, out, lse, dout, dq, dk, dv, dscores, keep_begin, keep_end;
