@@ -287,6 +287,15 @@ __device__ __forceinline__ KeyTileTerms<kTilesN> load_key_terms(const KeyInfo* k
   return terms;
 }
 
+// Whether score e of the thread's column tile nt (the mma accumulator layout: row
+// row0 + lane / 4 + 8 (e >> 1), key 8 nt + 2 (lane % 4) + (e & 1)) lies in its key's interval;
+// begin and end in one load.
+__device__ __forceinline__ bool interval_holds(const KeyInfo* keys, int row0, int nt, int e, int lane) {
+  const int2 interval = *reinterpret_cast<const int2*>(&keys[nt * 8 + 2 * (lane % 4) + (e & 1)].begin);
+  const int i = row0 + lane / 4 + 8 * (e >> 1);
+  return i >= interval.x && i < interval.y;
+}
+
 // Key column c of the tile is visible to query i iff begin <= i < end; visible scores get the
 // key's bias. Under softcap the scores are capped first (the scale inside the cap), then added
 // to; without, the scale goes into one multiply-add with the key's term (rounded once).
@@ -294,7 +303,6 @@ template <int kTilesN>
 __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const AttentionFwdParams& p, int row0,
                                                    const KeyInfo* keys, const KeyTileTerms<kTilesN>& terms,
                                                    int lane) {
-  const int g = lane / 4, t = lane % 4;
   float scale = p.scale;
   if (p.softcap > 0.f) {
     cap_scores(s, p);
@@ -313,11 +321,8 @@ __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // hidden: -inf whatever q.k was (add_visible)
-      const int2 interval = *reinterpret_cast<const int2*>(&keys[nt * 8 + 2 * t + (e & 1)].begin);
-      const int i = row0 + g + 8 * (e >> 1);
-      s[nt][e] = i >= interval.x && i < interval.y ? fmaf(s[nt][e], scale, terms.bias[nt][e & 1]) : -INFINITY;
-    }
+    for (int e = 0; e < 4; ++e)  // hidden: -inf whatever q.k was (add_visible)
+      s[nt][e] = interval_holds(keys, row0, nt, e, lane) ? fmaf(s[nt][e], scale, terms.bias[nt][e & 1]) : -INFINITY;
 }
 
 template <int kTilesN>
