@@ -29,13 +29,14 @@ struct KvCase {
   bool dynamic = true, causal = true, add_scores = true, ties = false, nan_scores = false;
   bool state = false;  // pass a select_state (zeroed unless the test writes it)
   double softcap = 0;
+  double score_shift = 0;  // added to every score: -3e38 makes every key's term a sentinel (ties in f32)
   DType dtype = DType::f32, score_dtype = DType::f32;
   uint64_t seed = 1;
   std::string str() const {
     std::ostringstream os;
     os << "B" << B << " Sq" << Sq << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " max_len" << max_len
        << " page" << page_size << " Snew" << Snew << " dynamic" << dynamic << " causal" << causal << " add"
-       << add_scores << " ties" << ties << " nan" << nan_scores << " softcap" << softcap << " state" << state << " "
+       << add_scores << " ties" << ties << " nan" << nan_scores << " softcap" << softcap << " shift" << score_shift << " state" << state << " "
        << dtype_name(dtype) << "/" << dtype_name(score_dtype) << " lens";
     for (auto l : lens) os << " " << l;
     return os.str();
@@ -65,7 +66,7 @@ struct KvRun {
     for (int64_t i = 0; i < ls.numel(); ++i) {
       double x = c.ties ? std::round(u(rng) * 2) / 2 : u(rng);
       if (c.nan_scores && i % 7 == 3) x = std::nan("");
-      ls.set(i, x);
+      ls.set(i, x + c.score_shift);
     }
     q = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D});
     q.fill_uniform(rng, -1.5, 1.5);
@@ -75,7 +76,7 @@ struct KvRun {
       s_new = HostTensor(c.score_dtype, {c.B, c.Hk, c.Snew});
       k_new.fill_uniform(rng, -1.5, 1.5);
       v_new.fill_uniform(rng, -1, 1);
-      for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, c.ties ? std::round(u(rng) * 2) / 2 : u(rng));
+      for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, (c.ties ? std::round(u(rng) * 2) / 2 : u(rng)) + c.score_shift);
     }
     seqlens = HostTensor(DType::i32, {c.B});
     for (int64_t b = 0; b < c.B; ++b) seqlens.set(b, double(c.lens[b]));
@@ -124,7 +125,7 @@ struct KvRun {
     q.fill_uniform(rng, -1.5, 1.5);
     k_new.fill_uniform(rng, -1.5, 1.5);
     v_new.fill_uniform(rng, -1, 1);
-    for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, c.ties ? std::round(u(rng) * 2) / 2 : u(rng));
+    for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, (c.ties ? std::round(u(rng) * 2) / 2 : u(rng)) + c.score_shift);
   }
   // The next calls take n queries and append n tokens (a prompt's chunks, then decode
   // steps); next_tokens fills them.

@@ -565,6 +565,41 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
   }
 }
 
+// Biases far from 1 in magnitude, forward against the CPU: a bias with a query dim whose every
+// third row is the dtype's lowest value throughout (a fully masked row written as additive
+// sentinels, as transformers' float masks do: the mean of its visible keys) and whose next rows
+// hold 1e38 at every fifth key (their mean); a per-key bias with 1e38 at every seventh key. The
+// softmax's fused exponent would put 0 or inf in every such row (softmax_sm80.cuh,
+// kFusedExponentLimit). Both forward kernels, D 64, 128 and 256, f32 and bf16 biases, softcap.
+TEST(AttentionGpu, HugeFiniteBiasesMatchTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_FWD_WS");
+  uint64_t seed = 1700;
+  for (const char* on : {"1", "0"}) {
+    ws.set(on);
+    for (int variant = 0; variant < 6; ++variant) {
+      SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on + " variant " + std::to_string(variant));
+      const int64_t D = variant % 3 == 0 ? 128 : variant % 3 == 1 ? 64 : 256;
+      AttnCase c = base(300, 260 + 40 * (variant % 2), 4, 2, D, variant < 4, DType::bf16, seed++);
+      c.bias.present = true;
+      c.bias.q = variant < 4, c.bias.b = true, c.bias.heads = 2;
+      c.bias.dtype = variant % 2 ? DType::f32 : DType::unset;
+      c.softcap = variant == 2 ? 5.0 : 0.0;
+      AttnRun r(c);
+      const double lowest = variant % 2 ? -3.4028234663852886e38 : -3.3895313892515355e38;
+      const std::vector<int64_t> s = r.bias.shape();
+      const int64_t rows = s[2], cols = s[3];
+      for (int64_t i = 0; i < r.bias.numel(); ++i) {
+        const int64_t row = (i / cols) % rows, col = i % cols;
+        if (c.bias.q && row % 3 == 0) r.bias.set(i, lowest);
+        else if ((c.bias.q && row % 3 == 1 && col % 5 == 0) || (!c.bias.q && col % 7 == 0)) r.bias.set(i, 1e38);
+      }
+      r.rp.bias = expand_full(c, r.bias.values(), r.bias_shape);
+      run_gpu(r, false);
+    }
+  }
+}
+
 // Every plane of r.mask as blocks of 128 queries x 64 keys, each off, kept whole or kept
 // elementwise (probability 0.7), so that the kernels skip some key tiles, run some unmasked
 // and test the mask in the rest (and plane 0's first 128 rows keep nothing: zeros out); into

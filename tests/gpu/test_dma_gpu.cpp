@@ -616,6 +616,32 @@ TEST(DmaGpu, NanKeyRowsReachOnlyTheQueriesThatKeepThem) {
   }
 }
 
+// Key terms far from 1 in magnitude, forward against the CPU: every 97th key's score 1e38 (rows
+// that see one get the mean over such keys), or every score -3e38 (ties: a row's mean over its
+// kept keys). The softmax's fused exponent would put 0 or inf in every such row (softmax_sm80.cuh,
+// kFusedExponentLimit); the backward of such rows is not exact on any backend, their lse being
+// too coarse to carry the log of the row's sum.
+TEST(DmaGpu, HugeKeyTermsMatchTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ws("FDMA_FWD_WS");
+  for (const char* on : {"1", "0"}) {
+    ws.set(on);
+    for (int variant = 0; variant < 4; ++variant) {
+      SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on + " variant " + std::to_string(variant));
+      DmaCase c;
+      c.B = 2, c.Sq = 500, c.Sk = 500 + 64 * (variant % 2), c.H = 4, c.Hk = variant < 2 ? 2 : 1;
+      c.D = variant % 2 ? 64 : 128, c.w = 200, c.causal = variant != 3, c.seed = 1900 + variant;
+      c.dtype = DType::bf16, c.padding = variant == 1;
+      DmaRun r(c);
+      for (int64_t i = 0; i < r.scores.numel(); ++i)
+        if (variant >= 2) r.scores.set(i, -3e38);
+        else if (i % 97 == 50) r.scores.set(i, 1e38);
+      r.rebuild_reference_mask();
+      run_gpu_dma(r, false);
+    }
+  }
+}
+
 // Intervals that are no selection's: clamped to the queries that exist, so the kernels stay
 // in bounds (compute-sanitizer's memcheck over this test finds no error) and every gradient is
 // written.

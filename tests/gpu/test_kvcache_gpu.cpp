@@ -159,6 +159,20 @@ TEST(KvCacheGpu, AppendsHeadDimsSoftcapNan) {
     }
 }
 
+// Every key's score near -FLT_MAX, as a caller's sentinel might be: a row's kept keys tie, and
+// it gets their mean (times log2(e), such a score would overflow to -inf and hide the row).
+TEST(KvCacheGpu, SentinelScoresGiveTheKeptKeysMean) {
+  REQUIRE_GPU();
+  uint64_t seed = 110;
+  for (int64_t Sq : {1, 3}) {
+    KvCase c;
+    c.B = 2, c.Sq = Sq, c.H = 4, c.Hk = 2, c.D = 128, c.w = 30, c.max_len = 300, c.page_size = 16, c.Snew = 1;
+    c.dtype = DType::bf16, c.score_shift = -3e38, c.seed = seed++;
+    c.lens = {100, 298};
+    check_case(c);
+  }
+}
+
 TEST(KvCacheGpu, DenseAttention) {
   REQUIRE_GPU();
   uint64_t seed = 120;

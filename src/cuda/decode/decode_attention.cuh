@@ -213,7 +213,9 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
       }
     }
 
-    // Scores in log2 units, masked by each key's query interval; the online softmax.
+    // Scores masked by each key's query interval; the online softmax, whose exponents take the
+    // log2 factor after the subtraction: a score near -FLT_MAX (a key's term as a sentinel) times
+    // log2(e) would overflow to -inf and hide a row that sees only such keys.
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -225,7 +227,6 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
         float x = s[nt][e] * a.scale;
         if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
         if (a.add_scores) x += keys[stage].score[key];
-        x *= kLog2e;
         if (visible && isnan(x)) nan_row[h] = true;
         x = visible && !isnan(x) ? x : -INFINITY;
         s[nt][e] = x;
@@ -238,7 +239,7 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
       row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
       const float m_new = fmaxf(m[h], row_max[h]);
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-      corr[h] = ptx::exp2_approx(m[h] - m_use[h]);
+      corr[h] = ptx::exp2_approx((m[h] - m_use[h]) * kLog2e);
       m[h] = m_new;
       l[h] *= corr[h];
     }
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[nt][e] = ptx::exp2_approx(s[nt][e] - m_use[e >> 1]);
+        s[nt][e] = ptx::exp2_approx((s[nt][e] - m_use[e >> 1]) * kLog2e);
         l[e >> 1] += s[nt][e];
       }
 #pragma unroll
@@ -304,13 +305,13 @@ __global__ void __launch_bounds__(128, (DecodeTile<T, kHeadDim, kStages>::kMinCt
     if (M != -INFINITY) {
 #pragma unroll
       for (int w = 0; w < Tile::kWarps; ++w) {
-        const float f = ptx::exp2_approx(warp_m[w][r] - M);
+        const float f = ptx::exp2_approx((warp_m[w][r] - M) * kLog2e);
         Lsum += warp_l[w][r] * f;
         Osum += merge[(w * 16 + r) * kHeadDim + col] * f;
       }
     }
     const float out = nan ? NAN : Lsum > 0.f ? Osum / Lsum : 0.f;
-    const float lse = nan ? NAN : Lsum > 0.f ? (M + log2f(Lsum)) * kLn2 : -INFINITY;
+    const float lse = nan ? NAN : Lsum > 0.f ? M + log2f(Lsum) * kLn2 : -INFINITY;
     const int gh = rr / a.Sq, i = rr - gh * a.Sq, h = hk * a.G + gh;
     if (a.splits == 1) {
       T* dst = static_cast<T*>(a.out) + b * a.out_stride[0] + i * a.out_stride[1] + h * a.out_stride[2];
