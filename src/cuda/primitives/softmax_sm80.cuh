@@ -41,39 +41,40 @@ struct OnlineSoftmax {
   template <int kCols>
   __device__ __forceinline__ void scale_scores_log2(float (&s)[kCols][4], float (&alpha)[2], float log2_scale) {
     const float kLog2e = log2_scale;
-    float m_use[2], offset[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < kCols; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       const float m_new = fmaxf(m[r], quad_max(mx));
-      m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // all -inf so far: exp gives 0, not NaN
-      alpha[r] = ptx::exp2_approx((m[r] - m_use[r]) * kLog2e);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // all -inf so far: exp gives 0, not NaN
+      alpha[r] = ptx::exp2_approx((m[r] - m_use) * kLog2e);
       m[r] = m_new;
       l[r] *= alpha[r];
-      offset[r] = m_use[r] * kLog2e;
-    }
-    // fmaf(s, c, -m c) rounds m c once for the row: every exponent of the row moves alike by at
-    // most half an ulp of m c, the order of the scores' own float rounding, while |m c| stays
-    // below kFusedExponentLimit. Past it (terms near FLT_MAX, a fully masked row's -FLT_MAX
-    // sentinels) the shift reaches 2^103, or m c overflows: exponents of 0 or inf for the whole
-    // row. Such rows subtract m first, exact for the scores near it; the vote is warp-uniform, so
-    // the common case keeps its one multiply-add a score.
-    if (!__all_sync(0xffffffffu, fabsf(offset[0]) < kFusedExponentLimit && fabsf(offset[1]) < kFusedExponentLimit)) {
+      float offset = m_use * kLog2e;
+      // fmaf(s, c, -m c) rounds m c once for the row: every exponent of the row moves alike by
+      // at most half an ulp of m c, the order of the scores' own float rounding, while |m c|
+      // stays below kFusedExponentLimit. Past it (terms near FLT_MAX, a fully masked row's
+      // -FLT_MAX sentinels) the shift reaches 2^103, or m c overflows: exponents of 0 or inf for
+      // the whole row. Such rows subtract m first, exact for the scores near it. The vote keeps
+      // the branch warp-uniform, so the common case keeps its one multiply-add a score; one
+      // vote a row, so that a row's exponents still overlap the other row's max.
+      if (!__all_sync(0xffffffffu, fabsf(offset) < kFusedExponentLimit)) {
+#pragma unroll
+        for (int nt = 0; nt < kCols; ++nt) {
+          s[nt][2 * r] -= m_use;
+          s[nt][2 * r + 1] -= m_use;
+        }
+        offset = 0.f;
+      }
 #pragma unroll
       for (int nt = 0; nt < kCols; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] -= m_use[e >> 1];
-      offset[0] = offset[1] = 0.f;
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[nt][e] = ptx::exp2_approx(fmaf(s[nt][e], kLog2e, -offset));
+          l[r] += s[nt][e];
+        }
     }
-#pragma unroll
-    for (int nt = 0; nt < kCols; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = ptx::exp2_approx(fmaf(s[nt][e], kLog2e, -offset[e >> 1]));
-        l[e >> 1] += s[nt][e];
-      }
   }
 
   __device__ __forceinline__ static void rescale(float (&o)[kTilesD][4], const float (&alpha)[2]) {
