@@ -580,9 +580,18 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
       if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, s_now), (j / Shape::kStages) & 1);
       fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, s_now, nb * Shape::kBlockN, b, h, warp_row0, lane, raw,
                                      tile_row, mask_all(nb), key_terms);
-      softmax.scale_scores_log2(s[0], alpha, log2_scale);
-      Mma::wait_pv(o, pf);
-      release(Shape::v_empty(base, s_prev));
+      // Gathered steps free V before the softmax: its branches (the exact exponent's vote) kept
+      // ptxas from hoisting this wait and release above it as it had, and the later release
+      // cost 3-4% at 16K and 32K keys (docs/performance.md). Dense kinds gain by the overlap.
+      if constexpr (kGather) {
+        Mma::wait_pv(o, pf);
+        release(Shape::v_empty(base, s_prev));
+        softmax.scale_scores_log2(s[0], alpha, log2_scale);
+      } else {
+        softmax.scale_scores_log2(s[0], alpha, log2_scale);
+        Mma::wait_pv(o, pf);
+        release(Shape::v_empty(base, s_prev));
+      }
       softmax.rescale(o[0], alpha);
       Mma::pack_p(pf, s);
     };
