@@ -570,7 +570,8 @@ TEST(AttentionGpu, WarpSpecializedForwardMatchesTheCpu) {
 // sentinels, as transformers' float masks do: the mean of its visible keys) and whose next rows
 // hold 1e38 at every fifth key (their mean); a per-key bias with 1e38 at every seventh key. The
 // softmax's fused exponent would put 0 or inf in every such row (softmax_sm80.cuh,
-// kFusedExponentLimit). Both forward kernels, D 64, 128 and 256, f32 and bf16 biases, softcap.
+// kFusedExponentLimit). Both forward kernels, D 64, 128 and 256, f32 and bf16 biases, softcap;
+// and the backward's NaN for the rows whose lse is too large for it.
 TEST(AttentionGpu, HugeFiniteBiasesMatchTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_FWD_WS");
@@ -596,6 +597,22 @@ TEST(AttentionGpu, HugeFiniteBiasesMatchTheCpu) {
       }
       r.rp.bias = expand_full(c, r.bias.values(), r.bias_shape);
       run_gpu(r, false);
+      if (variant != 0 || std::string(on) != "1") continue;
+      // The backward: rows whose lse is past what the float lse can carry (the sentinel rows,
+      // the 1e38 rows) give NaN in dq, not a wrong finite value; the other rows, and those that
+      // see no key (causal, Sk < Sq), stay finite.
+      GpuAttention gpu(r);
+      gpu.run(Pass::forward, nullptr);
+      gpu.run(Pass::backward, nullptr);
+      gpu.dq.download();
+      const auto dq = r.dq.values();
+      int64_t wrong = 0;
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t i = 0; i < c.Sq; ++i)
+          for (int64_t h = 0; h < c.H; ++h)
+            for (int64_t d = 0; d < c.D; ++d)
+              wrong += std::isnan(dq[((b * c.Sq + i) * c.H + h) * c.D + d]) != (i % 3 != 2 && i + c.Sk - c.Sq >= 0);
+      EXPECT_EQ(wrong, 0) << "dq elements NaN where the row's lse is ordinary, or not NaN where it is huge";
     }
   }
 }

@@ -1,7 +1,8 @@
 // The small kernels around the attention backward (attention_bwd.cuh):
 //   prepare: per query row, delta = rowsum(dO * O) in fp32 and lse2 = lse * log2(e) (+inf for
 //            a row that saw nothing, and for the padding rows up to Sq_pad), so the main
-//            kernels get P = exp2(s * log2(e) - lse2) with no special cases;
+//            kernels get P = exp2(s * log2(e) - lse2) with no special cases (NaN for rows whose
+//            lse is too large for that: their gradients come out NaN);
 //   finish:  dbias = the fp32 reduction slots summed in slot order, converted to its dtype;
 //   convert: dq from the fused backward's fp32 sums.
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 #include "cuda/attention/attention_bwd_aux.hpp"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/ptx.cuh"
+#include "cuda/primitives/softmax_sm80.cuh"
 #include "cuda/attention/score_mod_sm80.cuh"
 
 namespace fdma::cuda {
@@ -72,7 +74,12 @@ __global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const Atte
       if (sub == 0) {
         const float lse = f.lse[b * f.lse_stride[0] + h * f.lse_stride[1] + i * f.lse_stride[2]];
         delta[row] = sum;
-        lse2[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+        // Past kFusedExponentLimit the float lse cannot carry the row's probabilities (its own
+        // rounding moves them by a factor of e^(ulp / 2) or more, on every backend) and the fused
+        // exponent's rounding of lse2 puts 0 or inf in them: NaN instead, so that every gradient
+        // the row reaches says so rather than holding a wrong finite value.
+        const float l2 = lse * 1.4426950408889634f;
+        lse2[row] = lse == -INFINITY ? INFINITY : fabsf(l2) < kFusedExponentLimit ? l2 : NAN;
       }
     }
   }
