@@ -130,6 +130,24 @@ def test_left_padded_causal_mask_with_empty_rows(device):
         assert_close(a, r, dtype, n)
 
 
+
+def test_float_mask_sentinels_as_a_bias(device):
+    # The same batch's mask as transformers' float masks write it, passed as a bias: 0 where a
+    # key is kept, the dtype's lowest value where not. The padded queries' rows hold only
+    # sentinels, so they get the mean of every value row (as SDPA's math path gives), not NaN.
+    B, S, H, Hk, D, pad = 2, 40, 4, 2, 64, 7
+    for dtype in dtypes(device):
+        q, k, v = (t.detach() for t in qkv(B, S, S, H, Hk, D, dtype, device, seed=23))
+        keep_key = torch.ones(B, S, dtype=torch.bool)
+        keep_key[1, :pad] = False
+        keep = (torch.ones(S, S, dtype=torch.bool).tril() & keep_key[:, None, None, :]).to(device)
+        bias = torch.zeros(B, 1, S, S, dtype=dtype, device=device).masked_fill(~keep, torch.finfo(dtype).min)
+        out = flash_dma.attention(q, k, v, attn_bias=bias)
+        assert torch.isfinite(out).all()
+        assert_close(out, attention_ref(q, k, v, bias=bias), dtype, f"out ({dtype})")
+        assert_close(out[1, :pad], v[1].double().mean(0, keepdim=True).repeat_interleave(H // Hk, 1).expand(pad, H, D),
+                     dtype, f"the sentinel rows' mean ({dtype})")
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", [(1, 40, 40, 4, 2, 32, 8), (2, 37, 70, 2, 1, 64, 1), (1, 70, 37, 4, 4, 16, 100),
                                   (2, 64, 64, 4, 1, 32, 17)])
