@@ -96,6 +96,32 @@ TEST(Attention, RowsWithNoVisibleKeyGiveZerosNotNaN) {
     for (int64_t i = 0; i < t->numel(); ++i) ASSERT_FALSE(std::isnan(t->get(i)));
 }
 
+TEST(Attention, FloatMaskSentinelRows) {
+  // A float mask's sentinels as the bias: every third query row the dtype's lowest value
+  // throughout (a padded query), with its dO zero as a masked loss leaves it. The forward gives
+  // such a row the mean of every value row; its gradients are exactly zero.
+  for (DType dt : {DType::f32, DType::bf16}) {
+    AttnCase c;
+    c.B = 2, c.Sq = 30, c.Sk = 25, c.H = 4, c.Hk = 2, c.D = 16, c.seed = 11, c.dtype = dt;
+    c.bias.present = true;
+    c.bias.q = true, c.bias.b = true, c.bias.heads = 2;
+    AttnRun r(c);
+    const double lowest = dt == DType::f32 ? -3.4028234663852886e38 : -3.3895313892515355e38;
+    const std::vector<int64_t> s = r.bias.shape();
+    for (int64_t i = 0; i < r.bias.numel(); ++i)
+      if ((i / s[3]) % s[2] % 3 == 0) r.bias.set(i, lowest);
+    r.rp.bias = expand_full(c, r.bias.values(), r.bias_shape);
+    for (int64_t i = 0; i < r.dout.numel(); ++i)  // dout [B, Sq, H, D]
+      if ((i / (c.H * c.D)) % c.Sq % 3 == 0) r.dout.set(i, 0.0);
+    r.forward();
+    r.check_forward();
+    r.backward();
+    r.check_backward();
+    for (int64_t i = 0; i < r.dq.numel(); ++i)
+      if ((i / (c.H * c.D)) % c.Sq % 3 == 0) ASSERT_EQ(r.dq.get(i), 0.0) << i;
+  }
+}
+
 TEST(Attention, SoftcapAndScale) {
   uint64_t seed = 300;
   for (double softcap : {0.5, 5.0})
