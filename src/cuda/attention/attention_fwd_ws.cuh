@@ -583,15 +583,13 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
       // Gathered steps free V before the softmax: its branches (the exact exponent's vote) kept
       // ptxas from hoisting this wait and release above it as it had, and the later release
       // cost 3-4% at 16K and 32K keys (docs/performance.md). Dense kinds gain by the overlap.
-      if constexpr (kGather) {
+      auto free_v = [&] {
         Mma::wait_pv(o, pf);
         release(Shape::v_empty(base, s_prev));
-        softmax.scale_scores_log2(s[0], alpha, log2_scale);
-      } else {
-        softmax.scale_scores_log2(s[0], alpha, log2_scale);
-        Mma::wait_pv(o, pf);
-        release(Shape::v_empty(base, s_prev));
-      }
+      };
+      if constexpr (kGather) free_v();
+      softmax.scale_scores_log2(s[0], alpha, log2_scale);
+      if constexpr (!kGather) free_v();
       softmax.rescale(o[0], alpha);
       Mma::pack_p(pf, s);
     };
