@@ -36,7 +36,8 @@ struct KvCase {
     std::ostringstream os;
     os << "B" << B << " Sq" << Sq << " H" << H << " Hk" << Hk << " D" << D << " w" << w << " max_len" << max_len
        << " page" << page_size << " Snew" << Snew << " dynamic" << dynamic << " causal" << causal << " add"
-       << add_scores << " ties" << ties << " nan" << nan_scores << " softcap" << softcap << " shift" << score_shift << " state" << state << " "
+       << add_scores << " ties" << ties << " nan" << nan_scores << " softcap" << softcap << " shift" << score_shift
+       << " state" << state << " "
        << dtype_name(dtype) << "/" << dtype_name(score_dtype) << " lens";
     for (auto l : lens) os << " " << l;
     return os.str();
@@ -62,11 +63,9 @@ struct KvRun {
     ls = HostTensor(c.score_dtype, {c.B, c.Hk, c.max_len});
     lk.fill_uniform(rng, -1.5, 1.5);
     lv.fill_uniform(rng, -1, 1);
-    std::uniform_real_distribution<double> u(-2, 2);
     for (int64_t i = 0; i < ls.numel(); ++i) {
-      double x = c.ties ? std::round(u(rng) * 2) / 2 : u(rng);
-      if (c.nan_scores && i % 7 == 3) x = std::nan("");
-      ls.set(i, x + c.score_shift);
+      const double x = draw_score(rng);  // drawn for NaN elements too: the same draws either way
+      ls.set(i, c.nan_scores && i % 7 == 3 ? std::nan("") : x);
     }
     q = HostTensor(c.dtype, {c.B, c.Sq, c.H, c.D});
     q.fill_uniform(rng, -1.5, 1.5);
@@ -76,7 +75,7 @@ struct KvRun {
       s_new = HostTensor(c.score_dtype, {c.B, c.Hk, c.Snew});
       k_new.fill_uniform(rng, -1.5, 1.5);
       v_new.fill_uniform(rng, -1, 1);
-      for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, (c.ties ? std::round(u(rng) * 2) / 2 : u(rng)) + c.score_shift);
+      for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, draw_score(rng));
     }
     seqlens = HostTensor(DType::i32, {c.B});
     for (int64_t b = 0; b < c.B; ++b) seqlens.set(b, double(c.lens[b]));
@@ -118,14 +117,19 @@ struct KvRun {
     }
   }
 
+  // One key score: uniform in [-2, 2] (halves with ties), plus the case's shift.
+  double draw_score(std::mt19937_64& rng) const {
+    std::uniform_real_distribution<double> u(-2, 2);
+    return (c.ties ? std::round(u(rng) * 2) / 2 : u(rng)) + c.score_shift;
+  }
+
   // New tokens and queries for the next step of a generation loop (after advance()).
   void next_tokens(uint64_t seed) {
     std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<double> u(-2, 2);
     q.fill_uniform(rng, -1.5, 1.5);
     k_new.fill_uniform(rng, -1.5, 1.5);
     v_new.fill_uniform(rng, -1, 1);
-    for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, (c.ties ? std::round(u(rng) * 2) / 2 : u(rng)) + c.score_shift);
+    for (int64_t i = 0; i < s_new.numel(); ++i) s_new.set(i, draw_score(rng));
   }
   // The next calls take n queries and append n tokens (a prompt's chunks, then decode
   // steps); next_tokens fills them.
