@@ -117,8 +117,11 @@ TEST(Attention, FloatMaskSentinelRows) {
     r.check_forward();
     r.backward();
     r.check_backward();
-    for (int64_t i = 0; i < r.dq.numel(); ++i)
-      if ((i / (c.H * c.D)) % c.Sq % 3 == 0) ASSERT_EQ(r.dq.get(i), 0.0) << i;
+    for (int64_t i = 0; i < r.dq.numel(); ++i) {
+      if ((i / (c.H * c.D)) % c.Sq % 3 == 0) {
+        ASSERT_EQ(r.dq.get(i), 0.0) << i;
+      }
+    }
   }
 }
 
