@@ -642,6 +642,36 @@ TEST(DmaGpu, HugeKeyTermsMatchTheCpu) {
   }
 }
 
+// The gathered forward's key terms folded into S = Q K^T (bf16, no softcap; KeyLists::bias_chunks)
+// and added per score (FDMA_FWD_FOLD_BIAS=0), against the CPU: GQA, D 64 and 128, narrow last
+// tiles, padding; scores of -inf (kept keys no query sees: w covers the row) and of 1e38, whose
+// term over the scale overflows float, so the call must not fold (fold_off) and gives the
+// CPU's mean over those keys rather than NaN. Folding rounds differently from the multiply-add,
+// so the two paths' outputs differ somewhere: the fold ran.
+TEST(DmaGpu, FoldedKeyTermsEitherPath) {
+  REQUIRE_GPU();
+  const ScopedEnv fold("FDMA_FWD_FOLD_BIAS");
+  for (int variant = 0; variant < 4; ++variant) {
+    DmaCase c;
+    c.B = 2, c.Sq = 900, c.Sk = 900 + 64 * (variant % 2), c.H = 4, c.Hk = variant < 2 ? 2 : 1;
+    c.D = variant % 2 ? 64 : 128, c.w = variant == 2 ? 2000 : 300, c.causal = true, c.seed = 1800 + variant;
+    c.dtype = DType::bf16, c.padding = variant == 1;
+    std::vector<std::vector<unsigned char>> outs;
+    for (const char* on : {"1", "0"}) {
+      SCOPED_TRACE(std::string("variant ") + std::to_string(variant) + " FDMA_FWD_FOLD_BIAS=" + on);
+      fold.set(on);
+      DmaRun r(c);
+      if (variant >= 2) {  // every 97th key's score -inf (variant 2) or 1e38 (variant 3)
+        for (int64_t i = 50; i < r.scores.numel(); i += 97) r.scores.set(i, variant == 2 ? -INFINITY : 1e38);
+        r.rebuild_reference_mask();
+      }
+      run_gpu_dma(r, false);
+      outs.push_back(r.out.bytes());
+    }
+    if (variant < 2) EXPECT_FALSE(outs[0] == outs[1]) << "variant " << variant << ": the fold changed no output bit";
+  }
+}
+
 // Intervals that are no selection's: clamped to the queries that exist, so the kernels stay
 // in bounds (compute-sanitizer's memcheck over this test finds no error) and every gradient is
 // written.

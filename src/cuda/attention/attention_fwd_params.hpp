@@ -15,6 +15,11 @@ struct KeyInfo {
   float bias;
   int32_t pad;  // 16 bytes: one cp.async per key
 };
+// A key's term folded into S (KeyLists::bias_chunks): eight bf16, the first three its term /
+// scale split exactly (hi, mid, lo), the rest zero; 16 bytes, one cp.async.
+struct alignas(16) BiasChunk {
+  uint32_t words[4];
+};
 struct KeyLists {
   const int32_t* keys;  // per (b * Hk + hk, query tile): key indices (dma_lists.hpp: order)
   int64_t keys_bh_stride, keys_tile_stride;  // elements; tile stride 0: one list for all tiles
@@ -25,6 +30,14 @@ struct KeyLists {
   int count_tiles;                           // 1 when every tile shares the list
   int max_listed;                            // tile lists: the most keys the kernels stage (longer ones stay in global memory)
   const KeyInfo* info;                       // [B * Hk, Sk]
+  // The warp-specialized gathered forward (bf16) folds each key's term into S = Q K^T: one more
+  // 16-column slice of the product, Q's columns (1, 1, 1, 0, ...) against the key's chunk
+  // (hi, mid, lo, 0, ...), the three bf16 terms that sum to its bias / scale, so that scores come
+  // out unscaled and take no add. Null where the lists were built without them. fold_off: set
+  // (nonzero) when some kept key's bias / scale does not fit the fold (beyond 2^100): such calls
+  // take the scaled multiply-add instead, since the fold would overflow or round them.
+  const BiasChunk* bias_chunks;              // [B * Hk, Sk]
+  const int32_t* fold_off;
   // dk/dv: the kept keys of each (b, hk) in index order, and the same keys ordered by interval
   // end (descending, then index), which the dk/dv kernel cuts into windows (attention_bwd.cuh).
   const int32_t *kept, *kept_count;  // [B * Hk, Sk], [B * Hk]

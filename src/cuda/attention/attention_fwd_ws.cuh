@@ -126,8 +126,14 @@ struct FwdWsShape {
   // writes bias rows to 128-byte aligned addresses.
   static constexpr int kInfoUsed = kGather ? kBlockN * int(sizeof(KeyInfo)) : kScored ? 0 : kBlockN * 4;
   static constexpr int kInfoBytes = (kInfoUsed + 127) / 128 * 128;
+  // Gathered bf16 calls fold each key's term into S (KeyLists::bias_chunks): one more 16-column
+  // slice of Q and of each K stage, in 128-byte swizzled blocks of their own (Q's holds ones,
+  // written once; a K stage's the listed keys' chunks, copied with their rows).
+  static constexpr bool kFold = kGather && std::is_same_v<T, __nv_bfloat16>;
+  static constexpr int kTermBlockBytes = kFold ? kBlockM * wgmma::kSwizzleRowBytes : 0;  // kBlockN == kBlockM
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
-  static constexpr int kInfo = kV + kStages * Mma::kKVBytes;
+  static constexpr int kQTerm = kV + kStages * Mma::kKVBytes, kKTerm = kQTerm + kTermBlockBytes;
+  static constexpr int kInfo = kKTerm + kStages * kTermBlockBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;
   // q_full, then per stage k_full, k_empty, v_full, v_empty; mask over bias, per stage ready (the
   // mask laid over the stage's bias tile)
@@ -151,6 +157,7 @@ struct FwdWsShape {
   __device__ static uint32_t ready(uint32_t base, int s) { return base + kBars + 8 * (1 + 4 * kStages + s); }
   __device__ static uint32_t k_tile(uint32_t base, int s) { return base + kK + s * Mma::kKVBytes; }
   __device__ static uint32_t v_tile(uint32_t base, int s) { return base + kV + s * Mma::kKVBytes; }
+  __device__ static uint32_t k_term_tile(uint32_t base, int s) { return base + kKTerm + s * kTermBlockBytes; }
   __device__ static int info_offset(int s) { return kInfo + s * kInfoBytes; }
   __device__ static int bias_offset(int s) { return info_offset(s); }
 };
@@ -356,12 +363,13 @@ __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base
 }
 
 // The gathering producer group (128 threads, `tid` 0..127): Q's rows, then for every key tile
-// the listed keys' K rows with their KeyInfo records, and their V rows, with cp.async; each
-// thread arrives on a buffer's full barrier when its own copies have landed.
+// the listed keys' K rows with their KeyInfo records (and, where the call folds, their term
+// chunks), and their V rows, with cp.async; each thread arrives on a buffer's full barrier when
+// its own copies have landed.
 template <class T, int kHeadDim, class Shape>
 __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& p, uint32_t base, const int32_t* list,
                                                       int n_listed, int n_blocks, int row0, int h, int hk, int b,
-                                                      int tid) {
+                                                      int tid, bool fold) {
   if (n_blocks == 0) return;
   constexpr int kN = Shape::kBlockN;
   const int warp = tid / 32, lane = tid % 32;
@@ -369,6 +377,7 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[2];
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + hk * p.v_stride[2];
   const KeyInfo* info = p.lists.info + (int64_t(b) * p.Hk + hk) * p.Sk;
+  const BiasChunk* chunks = fold ? p.lists.bias_chunks + (int64_t(b) * p.Hk + hk) * p.Sk : nullptr;
   // Row strides in bytes fit 32 bits (attention_fwd_ws_applies).
   const int32_t k_row_bytes = int32_t(p.k_stride[1] * int64_t(sizeof(T)));
   const int32_t v_row_bytes = int32_t(p.v_stride[1] * int64_t(sizeof(T)));
@@ -382,6 +391,10 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
     mbar::wait(Shape::k_empty(base, s), free_parity);
     gather_rows_by_warp<kHeadDim, kN>(Shape::k_tile(base, s), k, k_row_bytes, idx, warp, lane, p.D);
     ptx::cp_async_16(base + Shape::info_offset(s) + tid * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
+    if (Shape::kFold && fold)  // the row's chunk 0 of the term slice (row tid of the stage; zeros past the list)
+      ptx::cp_async_16(Shape::k_term_tile(base, s) + wgmma::sw128_offset(kN, tid, 0),
+                       idx >= 0 ? static_cast<const void*>(chunks + idx) : static_cast<const void*>(info),
+                       idx >= 0 ? 16 : 0);
     mbar::arrive_on_cp_async(Shape::k_full(base, s));
     mbar::wait(Shape::v_empty(base, s), free_parity);
     gather_rows_by_warp<kHeadDim, kN>(Shape::v_tile(base, s), v, v_row_bytes, idx, warp, lane, p.D);
@@ -392,22 +405,26 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
 // The score modification of the key tile at key0 in stage st: causality, bounds, softcap and
 // the bias row from the stage (dense), the stage's mask and bias tiles or rows (scored; none of
 // the mask where the summary keeps the tile whole, `mask_all`), or the gathered keys' intervals
-// and biases from their KeyInfo records. `raw` (no bias or softcap, scale > 0): causality,
-// bounds and the mask only, the scores left unscaled for the softmax to scale in its exponent;
+// and biases from their KeyInfo records. `raw` (no bias or softcap, scale > 0; gathered calls:
+// the terms folded into S): causality, bounds and the mask (the intervals) only, the scores left
+// unscaled for the softmax to scale in its exponent;
 // with a bias and no softcap, scale and bias in one multiply-add. The K buffer goes back once S
 // is done and the stage's terms or records are read. `tile_row`: the thread's first row within
 // the CTA's 128 (scored calls).
 // Each consumer thread arrives on the stage's empty barrier itself (initialised to 256): no
 // thread's reads rely on another's arrival. `key_terms`: what fwd_ws_key_terms read of a
 // gathered tile's records while S was computed.
-template <class T, FwdWsKind kKind, class Shape, int kCols, class KeyTerms>
+template <class T, FwdWsKind kKind, class Shape, bool kFolded, int kCols, class KeyTerms>
 __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const AttentionFwdParams& p,
                                               const unsigned char* smem, uint32_t base, int st, int key0, int b, int h,
                                               int warp_row0, int lane, bool raw, int tile_row, bool mask_all,
                                               const KeyTerms& key_terms) {
   if constexpr (kKind == FwdWsKind::gathered) {
-    apply_interval_mod(s, p, warp_row0, reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), key_terms,
-                       lane);
+    const KeyInfo* keys = reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st));
+    if constexpr (kFolded)  // the terms folded into S
+      apply_interval_select(s, warp_row0, keys, key_terms.covers, lane);
+    else
+      apply_interval_mod(s, p, warp_row0, keys, key_terms, lane);
     mbar::arrive(Shape::k_empty(base, st));
   } else if constexpr (fwd_ws_scored(kKind)) {
     const FwdWsTerms<Shape> terms(p);  // from the params per tile: uniform arithmetic, no registers held across the loop
@@ -475,12 +492,14 @@ __device__ __forceinline__ void fwd_ws_scores(float (&s)[kCols][4], const Attent
 
 // A gathered key tile's biases and cover vote (load_key_terms), read from stage st's KeyInfo
 // records once K's buffer is full, between issuing S and waiting for it: their loads' latency
-// hides under the matmul. Nothing for the other kinds.
+// hides under the matmul (the cover vote alone where the terms are folded into S). Nothing for
+// the other kinds.
 struct NoKeyTerms {};
-template <FwdWsKind kKind, class Shape, int kCols>
+template <FwdWsKind kKind, class Shape, bool kFolded, int kCols>
 __device__ __forceinline__ auto fwd_ws_key_terms(const unsigned char* smem, int st, int warp_row0, int lane) {
   if constexpr (kKind == FwdWsKind::gathered)
-    return load_key_terms<kCols>(reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), warp_row0, lane);
+    return load_key_terms<kCols, !kFolded>(reinterpret_cast<const KeyInfo*>(smem + Shape::info_offset(st)), warp_row0,
+                                           lane);
   else
     return NoKeyTerms{};
 }
@@ -488,7 +507,9 @@ __device__ __forceinline__ auto fwd_ws_key_terms(const unsigned char* smem, int 
 // One consumer warp group: 64 query rows against every key tile of `walk` (every tile below
 // n_blocks but for scored calls, which skip those the mask rules out), then the epilogue.
 // `warp` counts the consumer warps (0..7): group `group` holds warps 4 * group .. + 3.
-template <class T, int kHeadDim, FwdWsKind kKind, class Shape, class Walk>
+// kFolded: a gathered call whose keys' terms are folded into S (KeyLists::bias_chunks), its
+// scores unscaled.
+template <class T, int kHeadDim, FwdWsKind kKind, bool kFolded, class Shape, class Walk>
 __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, const FwdTensorMaps& maps, uint32_t base,
                                                unsigned char* smem, int n_listed, const Walk& walk, int first,
                                                int row0, int h, int b, int group, int warp, int lane) {
@@ -502,7 +523,7 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
   for (int dt = 0; dt < kDT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
   OnlineSoftmax<kN, kDT> softmax;
   // Unscaled scores where only the scale applies: the exponent's multiply-add scales them.
-  const bool raw = !kGather && !p.bias && p.softcap == 0.f && p.scale > 0.f;
+  const bool raw = kGather ? kFolded : !p.bias && p.softcap == 0.f && p.scale > 0.f;
   const float log2_scale = (raw ? p.scale : 1.f) * 1.4426950408889634f;
   // The tile's terms of a scored call: the summary's "kept whole" bit, the thread's row in them.
   auto mask_all = [&](int nb) {
@@ -552,12 +573,13 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
       float s[1][kN][4], alpha[2];
       wait_full(Shape::k_full(base, 0), 0);
       take_turn();
-      Mma::qk_issue(s, s_q, Shape::k_tile(base, 0), warp);
+      Mma::template qk_issue<Shape::kBlockN, kFolded>(s, s_q, Shape::k_tile(base, 0), warp,
+                                                           base + Shape::kQTerm, Shape::k_term_tile(base, 0));
       pass_turn(last);
-      const auto key_terms = fwd_ws_key_terms<kKind, Shape, kN>(smem, 0, warp_row0, lane);
+      const auto key_terms = fwd_ws_key_terms<kKind, Shape, kFolded, kN>(smem, 0, warp_row0, lane);
       Mma::template wait_qk<false>(s);
       if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, 0), 0);  // the mask laid over the bias
-      fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, 0, first * Shape::kBlockN, b, h, warp_row0, lane, raw,
+      fwd_ws_scores<T, kKind, Shape, kFolded>(s[0], p, smem, base, 0, first * Shape::kBlockN, b, h, warp_row0, lane, raw,
                                      tile_row, mask_all(first), key_terms);
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
       Mma::pack_p(pf, s);
@@ -572,13 +594,14 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
       wait_full(Shape::k_full(base, s_now), (j / Shape::kStages) & 1);
       wait_full(Shape::v_full(base, s_prev), ((j - 1) / Shape::kStages) & 1);
       take_turn();
-      Mma::template qk_issue<kKeys>(s, s_q, Shape::k_tile(base, s_now), warp);
+      Mma::template qk_issue<kKeys, kFolded>(s, s_q, Shape::k_tile(base, s_now), warp, base + Shape::kQTerm,
+                                                  Shape::k_term_tile(base, s_now));
       Mma::pv_issue(o, pf, Shape::v_tile(base, s_prev));
       pass_turn(last);
-      const auto key_terms = fwd_ws_key_terms<kKind, Shape, kKeys / 8>(smem, s_now, warp_row0, lane);
+      const auto key_terms = fwd_ws_key_terms<kKind, Shape, kFolded, kKeys / 8>(smem, s_now, warp_row0, lane);
       Mma::template wait_qk<true>(s);
       if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, s_now), (j / Shape::kStages) & 1);
-      fwd_ws_scores<T, kKind, Shape>(s[0], p, smem, base, s_now, nb * Shape::kBlockN, b, h, warp_row0, lane, raw,
+      fwd_ws_scores<T, kKind, Shape, kFolded>(s[0], p, smem, base, s_now, nb * Shape::kBlockN, b, h, warp_row0, lane, raw,
                                      tile_row, mask_all(nb), key_terms);
       // Gathered steps free V before the softmax: its branches (the exact exponent's vote) kept
       // ptxas from hoisting this wait and release above it as it had, and the later release
@@ -688,8 +711,23 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     }
     mbar::fence_init();
   }
+  if constexpr (Shape::kFold) {
+    // The term slices: Q's row r chunk 0 holds (1, 1, 1, 0, ...), everything else zero until the
+    // producer copies a key's chunk over its row's chunk 0. Fenced for the tensor core's reads.
+    constexpr int kChunks = (1 + Shape::kStages) * Shape::kBlockM * 8;
+    for (int i = tid; i < kChunks; i += Shape::kThreads) {
+      const int block = i / (Shape::kBlockM * 8), r = i / 8 % Shape::kBlockM, c = i % 8;
+      const uint32_t one = 0x3F80u;  // bf16 1.0
+      const uint4 v = block == 0 && c == 0 ? make_uint4(one | one << 16, one, 0u, 0u) : make_uint4(0u, 0u, 0u, 0u);
+      ptx::st_shared_v4(base + Shape::kQTerm + block * Shape::kTermBlockBytes + wgmma::sw128_offset(Shape::kBlockM, r, c),
+                        v);
+    }
+    wgmma::fence_proxy_async_smem();
+  }
   __syncthreads();
   ptx::griddep_wait();  // launched overlapping its predecessor (the list kernels, the mask summary): its writes
+  // Gathered bf16 calls: whether the keys' terms are folded into S (KeyLists::bias_chunks).
+  const bool fold = Shape::kFold && p.lists.bias_chunks && p.softcap == 0.f && p.scale > 0.f && *p.lists.fold_off == 0;
 
   // Causal: the longest tiles first. Gathered CTAs keep grid order (attention_fwd.cuh).
   const QueryTileCta cta = query_tile_cta(!kGather && p.causal);
@@ -707,7 +745,7 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
       if constexpr (kGather)
-        fwd_ws_produce_gather<T, kHeadDim, Shape>(p, base, list, n_listed, n_blocks, row0, h, hk, b, tid);
+        fwd_ws_produce_gather<T, kHeadDim, Shape>(p, base, list, n_listed, n_blocks, row0, h, hk, b, tid, fold);
       else if constexpr (kScored) {
         if (warp == 0 && lane == 0) fwd_ws_produce_scored<Shape>(p, maps, base, walk, first, row0, h, hk, b);
         if constexpr (Shape::kMaskOverBias)
@@ -719,8 +757,14 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       const int consumer_warp = warp - 4;
-      fwd_ws_consume<T, kHeadDim, kKind, Shape>(p, maps, base, smem, n_listed, walk, first, row0, h, b,
-                                                consumer_warp / 4, consumer_warp, lane);
+      // Both kinds of gathered step as loops of their own: one step with both, chosen per score
+      // path, spilled ten times the registers.
+      if (fold)
+        fwd_ws_consume<T, kHeadDim, kKind, Shape::kFold, Shape>(p, maps, base, smem, n_listed, walk, first, row0, h,
+                                                                b, consumer_warp / 4, consumer_warp, lane);
+      else
+        fwd_ws_consume<T, kHeadDim, kKind, false, Shape>(p, maps, base, smem, n_listed, walk, first, row0, h, b,
+                                                         consumer_warp / 4, consumer_warp, lane);
     }
   };
   if constexpr (kScored) {

@@ -275,15 +275,17 @@ struct KeyTileTerms {
   bool covers;  // warp-uniform
 };
 
-template <int kTilesN>
+// kWithBias false: the vote alone (the terms folded into S, KeyLists::bias_chunks).
+template <int kTilesN, bool kWithBias = true>
 __device__ __forceinline__ KeyTileTerms<kTilesN> load_key_terms(const KeyInfo* keys, int row0, int lane) {
   KeyTileTerms<kTilesN> terms;
   terms.covers = keys_cover_rows<kTilesN>(keys, row0, lane);
   const int t = lane % 4;
+  if constexpr (kWithBias)
 #pragma unroll
-  for (int nt = 0; nt < kTilesN; ++nt)
+    for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) terms.bias[nt][c] = keys[nt * 8 + 2 * t + c].bias;  // one load for both rows
+      for (int c = 0; c < 2; ++c) terms.bias[nt][c] = keys[nt * 8 + 2 * t + c].bias;  // one load for both rows
   return terms;
 }
 
@@ -323,6 +325,23 @@ __device__ __forceinline__ void apply_interval_mod(float (&s)[kTilesN][4], const
 #pragma unroll
     for (int e = 0; e < 4; ++e)  // hidden: -inf whatever q.k was (add_visible)
       s[nt][e] = interval_holds(keys, row0, nt, e, lane) ? fmaf(s[nt][e], scale, terms.bias[nt][e & 1]) : -INFINITY;
+}
+
+// The same with the key terms folded into S (KeyLists::bias_chunks): S holds q.k + term / scale,
+// unscaled for the softmax's exponent, so only the intervals apply.
+template <int kTilesN>
+__device__ __forceinline__ void apply_interval_select(float (&s)[kTilesN][4], int row0, const KeyInfo* keys,
+                                                      bool covers, int lane) {
+  if (covers) return;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // hidden: -inf whatever q.k was (add_visible)
+      const int2 interval = *reinterpret_cast<const int2*>(&keys[nt * 8 + 2 * t + (e & 1)].begin);
+      const int i = row0 + g + 8 * (e >> 1);
+      if (!(i >= interval.x && i < interval.y)) s[nt][e] = -INFINITY;
+    }
 }
 
 template <int kTilesN>

@@ -58,9 +58,29 @@ __device__ float load_score(const DmaListInputs& in, int64_t off) {
   }
 }
 
+// A key's term / scale as the folded chunk (KeyLists::bias_chunks): three bf16 whose sum is x
+// to float precision (each the rounding of what the ones before leave). An infinite term stays
+// whole in hi; false where x is finite but beyond 2^100 (or the scale makes it so), which the
+// kernel does not fold (fold_off).
+constexpr float kMostFolded = 1.2676506e30f;  // 2^100
+__device__ bool fold_chunk(float term, float scale, BiasChunk& chunk) {
+  const float x = term / scale;
+  __nv_bfloat16 t[3];
+  t[0] = __float2bfloat16_rn(x);
+  const bool finite = fabsf(x) <= kMostFolded;
+  const float r1 = finite ? x - __bfloat162float(t[0]) : 0.f;
+  t[1] = __float2bfloat16_rn(r1);
+  t[2] = __float2bfloat16_rn(r1 - __bfloat162float(t[1]));
+  chunk.words[0] = uint32_t(__bfloat16_as_ushort(t[0])) | uint32_t(__bfloat16_as_ushort(t[1])) << 16;
+  chunk.words[1] = uint32_t(__bfloat16_as_ushort(t[2]));
+  chunk.words[2] = chunk.words[3] = 0;
+  return finite || isinf(term) || isnan(term);
+}
+
 // The list kernels may be launched overlapping their predecessors (launch.cuh): each waits for
 // them first thing and lets its successor in early.
-__global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags) {
+__global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags,
+                                   BiasChunk* chunks, int32_t* fold_off) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int64_t n = s.keys();
@@ -68,6 +88,7 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
   if (e > n) return;
   if (e == n) {  // the scan's extra element: positions[n] = total kept
     flags[n] = 0;
+    if (fold_off) *fold_off = 0;  // kept_list_kernel, which runs after this kernel, sets it
     return;
   }
   const int j = int(e % s.Sk), hk = int(e / s.Sk % s.Hk), b = int(e / s.Sk / s.Hk);
@@ -85,12 +106,18 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
   float bias = 0.f;
   if (in.add_scores && end > begin)
     bias = load_score(in, b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
-  info[e] = KeyInfo{q0 + begin, q0 + end, bias, 0};
+  int32_t unfolded = 0;  // KeyInfo::pad bit 0: the term does not fold (kept_list_kernel reports it)
+  if (chunks && end > begin) {
+    BiasChunk chunk;
+    unfolded = !fold_chunk(bias, in.scale, chunk);
+    chunks[e] = chunk;
+  }
+  info[e] = KeyInfo{q0 + begin, q0 + end, bias, unfolded};
   flags[e] = end > begin;
 }
 
 __global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int32_t* flags, const int32_t* positions,
-                                 int32_t* kept, int2* kept_span, int32_t* kept_count) {
+                                 int32_t* kept, int2* kept_span, int32_t* kept_count, int32_t* fold_off) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -100,6 +127,7 @@ __global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int3
     const int64_t at = row0 + (positions[e] - positions[row0]);
     kept[at] = int32_t(e - row0);
     if (kept_span) kept_span[at] = make_int2(info[e].begin, info[e].end);
+    if (fold_off && (info[e].pad & 1)) atomicOr(fold_off, 1);
   }
   if (e == row0) kept_count[bh] = positions[row0 + s.Sk] - positions[row0];
 }
@@ -285,6 +313,7 @@ size_t dma_lists_workspace(const DmaListShape& s) {
   size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
   if (s.tile_lists) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
   if (s.tile_ranges) bytes += 2 * align_up(bh * s.q_tiles() * 4);
+  if (s.fold_bias) bytes += align_up(n * sizeof(BiasChunk)) + align_up(4);
   if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(s));
   return bytes + align_up(scan_temp_bytes(n));
 }
@@ -312,6 +341,10 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
     c.tile_first = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
     c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
   }
+  if (s.fold_bias) {
+    c.bias_chunks = reinterpret_cast<BiasChunk*>(take(n * sizeof(BiasChunk)));
+    c.fold_off = reinterpret_cast<int32_t*>(take(4));
+  }
   if (s.by_end) {
     c.end_keys_in = reinterpret_cast<uint64_t*>(take(n * 8));
     c.end_keys_out = reinterpret_cast<uint64_t*>(take(n * 8));
@@ -328,15 +361,20 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
                             cudaStream_t stream, bool overlap) {
   const int64_t n = s.keys();
-  cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info, c.flags);
+  BiasChunk* chunks = s.fold_bias ? c.bias_chunks : nullptr;
+  int32_t* fold_off = s.fold_bias ? c.fold_off : nullptr;
+  cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info,
+                                  c.flags, chunks, fold_off);
   if (err != cudaSuccess) return err;
   size_t scan_bytes = c.scan_bytes;
   err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
   if (err != cudaSuccess) return err;
   err = launch_kernel(overlap, kept_list_kernel, blocks_for(n, 256), 256, 0, stream, s, c.info, c.flags, c.positions,
-                      c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count);
+                      c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count, fold_off);
   if (err != cudaSuccess) return err;
   lists.info = c.info;
+  lists.bias_chunks = chunks;
+  lists.fold_off = fold_off;
   lists.kept = c.kept;
   lists.kept_count = c.kept_count;
   lists.kept_by_end = nullptr;

@@ -1,6 +1,7 @@
 // From the selection's intervals to what the dynamic-mask kernels walk (KeyLists):
 //   key records: per key {begin, end, bias};
 //   kept list:   per (batch, KV head) the keys with a non-empty interval, in index order;
+//   bias chunks: forward only, per kept key its term / scale as three bf16 (KeyLists::bias_chunks);
 //   tile lists:  causal calls and packed batches, per query tile of block_m rows the kept keys some row of the tile
 //                keeps (at most min(w, Sk) + block_m of them; docs/design.md, "Per-tile key lists"): those kept by
 //                every row of the tile first, then the others, each part in index order.
@@ -30,6 +31,7 @@ struct DmaListShape {
   int block_m;  // query rows per tile of the kernel that reads the lists
   bool by_end;  // also order the kept keys by interval end (the backward's dk/dv kernel)
   bool tile_ranges = false;  // dense packed batches: per query tile a slice of the kept list (above)
+  bool fold_bias = false;    // the forward's folded key terms (KeyLists::bias_chunks, fold_off)
   bool causal = false;       // tile ranges: end each tile's slice at its last row's causal limit
   // A packed variable-length batch (fdma.h, "varlen"), seen as one batch (B = 1, Sq = total_q,
   // Sk = total_k): the caller's intervals are in query indices of each key's sequence and the
@@ -55,6 +57,8 @@ struct DmaListScratch {
   int2* kept_span;                  // tile lists: [B * Hk * Sk], (begin, end) of each kept key, kept order
   int32_t *tile_keys, *tile_count;  // tile lists: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
   int32_t* tile_first;              // tile ranges: [B * Hk * q_tiles] (and tile_count)
+  BiasChunk* bias_chunks;           // fold_bias: [B * Hk * Sk]
+  int32_t* fold_off;                // fold_bias: one word
   void* scan_temp;
   size_t scan_bytes;
   // by_end: sort keys (row, interval end) and values (key index), in and out, and sort scratch
@@ -75,6 +79,7 @@ struct DmaListInputs {
   int score_dtype;             // fdma_dtype
   int64_t score_stride[3];
   bool add_scores;
+  float scale;  // fold_bias: the call's softmax scale (the chunks hold bias / scale)
 };
 
 // Builds records, kept list and (causal) tile lists; fills `lists` to point at them. overlap:

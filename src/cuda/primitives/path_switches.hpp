@@ -26,6 +26,10 @@ inline bool wgmma_disabled() {
 // (mma.sync at D = 256), not the warp-specialized one.
 inline bool fwd_ws_allowed() { return !env_is("FDMA_FWD_WS", "0"); }
 
+// FDMA_FWD_FOLD_BIAS=0: the gathered warp-specialized forward adds each key's term to its
+// scores (a multiply-add a score) instead of folding it into S = Q K^T (attention_fwd_params.hpp).
+inline bool fold_bias_allowed() { return !env_is("FDMA_FWD_FOLD_BIAS", "0"); }
+
 // FDMA_BWD_FUSED_DQ=0: non-deterministic backwards on the two-kernel path too (no dq atomics).
 inline bool fused_dq_allowed() { return !env_is("FDMA_BWD_FUSED_DQ", "0"); }
 
