@@ -89,6 +89,8 @@ Layout layout(const fdma_attention_params& p, const detail::AttentionProblem& pr
   l.shape.cu_k = static_cast<const int32_t*>(p.cu_seqlens_k.data);
   l.shape.num_seqs = int(prob.varlen.num_seqs);
   l.shape.max_k = int(prob.varlen.max_k);
+  l.shape.fold_bias = lists_fold_bias(pass == Pass::forward, prob.dtype == DType::bf16, prob.softcap, prob.scale,
+                                      head_dim_bucket(int(d.D)));
   l.lists = align_up(dma_lists_workspace(l.shape));
   if (pass == Pass::backward) {
     const int64_t sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
@@ -170,6 +172,7 @@ KeyLists build_lists(const char* op, const fdma_attention_params& p, const detai
     in.score_stride[0] = 0, in.score_stride[1] = prob.bias.stride[1], in.score_stride[2] = prob.bias.stride[3];
     in.add_scores = true;
   }
+  in.scale = float(prob.scale);
   KeyLists lists{};
   const DmaListScratch scratch = carve_dma_lists(base + 2 * l.intervals, l.shape);
   check_cuda(build_dma_lists(l.shape, in, scratch, lists, stream, overlap), std::string(op) + " (CUDA): key lists");

@@ -132,17 +132,6 @@ bool fused_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   return where.device && sm90_device(where.ordinal);
 }
 
-// Whether a forward's lists carry the folded key terms (KeyLists::bias_chunks): calls that the
-// warp-specialized gathered forward may take in bf16 (tile lists, D 64 or 128) with no softcap
-// (the term is added after the cap) and a positive scale (unscaled scores keep their order).
-// Decided by the problem alone, so that a workspace query and its call agree; where another
-// forward kernel runs, the chunks go unread.
-bool folds_bias(const detail::DmaProblem& prob, Pass pass, bool tile_lists) {
-  const int bucket = head_dim_bucket(int(prob.dims.D));
-  return pass == Pass::forward && tile_lists && prob.dtype == DType::bf16 && prob.softcap == 0 && prob.scale > 0 &&
-         (bucket == 64 || bucket == 128) && fold_bias_allowed();
-}
-
 // Slots per (batch, KV head) in the non-causal forward's gathered buffers.
 int64_t gathered_slots(const detail::DmaProblem& prob) {
   return prob.window < prob.dims.Sk ? prob.window : prob.dims.Sk;
@@ -159,7 +148,9 @@ DmaLayout dma_layout(const fdma_dma_params& p, const detail::DmaProblem& prob, c
   // Tile lists for causal calls and for every packed batch (its sequences keep different keys).
   l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal || prob.varlen.on, block_m,
                          pass == Pass::backward};
-  l.shape.fold_bias = folds_bias(prob, pass, l.shape.tile_lists);
+  // Tile lists: the gathered forward's (the non-causal one runs the dense kernel on gathered rows).
+  l.shape.fold_bias = l.shape.tile_lists && lists_fold_bias(pass == Pass::forward, prob.dtype == DType::bf16,
+                                                            prob.softcap, prob.scale, head_dim_bucket(int(d.D)));
   if (prob.varlen.on) {
     l.shape.cu_q = in.cu_q, l.shape.cu_k = in.cu_k;
     l.shape.num_seqs = int(prob.varlen.num_seqs), l.shape.max_k = int(prob.varlen.max_k);

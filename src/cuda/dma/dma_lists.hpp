@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "cuda/attention/attention_fwd_params.hpp"
+#include "cuda/primitives/path_switches.hpp"
 
 namespace fdma::cuda {
 
@@ -49,6 +50,15 @@ struct DmaListShape {
   }
   __host__ __device__ int64_t keys() const { return int64_t(B) * Hk * Sk; }
 };
+
+// Whether a forward's lists carry the folded key terms (KeyLists::bias_chunks): calls that the
+// warp-specialized gathered forward may take in bf16 at D 64 or 128 (head_dim: the kernels'
+// bucket) with no softcap (the term is added after the cap) and a positive scale (unscaled
+// scores keep their order). Decided by the problem alone, so that a workspace query and its
+// call agree; where another forward kernel runs, the chunks go unread.
+inline bool lists_fold_bias(bool forward, bool bf16, double softcap, double scale, int head_dim) {
+  return forward && bf16 && softcap == 0 && scale > 0 && (head_dim == 64 || head_dim == 128) && fold_bias_allowed();
+}
 
 struct DmaListScratch {
   KeyInfo* info;                 // [B * Hk * Sk]
