@@ -21,6 +21,9 @@
 // stores its O rows: in scored and gathered calls, and dense ones at D = 64 and 256, through the
 // copy engine from shared memory (over its own Q rows), in dense calls at D = 128 from registers.
 // A gathered step reads its keys' biases and cover vote while its S is computed (fwd_ws_key_terms).
+// In bf16 (no softcap, a positive scale) the keys' terms are folded into S instead: one more
+// 16-column slice of the product, Q's ones against each key's term / scale as three bf16
+// (KeyLists::bias_chunks), so its scores need the cover vote and the intervals only.
 //
 // Scored calls with both a mask tile and a bias tile at D = 128 take a kind of their own on
 // 64-key tiles (scored_narrow), where two stages of both fit beside K and V; at D = 256 one
