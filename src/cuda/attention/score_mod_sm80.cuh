@@ -333,15 +333,11 @@ template <int kTilesN>
 __device__ __forceinline__ void apply_interval_select(float (&s)[kTilesN][4], int row0, const KeyInfo* keys,
                                                       bool covers, int lane) {
   if (covers) return;
-  const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int nt = 0; nt < kTilesN; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // hidden: -inf whatever q.k was (add_visible)
-      const int2 interval = *reinterpret_cast<const int2*>(&keys[nt * 8 + 2 * t + (e & 1)].begin);
-      const int i = row0 + g + 8 * (e >> 1);
-      if (!(i >= interval.x && i < interval.y)) s[nt][e] = -INFINITY;
-    }
+    for (int e = 0; e < 4; ++e)  // hidden: -inf whatever q.k was (add_visible)
+      if (!interval_holds(keys, row0, nt, e, lane)) s[nt][e] = -INFINITY;
 }
 
 template <int kTilesN>
