@@ -729,8 +729,10 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
   }
   __syncthreads();
   ptx::griddep_wait();  // launched overlapping its predecessor (the list kernels, the mask summary): its writes
-  // Gathered bf16 calls: whether the keys' terms are folded into S (KeyLists::bias_chunks).
-  const bool fold = Shape::kFold && p.lists.bias_chunks && p.softcap == 0.f && p.scale > 0.f && *p.lists.fold_off == 0;
+  // Gathered bf16 calls: whether the keys' terms are folded into S. The lists carry chunks only
+  // for calls that may fold (lists_fold_bias: no softcap, a positive scale); fold_off, where some
+  // kept key's term does not fit.
+  const bool fold = Shape::kFold && p.lists.bias_chunks && *p.lists.fold_off == 0;
 
   // Causal: the longest tiles first. Gathered CTAs keep grid order (attention_fwd.cuh).
   const QueryTileCta cta = query_tile_cta(!kGather && p.causal);
