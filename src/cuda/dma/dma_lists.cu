@@ -361,20 +361,18 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
                             cudaStream_t stream, bool overlap) {
   const int64_t n = s.keys();
-  BiasChunk* chunks = s.fold_bias ? c.bias_chunks : nullptr;
-  int32_t* fold_off = s.fold_bias ? c.fold_off : nullptr;
   cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info,
-                                  c.flags, chunks, fold_off);
+                                  c.flags, c.bias_chunks, c.fold_off);  // null without fold_bias (carve_dma_lists)
   if (err != cudaSuccess) return err;
   size_t scan_bytes = c.scan_bytes;
   err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
   if (err != cudaSuccess) return err;
   err = launch_kernel(overlap, kept_list_kernel, blocks_for(n, 256), 256, 0, stream, s, c.info, c.flags, c.positions,
-                      c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count, fold_off);
+                      c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count, c.fold_off);
   if (err != cudaSuccess) return err;
   lists.info = c.info;
-  lists.bias_chunks = chunks;
-  lists.fold_off = fold_off;
+  lists.bias_chunks = c.bias_chunks;
+  lists.fold_off = c.fold_off;
   lists.kept = c.kept;
   lists.kept_count = c.kept_count;
   lists.kept_by_end = nullptr;
