@@ -1,8 +1,8 @@
 // The small kernels around the attention backward (attention_bwd.cuh):
 //   prepare: per query row, delta = rowsum(dO * O) in fp32 and lse2 = lse * log2(e) (+inf for
 //            a row that saw nothing, and for the padding rows up to Sq_pad), so the main
-//            kernels get P = exp2(s * log2(e) - lse2) with no special cases (NaN for rows whose
-//            lse is too large for that: their gradients come out NaN);
+//            kernels get P = exp2(s * log2(e) - lse2) with no special cases (rows whose lse is
+//            too large for that: +inf where dO is all zeros, else NaN);
 //   finish:  dbias = the fp32 reduction slots summed in slot order, converted to its dtype;
 //   convert: dq from the fused backward's fp32 sums.
 #include <cuda_bf16.h>
@@ -67,19 +67,30 @@ __global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const Atte
       const T* o = static_cast<const T*>(f.out) + b * f.out_stride[0] + i * f.out_stride[1] + h * f.out_stride[2];
       const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + i * p.dout_stride[1] + h * p.dout_stride[2];
       float sum = 0.f;
-      for (int d = sub * 8; d < f.D; d += kPrepareLanes * 8)
-        sum += dot8<T>(*reinterpret_cast<const uint4*>(o + d), *reinterpret_cast<const uint4*>(d_o + d));
+      uint32_t d_o_bits = 0;  // dO's bits but the signs: 0 iff the row's dO is all zeros
+      for (int d = sub * 8; d < f.D; d += kPrepareLanes * 8) {
+        const uint4 g = *reinterpret_cast<const uint4*>(d_o + d);
+        sum += dot8<T>(*reinterpret_cast<const uint4*>(o + d), g);
+        d_o_bits |= (g.x | g.y | g.z | g.w) & 0x7fff7fffu;
+      }
 #pragma unroll
-      for (int off = kPrepareLanes / 2; off >= 1; off /= 2) sum += __shfl_xor_sync(group, sum, off);
+      for (int off = kPrepareLanes / 2; off >= 1; off /= 2) {
+        sum += __shfl_xor_sync(group, sum, off);
+        d_o_bits |= __shfl_xor_sync(group, d_o_bits, off);
+      }
       if (sub == 0) {
         const float lse = f.lse[b * f.lse_stride[0] + h * f.lse_stride[1] + i * f.lse_stride[2]];
         delta[row] = sum;
         // Past kFusedExponentLimit the float lse cannot carry the row's probabilities (its own
         // rounding moves them by a factor of e^(ulp / 2) or more, on every backend) and the fused
-        // exponent's rounding of lse2 puts 0 or inf in them: NaN instead, so that every gradient
-        // the row reaches says so rather than holding a wrong finite value.
+        // exponent's rounding of lse2 puts 0 or inf in them. A row whose dO is all zeros (a
+        // padded query's, whose loss is masked) gives exactly zero gradients whatever its
+        // probabilities: +inf, as for a row that saw nothing. Any other such row gets NaN, so
+        // that every gradient it reaches says so rather than holding a wrong finite value.
+        // A NaN lse (the forward's NaN rows) stays NaN.
         const float l2 = lse * 1.4426950408889634f;
-        lse2[row] = lse == -INFINITY ? INFINITY : fabsf(l2) < kFusedExponentLimit ? l2 : NAN;
+        const bool fused = fabsf(l2) < kFusedExponentLimit;
+        lse2[row] = lse == -INFINITY ? INFINITY : fused || isnan(l2) ? l2 : d_o_bits == 0 ? INFINITY : NAN;
       }
     }
   }
