@@ -134,7 +134,8 @@ def test_left_padded_causal_mask_with_empty_rows(device):
 def test_float_mask_sentinels_as_a_bias(device):
     # The same batch's mask as transformers' float masks write it, passed as a bias: 0 where a
     # key is kept, the dtype's lowest value where not. The padded queries' rows hold only
-    # sentinels, so they get the mean of every value row (as SDPA's math path gives), not NaN.
+    # sentinels; where the sentinel absorbs the scores (bf16, float32) they get the mean of every value
+    # row (as SDPA's math path gives), not NaN.
     B, S, H, Hk, D, pad = 2, 40, 4, 2, 64, 7
     for dtype in dtypes(device):
         q, k, v = (t.detach() for t in qkv(B, S, S, H, Hk, D, dtype, device, seed=23))
@@ -145,6 +146,8 @@ def test_float_mask_sentinels_as_a_bias(device):
         out = flash_dma.attention(q, k, v, attn_bias=bias)
         assert torch.isfinite(out).all()
         assert_close(out, attention_ref(q, k, v, bias=bias), dtype, f"out ({dtype})")
+        if torch.finfo(dtype).min > -1e30:
+            continue  # fp16's lowest value (-65504) does not absorb the scores: the reference alone says the rows
         assert_close(out[1, :pad], v[1].double().mean(0, keepdim=True).repeat_interleave(H // Hk, 1).expand(pad, H, D),
                      dtype, f"the sentinel rows' mean ({dtype})")
 
