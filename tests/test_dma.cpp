@@ -184,7 +184,9 @@ TEST(DynamicMaskAttention, NanKeyRowsReachOnlyTheQueriesThatKeepThem) {
     SCOPED_TRACE(c.str());
     DmaRun r(c);
     const int64_t nan_rows = r.poison_key_rows(3);
-    if (causal) ASSERT_GT(nan_rows, 0);
+    if (causal) {
+      ASSERT_GT(nan_rows, 0);
+    }
     ASSERT_LT(nan_rows, c.B * c.Sq * c.H);
     r.forward();
     r.check_forward();

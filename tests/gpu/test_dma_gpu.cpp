@@ -668,7 +668,9 @@ TEST(DmaGpu, FoldedKeyTermsEitherPath) {
       run_gpu_dma(r, false);
       outs.push_back(r.lse.bytes());  // float32: the two roundings show there first
     }
-    if (variant < 2) EXPECT_FALSE(outs[0] == outs[1]) << "variant " << variant << ": the fold changed no lse bit";
+    if (variant < 2) {
+      EXPECT_FALSE(outs[0] == outs[1]) << "variant " << variant << ": the fold changed no lse bit";
+    }
   }
 }
 

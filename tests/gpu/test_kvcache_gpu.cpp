@@ -51,9 +51,13 @@ void run_gpu(KvRun& r) {
   if (r.c.state) p.select_state = view(r.state);
   const size_t bytes = kvcache_workspace_size(p);
   void* ws = nullptr;
-  if (bytes) ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+  if (bytes) {
+    ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+  }
   // The workspace's content is the caller's: whatever the call needs zeroed, it zeroes.
-  if (bytes) ASSERT_EQ(cudaMemset(ws, 0xff, bytes), cudaSuccess);
+  if (bytes) {
+    ASSERT_EQ(cudaMemset(ws, 0xff, bytes), cudaSuccess);
+  }
   p.workspace = ws, p.workspace_bytes = bytes;
   kvcache_forward(p);
   FDMA_CUDA_OK(cudaDeviceSynchronize());
@@ -73,7 +77,9 @@ void compare_step(KvRun& cpu, KvRun& gpu) {
     // Bytes, not values: NaN scores compare unequal to themselves.
     EXPECT_TRUE(cpu.k_cache.bytes() == gpu.k_cache.bytes()) << "appended k";
     EXPECT_TRUE(cpu.v_cache.bytes() == gpu.v_cache.bytes()) << "appended v";
-    if (c.dynamic) EXPECT_TRUE(cpu.score_cache.bytes() == gpu.score_cache.bytes()) << "appended scores";
+    if (c.dynamic) {
+      EXPECT_TRUE(cpu.score_cache.bytes() == gpu.score_cache.bytes()) << "appended scores";
+    }
     cpu.append_reference();
   }
   auto [ref_out, ref_lse] = cpu.reference();
@@ -81,7 +87,9 @@ void compare_step(KvRun& cpu, KvRun& gpu) {
   const double bound = 2 * max_err(co, ref_out) + unit(c.dtype) * std::max(1e-3, max_abs(ref_out)) + 1e-4;
   EXPECT_TRUE(all_close(go, ref_out, {bound, 0.0}, "out (GPU)")) << "CPU error " << max_err(co, ref_out);
   EXPECT_TRUE(all_close(gpu.lse.values(), ref_lse, {2e-3, 1e-3}, "lse (GPU)"));
-  if (c.state) EXPECT_TRUE(cpu.state.bytes() == gpu.state.bytes()) << "select_state";
+  if (c.state) {
+    EXPECT_TRUE(cpu.state.bytes() == gpu.state.bytes()) << "select_state";
+  }
 }
 
 void check_case(const KvCase& c) {
