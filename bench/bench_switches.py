@@ -57,13 +57,15 @@ CONFIGS = {
     "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
     "split1": {"FDMA_DKDV_SPLITS": "1"},
     "wavelet": {"FDMA_SELECT_ENDS": "wavelet"},
+    "sort-global": {"FDMA_SELECT_PATH": "global"},
+    "sort-shared": {"FDMA_SELECT_PATH": "shared"},
     "det": {"deterministic": 1},
 }
 
 
 def set_config(name, params):
     for var in ("FDMA_FWD_WS", "FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS",
-                "FDMA_SELECT_ENDS"):
+                "FDMA_SELECT_ENDS", "FDMA_SELECT_PATH"):
         os.environ.pop(var, None)
     config = dict(CONFIGS[name])
     params.deterministic = config.pop("deterministic", 0)
