@@ -37,6 +37,7 @@ class HostTensor {
       stride *= shape_[perm[k]] + (k == n - 1 ? inner_pad : pad);
     }
     storage_.assign(static_cast<size_t>(stride) * dtype_size(dtype_) + 64, 0);
+    row_major_ = strides_are_row_major();
   }
 
   // A view with size-1 dims stretched to `expanded` sizes by stride 0 (torch's expand).
@@ -47,6 +48,7 @@ class HostTensor {
         t.shape_[d] = sizes[d];
         t.strides_[d] = 0;
       }
+    t.row_major_ = t.strides_are_row_major();
     return t;
   }
 
@@ -70,8 +72,10 @@ class HostTensor {
     return t;
   }
 
-  // Logical linear index (row-major over shape) -> element offset.
+  // Logical linear index (row-major over shape) -> element offset. Plain row-major tensors map
+  // it to itself: the per-dim divisions made building a 40K-key cache take seconds.
   int64_t offset(int64_t linear) const {
+    if (row_major_) return linear;
     int64_t off = 0;
     for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
       off += (linear % shape_[d]) * strides_[d];
@@ -145,8 +149,18 @@ class HostTensor {
   std::vector<unsigned char>& bytes() { return storage_; }
 
  private:
+  bool strides_are_row_major() const {
+    int64_t stride = 1;
+    for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
+      if (shape_[d] != 1 && strides_[d] != stride) return false;
+      stride *= shape_[d];
+    }
+    return true;
+  }
+
   DType dtype_ = DType::f32;
   std::vector<int64_t> shape_, strides_;
+  bool row_major_ = true;
   std::vector<unsigned char> storage_;
 };
 

@@ -92,14 +92,16 @@ void compare_step(KvRun& cpu, KvRun& gpu) {
   }
 }
 
+// Each GPU run gets a copy of the CPU run's inputs (the same draws, built once: a 40K-key paged
+// cache took seconds to build).
 void check_case(const KvCase& c) {
-  KvRun cpu(c), gpu(c);
+  KvRun cpu(c), gpu = cpu;
   compare_step(cpu, gpu);
 }
 
 // A generation loop: `steps` calls, each appending Snew tokens, cache_seqlens advanced between.
 void check_loop(const KvCase& c, int steps) {
-  KvRun cpu(c), gpu(c);
+  KvRun cpu(c), gpu = cpu;
   for (int s = 0; s < steps; ++s) {
     SCOPED_TRACE("step " + std::to_string(s));
     compare_step(cpu, gpu);
@@ -320,7 +322,7 @@ TEST(KvCacheGpu, SelectStateRebuildsWhatItCannotGrow) {
   c.lens = {2500, 700, 60};
   for (int kind = 0; kind < 4; ++kind) {
     SCOPED_TRACE("kind " + std::to_string(kind));
-    KvRun cpu(c), gpu(c);
+    KvRun cpu(c), gpu = cpu;
     compare_step(cpu, gpu);  // a valid state for every row
     for (KvRun* r : {&cpu, &gpu}) {
       r->advance();
@@ -384,7 +386,7 @@ TEST(KvCacheGpu, ChunkedPrefillLoopThenDecode) {
     c.B = 2, c.Sq = 96, c.Snew = 96, c.H = 8, c.Hk = 2, c.D = 128, c.w = 80, c.max_len = 1200, c.page_size = page;
     c.dtype = DType::bf16, c.state = true, c.seed = 420 + uint64_t(page);
     c.lens = {0, 37};
-    KvRun cpu(c), gpu(c);
+    KvRun cpu(c), gpu = cpu;
     for (int step = 0; step < 8; ++step) {
       SCOPED_TRACE("chunk " + std::to_string(step));
       compare_step(cpu, gpu);
@@ -408,7 +410,7 @@ TEST(KvCacheGpu, SelectStateAfterChunkedPrefill) {
   c.B = 2, c.Sq = 100, c.Snew = 100, c.H = 8, c.Hk = 2, c.D = 128, c.w = 64, c.max_len = 2000, c.page_size = 64;
   c.dtype = DType::bf16, c.state = true, c.seed = 380;
   c.lens = {0, 1200};
-  KvRun cpu(c), gpu(c);
+  KvRun cpu(c), gpu = cpu;
   compare_step(cpu, gpu);
 }
 
@@ -452,7 +454,7 @@ TEST(KvCacheGpu, PipelineDepthsAgree) {
       for (int stages : {2, 3}) {
         SCOPED_TRACE("D " + std::to_string(D) + (dynamic ? " dynamic" : " dense") + " stages " + std::to_string(stages));
         env.set(stages == 2 ? "2" : "3");
-        KvRun cpu(c), gpu(c);
+        KvRun cpu(c), gpu = cpu;
         compare_step(cpu, gpu);
         if (::testing::Test::HasFailure()) return;
         outs[stages - 2] = gpu.out.bytes();
@@ -473,7 +475,7 @@ TEST(KvCacheGpu, OverlappedLaunchesBothWays) {
     for (int overlap : {0, 1}) {
       SCOPED_TRACE("variant " + std::to_string(variant) + " overlap " + std::to_string(overlap));
       env.set(overlap ? "1" : "0");
-      KvRun cpu(c), gpu(c);
+      KvRun cpu(c), gpu = cpu;
       for (int s = 0; s < 4; ++s) {
         compare_step(cpu, gpu);
         if (::testing::Test::HasFailure()) return;
@@ -508,7 +510,7 @@ TEST(KvCacheGpu, StateRowsPerCtaAgree) {
       const char* rows = v == 0 ? "1" : v == 1 ? "2" : "4";
       SCOPED_TRACE(std::string("rows a CTA ") + rows + " Sq " + std::to_string(Sq));
       env.set(rows);
-      KvRun cpu(c), gpu(c);
+      KvRun cpu(c), gpu = cpu;
       for (int s = 0; s < 4; ++s) {
         compare_step(cpu, gpu);
         if (::testing::Test::HasFailure()) return;
