@@ -120,6 +120,17 @@ struct AttnRun {
     dv = HostTensor(c.dtype, {c.B, c.Sk, c.Hk, c.D}, perm, pad);
   }
 
+  // A float mask's sentinels in the bias (a [B, heads, Sq, Sk] one): every third query row holds
+  // `lowest` throughout (a padded query), and its dO is zero, as a masked loss leaves it.
+  void sentinel_rows(double lowest) {
+    const std::vector<int64_t> s = bias.shape();
+    for (int64_t i = 0; i < bias.numel(); ++i)
+      if ((i / s[3]) % s[2] % 3 == 0) bias.set(i, lowest);
+    rp.bias = expand_full(c, bias.values(), bias_shape);
+    for (int64_t i = 0; i < dout.numel(); ++i)  // dout [B, Sq, H, D]
+      if ((i / (c.H * c.D)) % c.Sq % 3 == 0) dout.set(i, 0.0);
+  }
+
   AttentionParams params() const {
     AttentionParams p;
     p.q = q.view(), p.k = k.view(), p.v = v.view();

@@ -634,12 +634,7 @@ TEST(AttentionGpu, FloatMaskSentinelRowsWithZeroGradientsTrain) {
     c.bias.dtype = variant == 1 ? DType::f32 : DType::unset;
     AttnRun r(c);
     const double lowest = variant == 1 ? -3.4028234663852886e38 : -3.3895313892515355e38;
-    const std::vector<int64_t> s = r.bias.shape();
-    for (int64_t i = 0; i < r.bias.numel(); ++i)
-      if ((i / s[3]) % s[2] % 3 == 0) r.bias.set(i, lowest);
-    r.rp.bias = expand_full(c, r.bias.values(), r.bias_shape);
-    for (int64_t i = 0; i < r.dout.numel(); ++i)  // dout [B, Sq, H, D]
-      if ((i / (c.H * c.D)) % c.Sq % 3 == 0) r.dout.set(i, 0.0);
+    r.sentinel_rows(lowest);
     run_gpu(r, true);
   }
 }
