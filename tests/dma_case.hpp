@@ -157,7 +157,7 @@ struct DmaRun {
     if (c.padding)
       for (double x : pad.values()) padding.push_back(x != 0);
     auto sv = scores.values();
-    auto keep = ref::select_brute(sv, padding, c.B, c.Hk, c.Sq, c.Sk, c.w, c.causal);
+    auto keep = ref::select_ranked(sv, padding, c.B, c.Hk, c.Sq, c.Sk, c.w, c.causal);
     const int64_t G = c.H / c.Hk;
     rp.keep.assign(c.B * c.H * c.Sq * c.Sk, 0);
     rp.bias.assign(c.B * c.H * c.Sq * c.Sk, 0.0);

@@ -211,7 +211,7 @@ struct KvRun {
     if (L == 0) return r;
     std::vector<double> sc;
     for (int64_t j = 0; j < L; ++j) sc.push_back(ls.get((b * c.Hk + hk) * c.max_len + j));
-    const auto keep = ref::select_brute(sc, {}, 1, 1, 1, L, c.w, false);
+    const auto keep = ref::select_ranked(sc, {}, 1, 1, 1, L, c.w, false);
     const int64_t slots = (int64_t(r.size()) - 1) / 2;
     int64_t n = 0;
     for (int64_t j = 0; j < L; ++j)
@@ -243,7 +243,7 @@ struct KvRun {
         std::vector<double> sc;
         for (int64_t hk = 0; hk < c.Hk; ++hk)
           for (int64_t j = 0; j < L; ++j) sc.push_back(ls.get((b * c.Hk + hk) * c.max_len + j));
-        auto keep = ref::select_brute(sc, {}, 1, c.Hk, c.Sq, L, c.w, c.causal);
+        auto keep = ref::select_ranked(sc, {}, 1, c.Hk, c.Sq, L, c.w, c.causal);
         const int64_t G = c.H / c.Hk;
         rp.keep.assign(c.H * c.Sq * L, 0);
         rp.bias.assign(c.H * c.Sq * L, 0.0);

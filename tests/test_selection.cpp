@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "host_tensor.hpp"
 #include "reference.hpp"
@@ -100,3 +101,34 @@ TEST(Selection, EveryScoreDtype) {
 }
 
 TEST(Selection, LongSequence) { run_select_case({1, 1, 1000, 1000, 64, true, true, false, DType::f32}, 9); }
+
+// The suites' cases take their kept keys from ref::select_ranked (one sort a row); it must
+// keep what brute force keeps: ties, NaN, signed zeros, padding, causal and not, Sq != Sk,
+// w from 0 to beyond Sk.
+TEST(Selection, RankedReferenceMatchesBruteForce) {
+  std::mt19937_64 rng(77);
+  int64_t cases = 0;
+  for (bool causal : {true, false})
+    for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {9, 9}, {40, 129}, {129, 40}, {1, 300}, {200, 200}})
+      for (int64_t w : {int64_t(0), int64_t(1), int64_t(3), Sk / 2, Sk, Sk + 2})
+        for (int variant = 0; variant < 3; ++variant) {
+          const int64_t B = 2, Hk = 2;
+          std::vector<double> scores(B * Hk * Sk);
+          std::uniform_real_distribution<double> u(-2, 2);
+          for (size_t i = 0; i < scores.size(); ++i) {
+            const double x = u(rng);
+            scores[i] = variant == 0 ? x : std::round(x);  // rounded: many exact ties
+            if (variant == 2 && i % 5 == 1) scores[i] = i % 2 ? NAN : -0.0;
+          }
+          std::vector<uint8_t> padding;
+          if (variant > 0) {
+            std::bernoulli_distribution keep(0.8);
+            for (int64_t j = 0; j < B * Sk; ++j) padding.push_back(keep(rng));
+          }
+          EXPECT_TRUE(ref::select_ranked(scores, padding, B, Hk, Sq, Sk, w, causal) ==
+                      ref::select_brute(scores, padding, B, Hk, Sq, Sk, w, causal))
+              << "causal " << causal << " Sq " << Sq << " Sk " << Sk << " w " << w << " variant " << variant;
+          ++cases;
+        }
+  EXPECT_EQ(cases, 2 * 6 * 6 * 3);
+}

@@ -118,7 +118,7 @@ struct VarlenRun {
           std::vector<uint8_t> padding;
           if (c.padding)
             for (int64_t j = 0; j < nk; ++j) padding.push_back(pv[k0[s] + j] != 0);
-          keep = ref::select_brute(row, padding, 1, 1, nq, nk, c.w, c.causal);
+          keep = ref::select_ranked(row, padding, 1, 1, nq, nk, c.w, c.causal);
         } else {
           keep.assign(nq * nk, 1);
           for (int64_t i = 0; i < nq; ++i)
