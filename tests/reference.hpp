@@ -136,9 +136,11 @@ inline Backward backward(const Problem& p, const std::vector<double>& dout) {
       double lse = row_probs(p, b, h, i, prob, capped);
       if (lse == -std::numeric_limits<double>::infinity()) continue;
       const int64_t hk = h / p.G();
+      // The forward's out: keys with no probability add nothing (nor their V rows' NaN or inf).
       std::vector<double> o(p.D, 0.0);
       for (int64_t j = 0; j < p.Sk; ++j)
-        for (int64_t d = 0; d < p.D; ++d) o[d] += prob[j] * p.v[p.ki(b, j, hk, d)];
+        if (prob[j] != 0)
+          for (int64_t d = 0; d < p.D; ++d) o[d] += prob[j] * p.v[p.ki(b, j, hk, d)];
       double delta = 0;
       for (int64_t d = 0; d < p.D; ++d) delta += dout[p.qi(b, i, h, d)] * o[d];
       for (int64_t j = 0; j < p.Sk; ++j) {
