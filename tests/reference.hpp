@@ -186,6 +186,15 @@ inline std::vector<double> reduce_broadcast(const Problem& p, const std::vector<
   return r;
 }
 
+// Whether key x of a row of scores s ranks above key y: the higher score first, NaN lowest,
+// equal scores (-0.0 and +0.0 too) by the lower index.
+inline bool ranks_above(const double* s, int64_t x, int64_t y) {
+  const bool nx = std::isnan(s[x]), ny = std::isnan(s[y]);
+  if (nx != ny) return ny;
+  if (!nx && s[x] != s[y]) return s[x] > s[y];
+  return x < y;
+}
+
 // Brute-force top-w: keep[(b*Hk + hk)*Sq + i][j]. Candidates of query i: existing keys, and
 // with causal only j <= i + Sk - Sq; ranked by score (NaN lowest) then lower index.
 inline std::vector<uint8_t> select_brute(const std::vector<double>& scores, const std::vector<uint8_t>& padding,
@@ -194,12 +203,7 @@ inline std::vector<uint8_t> select_brute(const std::vector<double>& scores, cons
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hk = 0; hk < Hk; ++hk) {
       const double* s = scores.data() + (b * Hk + hk) * Sk;
-      auto above = [&](int64_t x, int64_t y) {
-        bool nx = std::isnan(s[x]), ny = std::isnan(s[y]);
-        if (nx != ny) return ny;
-        if (!nx && s[x] != s[y]) return s[x] > s[y];
-        return x < y;
-      };
+      auto above = [&](int64_t x, int64_t y) { return ranks_above(s, x, y); };
       for (int64_t i = 0; i < Sq; ++i) {
         std::vector<int64_t> cand;
         for (int64_t j = 0; j < Sk; ++j) {
@@ -224,12 +228,7 @@ inline std::vector<uint8_t> select_ranked(const std::vector<double>& scores, con
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hk = 0; hk < Hk; ++hk) {
       const double* s = scores.data() + (b * Hk + hk) * Sk;
-      auto above = [&](int64_t x, int64_t y) {
-        bool nx = std::isnan(s[x]), ny = std::isnan(s[y]);
-        if (nx != ny) return ny;
-        if (!nx && s[x] != s[y]) return s[x] > s[y];
-        return x < y;
-      };
+      auto above = [&](int64_t x, int64_t y) { return ranks_above(s, x, y); };
       std::vector<int64_t> order;
       for (int64_t j = 0; j < Sk; ++j)
         if (padding.empty() || padding[b * Sk + j]) order.push_back(j);
