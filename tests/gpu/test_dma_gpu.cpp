@@ -759,12 +759,12 @@ TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
   EXPECT_GT(tails64, 0) << "no list ended in a tile of 33-64 keys";
 }
 
-// The gathered forward on the warp-specialized kernel (the default on Hopper at D 64 and 128)
-// and on the cp.async wgmma kernel (FDMA_FWD_WS=0), each against the CPU: causal and not,
-// lists over several stages of the producer's ring, GQA/MQA, padding, ties, softcap, head
-// dims below the kernel's (D 40 and 112 run on the 64 and 128 kernels; the copy engine's
-// store of O writes only D columns), and outs whose rows of D are padded by 8 elements (it
-// writes none of the padding).
+// The gathered forward on the warp-specialized kernel (the default on Hopper at D 64, 128 and
+// 256) and on the cp.async kernel (FDMA_FWD_WS=0; wgmma, mma.sync at D 256), each against the
+// CPU: causal and not, lists over several stages of the producer's ring, GQA/MQA, padding,
+// ties, softcap, head dims below the kernel's (D 40, 112 and 200 run on the 64, 128 and 256
+// kernels; the copy engine's store of O writes only D columns), and outs whose rows of D are
+// padded by 8 elements (it writes none of the padding).
 TEST(DmaGpu, WarpSpecializedForwardEitherPath) {
   REQUIRE_GPU();
   const ScopedEnv ws("FDMA_FWD_WS");
@@ -773,14 +773,17 @@ TEST(DmaGpu, WarpSpecializedForwardEitherPath) {
     SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
     ws.set(on);
     for (auto [S, w] : {std::pair<int64_t, int64_t>{300, 40}, {1100, 700}, {2000, 1500}})
-      for (int variant = 0; variant < 4; ++variant) {
+      for (int variant = 0; variant < 6; ++variant) {
+        // Variants 4 and 5: D 256 and 200 on the 64-key tiles of that head dim (causal: the gathered
+        // kernels run for causal calls; with FDMA_FWD_WS=0 the cp.async kernel reads the lists of
+        // 128-row tiles from its 64-row ones).
         DmaCase c;
-        c.B = 2, c.Sq = S, c.Sk = S + 37 * variant, c.w = w, c.causal = variant % 2 == 0, c.seed = seed++;
-        c.H = 4, c.Hk = variant == 0 ? 4 : variant == 1 ? 2 : 1;
-        c.D = variant == 0 ? 128 : variant == 1 ? 64 : variant == 2 ? 40 : 112;
-        c.dtype = variant == 1 ? DType::f16 : DType::bf16;
-        c.ties = variant == 2, c.padding = variant != 0, c.softcap = variant == 3 ? 4.0 : 0.0;
-        c.out_row_pad = S == 1100 && variant < 2 ? 8 : 0;
+        c.B = 2, c.Sq = S, c.Sk = S + 37 * variant, c.w = w, c.causal = variant % 2 == 0 || variant >= 4, c.seed = seed++;
+        c.H = 4, c.Hk = variant == 0 || variant == 5 ? 4 : variant == 1 || variant == 4 ? 2 : 1;
+        c.D = variant == 0 ? 128 : variant == 1 ? 64 : variant == 2 ? 40 : variant == 3 ? 112 : variant == 4 ? 256 : 200;
+        c.dtype = variant == 1 || variant == 5 ? DType::f16 : DType::bf16;
+        c.ties = variant == 2, c.padding = variant != 0, c.softcap = variant == 3 || variant == 5 ? 4.0 : 0.0;
+        c.out_row_pad = S == 1100 && (variant < 2 || variant == 4) ? 8 : 0;
         DmaRun r(c);
         run_gpu_dma(r, false);
       }

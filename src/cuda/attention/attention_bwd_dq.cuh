@@ -85,7 +85,7 @@ __device__ __forceinline__ void attention_bwd_dq_body(const AttentionBwdParams& 
       int n_listed = 0;
       if (gather) {
         const int64_t bh = int64_t(b) * f.Hk + hk;
-        list = tile_key_list(f.lists, bh, m_block, n_listed);
+        list = tile_key_list(f.lists, bh, row0, n_listed);
         info = f.lists.info + bh * f.Sk;
       }
       if (terms_bytes) {  // in shared memory: in registers across the loop they would add to its pressure

@@ -88,7 +88,7 @@ __device__ __forceinline__ void attention_fwd_body(const AttentionFwdParams& p) 
   // Dynamic-mask mode: this tile's list of kept keys replaces 0..Sk-1.
   constexpr bool gather = kGather;
   int n_listed = 0;
-  const int32_t* list = gather ? tile_key_list(p.lists, int64_t(b) * p.Hk + hk, m_block, n_listed) : nullptr;
+  const int32_t* list = gather ? tile_key_list(p.lists, int64_t(b) * p.Hk + hk, row0, n_listed) : nullptr;
   const KeyInfo* info = gather ? p.lists.info + (int64_t(b) * p.Hk + hk) * p.Sk : nullptr;
   // Keys this block may see: causality bounds the last one by its last row.
   const int key_end = gather ? n_listed : p.causal ? min(p.Sk, row0 + Tile::kBlockM + p.Sk - p.Sq) : p.Sk;
@@ -369,6 +369,8 @@ cudaError_t launch_attention_fwd_kernel(const AttentionFwdParams& params, int de
   using Tile = FwdTile<Mma>;
   auto kernel = attention_fwd_kernel<T, kHeadDim, kGather, Mma>;
   AttentionFwdParams p = params;
+  // A CTA reads the list of the lists' tile holding its rows (tile_key_list): its tile must lie in one.
+  if (kGather && p.lists.count_tiles > 1 && (1 << p.lists.tile_rows_log2) % Tile::kBlockM != 0) return cudaErrorInvalidValue;
   if (next_active_bytes(p, Tile::kBlockN)) {  // only where it fits beside everything else
     int max_smem = 0;
     const cudaError_t err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -388,7 +390,7 @@ cudaError_t launch_attention_fwd_path(const AttentionFwdParams& p, cudaStream_t 
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if constexpr (kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kGather)) {
+  if constexpr (kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256) {
     // The warp-specialized kernel of the call's kind where it applies (attention_fwd_ws.cuh).
     FwdTensorMaps maps{};
     auto try_kind = [&](auto kind_tag, cudaError_t& err) {

@@ -28,6 +28,10 @@ struct KeyLists {
   const int32_t* tile_first;
   const int32_t* counts;                     // [(b * Hk + hk) * count_tiles + tile]
   int count_tiles;                           // 1 when every tile shares the list
+  // Query rows per tile of the lists, 2^tile_rows_log2 (a shift, not a division, in each CTA's
+  // prologue). A kernel whose query tiles are narrower reads the list of the tile holding its
+  // rows: a superset of the keys they keep, which their intervals sort out.
+  int tile_rows_log2;
   int max_listed;                            // tile lists: the most keys the kernels stage (longer ones stay in global memory)
   const KeyInfo* info;                       // [B * Hk, Sk]
   // The warp-specialized gathered forward (bf16) folds each key's term into S = Q K^T: one more

@@ -1,11 +1,11 @@
 // Warp-specialized attention forward for Hopper (sm_90a) at D = 64, 128 and 256: calls whose
 // q, k, v, mask and bias the copy engine can read (causal and softcap allowed), and the
-// gathered forward of dynamic-mask mode (key lists, attention_fwd_params.hpp) at D = 64 and 128.
+// gathered forward of dynamic-mask mode (key lists, attention_fwd_params.hpp) at the same D.
 // One kernel per kind of call (FwdWsKind): dense calls (no mask; no bias or a per-key one),
 // scored calls (a mask, or a bias with a query dim) and gathered calls.
 //
-// Three warp groups per CTA of 128 query rows; key tiles of 128 keys for gathered calls and
-// wider ones for dense calls (fwd_ws_key_tile). The producer group gives most of its registers
+// Three warp groups per CTA of 128 query rows; key tiles of 128 keys for gathered calls (64 at
+// D = 256) and wider ones for dense calls (fwd_ws_key_tile). The producer group gives most of its registers
 // away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier the
 // copies complete and an "empty" one the consumers arrive on. Dense and scored calls: one
 // thread issues every copy with the bulk tensor copy engine (TMA), a key tile's bias row, or
@@ -88,7 +88,8 @@ constexpr bool fwd_ws_scored(FwdWsKind kind) {
   return kind == FwdWsKind::scored || kind == FwdWsKind::scored_narrow || kind == FwdWsKind::masked_biased;
 }
 
-// Keys per tile: 128 for gathered calls (their lists' tiles); for dense calls 192 at D = 64,
+// Keys per tile: 128 for gathered calls (64 at D = 256, where two stages of 128 K and V rows
+// would not fit beside Q); for dense calls 192 at D = 64,
 // 176 at D = 128 and 80 at D = 256 (O takes 128 registers a thread there): the widest S the
 // consumers' registers hold, which spreads a step's fixed costs (the turn barriers, the row
 // maxima's shuffles, O's rescale) over the most keys (docs/performance.md, "attention forward").
@@ -97,7 +98,7 @@ constexpr bool fwd_ws_scored(FwdWsKind kind) {
 // two stages of K, V, a mask tile and a bias tile of 128 keys take 256 KB; of 64 keys, 144 KB
 // (scored_narrow, the kind such calls take).
 constexpr int fwd_ws_key_tile(int head_dim, FwdWsKind kind) {
-  if (kind == FwdWsKind::gathered) return 128;
+  if (kind == FwdWsKind::gathered) return head_dim == 256 ? 64 : 128;
   if (kind == FwdWsKind::scored_narrow) return 64;
   if (kind == FwdWsKind::scored || kind == FwdWsKind::masked_biased) return head_dim == 256 ? 64 : 128;
   return head_dim == 64 ? 192 : head_dim == 128 ? 176 : 80;
@@ -111,7 +112,6 @@ template <class T, int kHeadDim, FwdWsKind kKind>
 struct FwdWsShape {
   static constexpr bool kGather = kKind == FwdWsKind::gathered, kScored = fwd_ws_scored(kKind);
   static constexpr bool kMaskOverBias = kKind == FwdWsKind::masked_biased;
-  static_assert(kHeadDim <= 128 || !kGather, "gathered calls: D = 64 and 128 (lists of 128-row query tiles)");
   static_assert(kKind != FwdWsKind::scored_narrow || kHeadDim == 128, "narrow scored tiles: D = 128");
   using Mma = FwdMmaSm90<T, kHeadDim, fwd_ws_key_tile(kHeadDim, kKind)>;
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
@@ -132,7 +132,7 @@ struct FwdWsShape {
   // Gathered bf16 calls fold each key's term into S (KeyLists::bias_chunks): one more 16-column
   // slice of Q and of each K stage, in 128-byte swizzled blocks of their own (Q's holds ones,
   // written once; a K stage's the listed keys' chunks, copied with their rows).
-  static constexpr bool kFold = kGather && std::is_same_v<T, __nv_bfloat16>;
+  static constexpr bool kFold = kGather && std::is_same_v<T, __nv_bfloat16> && kHeadDim <= 128;  // lists_fold_bias
   static constexpr int kTermBlockBytes = kFold ? kBlockM * wgmma::kSwizzleRowBytes : 0;  // kBlockN == kBlockM
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
   static constexpr int kQTerm = kV + kStages * Mma::kKVBytes, kKTerm = kQTerm + kTermBlockBytes;
@@ -331,9 +331,10 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
   }
 }
 
-// Gathered rows into a swizzled tile of kRows = 128 rows, by one producer warp: rows 32 block
-// .. + 31, lane l holding the list index of row 32 block + l (-1 past the list), so that each
-// index is one coalesced load per tile, handed to the lanes copying its row by shuffles. A pass
+// Gathered rows into a swizzled tile of kRows rows (128, or 64 at D = 256), by one producer warp:
+// its quarter of them, rows kRows / 4 * block .. + kRows / 4 - 1, lane l holding the list index
+// of the quarter's row l (-1 past the list, and in lanes past the quarter), so that each index
+// is one coalesced load per tile, handed to the lanes copying its row by shuffles. A pass
 // copies 32 / (D / 8) rows, a lane a 16-byte chunk in a column of its own: its source column
 // and its place in the swizzle (the chunk XOR the row mod 8, where the row mod 8 is the pass's
 // constant XOR the lane's) are worked out once, so that a chunk costs a shuffle, one wide
@@ -342,18 +343,18 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 template <int kHeadDim, int kRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
-  static_assert(kRows == 128, "four blocks of 32 rows");
-  constexpr int kChunks = kHeadDim / 8, kRowsPerPass = 32 / kChunks;
+  static_assert(kRows == 128 || kRows == 64, "four blocks of 32 or 16 rows");
+  constexpr int kWarpRows = kRows / 4, kChunks = kHeadDim / 8, kRowsPerPass = 32 / kChunks;
   static_assert(kRowsPerPass <= 8 && 8 % kRowsPerPass == 0, "a pass's rows are one 8-row swizzle phase's");
   const int ch = lane % kChunks, sub = lane / kChunks;  // the lane's chunk column, its row in a pass
   const char* src = reinterpret_cast<const char*>(base) + ch * 16;
   const int src_bytes = ch * 8 < D ? 16 : 0;  // head-dim padding: zeros
-  // Row r = 32 block + i kRowsPerPass + sub: r mod 8 = (i kRowsPerPass mod 8) XOR sub.
-  const uint32_t dst = smem + (ch / 8) * kRows * 128 + (32 * block + sub) * 128;
+  // Row r = kWarpRows block + i kRowsPerPass + sub: r mod 8 = (i kRowsPerPass mod 8) XOR sub.
+  const uint32_t dst = smem + (ch / 8) * kRows * 128 + (kWarpRows * block + sub) * 128;
   const uint32_t swz = uint32_t((ch % 8) ^ sub) << 4;
   constexpr int kPhase = 8 / kRowsPerPass;  // passes a swizzle phase (8 rows): their XORs are constants
 #pragma unroll 1
-  for (int i0 = 0; i0 < 32 / kRowsPerPass; i0 += kPhase) {
+  for (int i0 = 0; i0 < kWarpRows / kRowsPerPass; i0 += kPhase) {
 #pragma unroll
     for (int u = 0; u < kPhase; ++u) {
       const int i = i0 + u;
@@ -374,8 +375,13 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
                                                       int n_listed, int n_blocks, int row0, int h, int hk, int b,
                                                       int tid, bool fold) {
   if (n_blocks == 0) return;
-  constexpr int kN = Shape::kBlockN;
+  constexpr int kN = Shape::kBlockN, kWarpRows = kN / 4;
   const int warp = tid / 32, lane = tid % 32;
+  // This lane's row of a tile: the list entry it loads for its warp's rows (gather_rows_by_warp),
+  // and the row whose KeyInfo record (and term chunk) it copies. At 64-key tiles only the first
+  // 16 lanes of a warp hold one.
+  const int row = kWarpRows * warp + lane;
+  const bool has_row = kWarpRows == 32 || lane < kWarpRows;
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[2];
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[2];
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + hk * p.v_stride[2];
@@ -389,13 +395,14 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
   for (int j = 0; j < n_blocks; ++j) {
     const int s = j % Shape::kStages;
     const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;
-    const int key = j * kN + tid;  // the list entry of this thread's row
-    const int32_t idx = key < n_listed ? list[key] : -1;
+    const int key = j * kN + row;  // the list entry of this lane's row
+    const int32_t idx = has_row && key < n_listed ? list[key] : -1;
     mbar::wait(Shape::k_empty(base, s), free_parity);
     gather_rows_by_warp<kHeadDim, kN>(Shape::k_tile(base, s), k, k_row_bytes, idx, warp, lane, p.D);
-    ptx::cp_async_16(base + Shape::info_offset(s) + tid * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
-    if (Shape::kFold && fold)  // the row's chunk 0 of the term slice (row tid of the stage; zeros past the list)
-      ptx::cp_async_16(Shape::k_term_tile(base, s) + wgmma::sw128_offset(kN, tid, 0),
+    if (has_row)
+      ptx::cp_async_16(base + Shape::info_offset(s) + row * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
+    if (Shape::kFold && fold)  // the row's chunk 0 of the term slice (zeros past the list; every lane has a row)
+      ptx::cp_async_16(Shape::k_term_tile(base, s) + wgmma::sw128_offset(kN, row, 0),
                        idx >= 0 ? static_cast<const void*>(chunks + idx) : static_cast<const void*>(info),
                        idx >= 0 ? 16 : 0);
     mbar::arrive_on_cp_async(Shape::k_full(base, s));
@@ -564,8 +571,8 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
   if (first < n_blocks) {
     const uint32_t s_q = base + Shape::kQ;
     typename Mma::PFrag pf;
-    // A gathered list's last tile runs 32 or 64 keys wide where it holds no more, as in the
-    // other forward (attention_fwd.cuh); the first tile stays full width.
+    // A gathered list's last tile runs 32 or 64 keys wide (32 on 64-key tiles) where it holds no
+    // more, as in the other forward (attention_fwd.cuh); the first tile stays full width.
     int last_keys = Shape::kBlockN;
     if constexpr (kGather) {
       const int tail = n_listed - (n_blocks - 1) * Shape::kBlockN;
@@ -646,7 +653,7 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
         if (last_keys == 32) {
           step(std::integral_constant<int, 32>{}, n_blocks - 1, n_blocks - 1, true);
           last_pv(std::integral_constant<int, 32>{}, n_blocks - 1);
-        } else if (last_keys == 64) {
+        } else if (Shape::kBlockN > 64 && last_keys == 64) {  // (on 64-key tiles that is the full step)
           step(std::integral_constant<int, 64>{}, n_blocks - 1, n_blocks - 1, true);
           last_pv(std::integral_constant<int, 64>{}, n_blocks - 1);
         } else {
@@ -740,7 +747,7 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
   const int row0 = cta.m_block * Shape::kBlockM;
   int n_listed = 0;
   const int32_t* list =
-      kGather ? tile_key_list(p.lists, int64_t(b) * p.Hk + hk, cta.m_block, n_listed) : nullptr;
+      kGather ? tile_key_list(p.lists, int64_t(b) * p.Hk + hk, row0, n_listed) : nullptr;
   const int key_end = kGather ? n_listed : p.causal ? min(p.Sk, row0 + Shape::kBlockM + p.Sk - p.Sq) : p.Sk;
   const int n_blocks = key_end > 0 ? (key_end + Shape::kBlockN - 1) / Shape::kBlockN : 0;
 
@@ -799,7 +806,8 @@ inline FwdWsKind fwd_ws_kind(const AttentionFwdParams& p) {
 // Whether the warp-specialized forward of kind kKind takes this call (the caller checks the device
 // and that fwd_ws_kind(p) == kKind, or is scored for scored_narrow and masked_biased): the kinds
 // that store O through the copy engine (kStoreThroughCopy) where it can describe out; gathered
-// calls then where k's and v's row strides fit 32 bits; the others at exactly this head dim where
+// calls then where their lists' tiles are the CTA's 128 rows and k's and v's row strides fit 32
+// bits; the others at exactly this head dim where
 // the copy engine can describe q, k, v, the bias and the mask (maps filled here), and for scored
 // calls where their terms fit in shared memory (a mask tile and a bias tile together: at D = 64 on
 // 128-key tiles, at D = 128 on the narrow kind's 64-key ones, at D = 256 the mask laid over the
@@ -818,7 +826,9 @@ bool attention_fwd_ws_applies(const AttentionFwdParams& p, FwdTensorMaps& maps) 
     return false;
   if constexpr (kKind == FwdWsKind::gathered) {  // the gathering producer's row offsets: 32-bit strides
     const int64_t most = int64_t(INT32_MAX) / int64_t(sizeof(T));
-    return p.k_stride[1] <= most && p.v_stride[1] <= most;
+    // Lists of the CTA's 128-row query tiles (kFwdListBlockM; one list for every tile is any tile's)
+    const bool tiles = p.lists.count_tiles == 1 || 1 << p.lists.tile_rows_log2 == Shape::kBlockM;
+    return tiles && p.k_stride[1] <= most && p.v_stride[1] <= most;
   } else {
     if (p.D != kHeadDim || (p.mask && !p.mask_tiled) || (p.bias && !p.bias_tiled)) return false;
     const bool bias_keys = p.bias && p.bias_stride[2] == 0;

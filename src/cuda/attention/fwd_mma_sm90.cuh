@@ -23,9 +23,9 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "wgmma forward tiles: D = 64, 128 or 256");
   static constexpr int kMTiles = 1;  // per warp: 16 rows of its warpgroup's 64
   static constexpr int kThreads = 256;
-  static constexpr int kBlockM = 128;  // = fwd_block_m(D) up to D 128: key lists and mask summaries use it
+  static constexpr int kBlockM = 128;  // the forward's key lists' tiles (kFwdListBlockM); up to D 128 the mask summaries'
   static constexpr int kBlockN = kKeyTile;
-  static_assert(kHeadDim > 128 || kBlockM == fwd_block_m(kHeadDim), "query tiles match the lists built for the forward");
+  static_assert(kHeadDim > 128 || kBlockM == fwd_block_m(kHeadDim), "query tiles match the mask summaries' tiles");
   static constexpr int kQBytes = wgmma::sw128_tile_bytes(kBlockM, kHeadDim);
   static constexpr int kKVBytes = wgmma::sw128_tile_bytes(kBlockN, kHeadDim);
   static constexpr int kTilesN = kBlockN / 8, kTilesD = kHeadDim / 8;

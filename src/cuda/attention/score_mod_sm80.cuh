@@ -230,10 +230,11 @@ __device__ __forceinline__ void apply_score_mod(float (&s)[kTilesN][4], const At
   hide_out_of_range(s, p, rows, key0, t);
 }
 
-// Dynamic-mask mode: the list of kept keys of query tile m_block of (b, hk) (bh = b * Hk + hk),
-// and its length.
-__device__ __forceinline__ const int32_t* tile_key_list(const KeyLists& l, int64_t bh, int m_block, int& n_listed) {
-  const int tile = l.count_tiles == 1 ? 0 : m_block;
+// Dynamic-mask mode: the list of kept keys of the lists' query tile that holds row0, the first
+// row of a kernel's tile, of (b, hk) (bh = b * Hk + hk), and its length. The kernel's tile is
+// that tile or a part of it (KeyLists::tile_rows_log2).
+__device__ __forceinline__ const int32_t* tile_key_list(const KeyLists& l, int64_t bh, int row0, int& n_listed) {
+  const int tile = l.count_tiles == 1 ? 0 : row0 >> l.tile_rows_log2;
   n_listed = l.counts[bh * l.count_tiles + tile];
   const int64_t first = l.tile_first ? l.tile_first[bh * l.count_tiles + tile] : int64_t(tile) * l.keys_tile_stride;
   return l.keys + bh * l.keys_bh_stride + first;

@@ -79,7 +79,7 @@ Layout layout(const fdma_attention_params& p, const detail::AttentionProblem& pr
   const detail::Dims& d = prob.dims;
   Layout l;
   l.intervals = align_up(size_t(d.Hk * d.Sk) * 4);
-  const int block_m = pass == Pass::forward ? fwd_block_m(head_dim_bucket(int(d.D))) : kBwdBlockM;
+  const int block_m = pass == Pass::forward ? kFwdListBlockM : kBwdBlockM;
   // The window only sizes the backward's split rule here: a query keeps at most max_seqlen_k keys.
   const int64_t window = prob.varlen.max_k;
   l.shape = DmaListShape{1, int(d.Hk), int(d.Sk), int(d.Sq), window, false, block_m, pass == Pass::backward};

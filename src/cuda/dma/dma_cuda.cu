@@ -144,7 +144,7 @@ DmaLayout dma_layout(const fdma_dma_params& p, const detail::DmaProblem& prob, c
   l.select = l.selects ? align_up(topw_workspace(in, nullptr)) + (prob.causal ? align_up(wavelet_workspace(in, nullptr)) : 0)
                      : 0;
   l.intervals = prob.has_intervals ? 0 : align_up(size_t(d.B * d.Hk * d.Sk) * 4);
-  const int block_m = pass == Pass::forward ? fwd_block_m(head_dim_bucket(int(d.D))) : kBwdBlockM;
+  const int block_m = pass == Pass::forward ? kFwdListBlockM : kBwdBlockM;
   // Tile lists for causal calls and for every packed batch (its sequences keep different keys).
   l.shape = DmaListShape{int(d.B), int(d.Hk), int(d.Sk), int(d.Sq), prob.window, prob.causal || prob.varlen.on, block_m,
                          pass == Pass::backward};

@@ -360,6 +360,9 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
 
 cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, const DmaListScratch& c, KeyLists& lists,
                             cudaStream_t stream, bool overlap) {
+  lists.tile_rows_log2 = 0;
+  while ((1 << lists.tile_rows_log2) < s.block_m) ++lists.tile_rows_log2;
+  if (s.block_m <= 0 || 1 << lists.tile_rows_log2 != s.block_m) return cudaErrorInvalidValue;  // tiles of 2^k rows
   const int64_t n = s.keys();
   cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info,
                                   c.flags, c.bias_chunks, c.fold_off);  // null without fold_bias (carve_dma_lists)

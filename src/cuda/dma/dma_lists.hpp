@@ -29,7 +29,7 @@ struct DmaListShape {
   int B, Hk, Sk, Sq;
   int64_t window;
   bool tile_lists;  // per query tile (causal calls, and every packed batch: its sequences keep different keys)
-  int block_m;  // query rows per tile of the kernel that reads the lists
+  int block_m;  // query rows per tile of the lists, a power of two (kFwdListBlockM forward, kBwdBlockM backward)
   bool by_end;  // also order the kept keys by interval end (the backward's dk/dv kernel)
   bool tile_ranges = false;  // dense packed batches: per query tile a slice of the kept list (above)
   bool fold_bias = false;    // the forward's folded key terms (KeyLists::bias_chunks, fold_off)
@@ -59,6 +59,13 @@ struct DmaListShape {
 inline bool lists_fold_bias(bool forward, bool bf16, double softcap, double scale, int head_dim) {
   return forward && bf16 && softcap == 0 && scale > 0 && (head_dim == 64 || head_dim == 128) && fold_bias_allowed();
 }
+
+// Query rows per tile of a forward's lists (DmaListShape::block_m), at every head dim: the
+// warp-specialized gathered kernel's tiles (D 64, 128 and 256). The cp.async kernel's 64-row tiles
+// at D 192 and 256 read the list of the tile holding their rows (KeyLists::tile_rows_log2), at most 64
+// keys more than their rows keep, so that one list serves both kernels and a call's lists never
+// depend on the kernel that reads them.
+constexpr int kFwdListBlockM = 128;
 
 struct DmaListScratch {
   KeyInfo* info;                 // [B * Hk * Sk]
