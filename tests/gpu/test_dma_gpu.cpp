@@ -477,15 +477,20 @@ TEST(DmaGpu, BackwardEitherPath) {
 }
 
 // The warp-specialized backward on a few small cases, for compute-sanitizer: D 128 causal with
-// GQA, and D 64 non-causal with padding, both with rows long enough for several query ranges.
+// GQA, and D 64 non-causal with padding, both with rows long enough for several query ranges;
+// then D 256 (attention_bwd_ws_d256.cuh, each plan item's 128 keys as two hand-outs of 64):
+// causal bf16 with GQA, and non-causal fp16 with padding and softcap (530 keys: key groups
+// partly filled, so second hand-outs with fewer than 64 keys or none).
 TEST(DmaGpu, WarpSpecializedBackwardSmall) {
   REQUIRE_GPU();
   uint64_t seed = 1900;
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool odd = variant % 2 == 1;
     DmaCase c;
-    c.B = 1, c.Sq = variant ? 400 : 700, c.Sk = variant ? 500 : 700, c.w = variant ? 60 : 100, c.seed = seed++;
-    c.causal = variant == 0, c.padding = variant == 1, c.H = 4, c.Hk = variant ? 4 : 2, c.D = variant ? 64 : 128;
-    c.dtype = DType::bf16;
+    c.B = 1, c.Sq = odd ? 400 : 700, c.Sk = odd ? 500 : 700, c.w = odd ? 60 : 100, c.seed = seed++;
+    c.causal = !odd, c.padding = odd, c.H = 4, c.Hk = odd ? 4 : 2, c.D = variant < 2 ? (odd ? 64 : 128) : 256;
+    c.dtype = variant == 3 ? DType::f16 : DType::bf16;
+    if (variant == 3) c.Sk = 530, c.softcap = 5.0;
     DmaRun r(c);
     run_gpu_dma(r);
   }

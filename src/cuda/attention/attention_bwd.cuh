@@ -17,8 +17,8 @@
 // take such calls: attention_bwd_ws.cuh at D 64 and 128, dense, masked (no bias), biased (a
 // bias with a query dim and no mask; its dbias where each dS is one element, which the dq
 // kernel otherwise owns), masked_biased (both) or gathered (given its fp32 dk/dv rows and work list:
-// dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh at D 256, dense
-// or masked (no bias).
+// dynamic_mask_attention, dma/gathered_backward.cu), attention_bwd_ws_d256.cuh at D 256, dense,
+// masked (no bias) or gathered.
 // attention_bwd_aux.cu holds the small kernels around them (delta/lse2, dbias finish, dq convert).
 #pragma once
 
@@ -166,16 +166,18 @@ cudaError_t launch_attention_bwd(const AttentionBwdParams& p, cudaStream_t strea
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if constexpr (kHeadDim == 64 || kHeadDim == 128) {  // the warp-specialized kernel where it applies (attention_bwd_ws.cuh)
+  // The warp-specialized kernel where it applies (attention_bwd_ws.cuh; at D = 256 its own,
+  // attention_bwd_ws_d256.cuh).
+  if constexpr (kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256) {
     BwdTensorMaps maps{};
-    if (attention_bwd_ws_takes<T, kHeadDim>(p, device, maps))
-      return launch_attention_bwd_ws<T, kHeadDim>(p, maps, device, stream);
+    if (attention_bwd_ws_takes<T, kHeadDim>(p, device, maps)) {
+      if constexpr (kHeadDim == 256)
+        return launch_attention_bwd_ws256<T>(p, maps, device, stream);
+      else
+        return launch_attention_bwd_ws<T, kHeadDim>(p, maps, device, stream);
+    }
     // Key lists with fp32 rows asked for: only that kernel writes them (the caller asked first).
     if (p.f.lists.keys && p.dq_acc) return cudaErrorNotSupported;
-  }
-  if constexpr (kHeadDim == 256) {  // its own warp-specialized kernel (attention_bwd_ws_d256.cuh)
-    BwdTensorMaps maps{};
-    if (attention_bwd_ws_takes<T, kHeadDim>(p, device, maps)) return launch_attention_bwd_ws256<T>(p, maps, device, stream);
   }
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     using Sm90 = BwdMmaSm90<T, kHeadDim, kBwdThreads>;

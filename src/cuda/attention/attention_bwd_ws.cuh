@@ -114,6 +114,7 @@ struct BwdWsShape {
   static constexpr int kBlockM = kHeadDim == 64 && kKind == BwdWsKind::dense ? 128 : 64;
   static constexpr int kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers, kKeyTiles = kConsumers;
   static constexpr int kStages = 2;
+  static constexpr int kItemParts = 1;  // gathered: a plan item's keys are the CTA's (bwd_ws_hand_out_items)
   // How the groups share dq = dS K, each one 64 x 64 block a step: split by column blocks (D =
   // 128) or by 64-row halves of the step (128-query steps), each over all 128 keys; or, with
   // one block of each, by keys (each group over its own 64).
@@ -188,6 +189,15 @@ __device__ __forceinline__ void bwd_ws_init_ring(uint32_t base) {
     mbar::init(Shape::full(base, s), 1);
     mbar::init(Shape::empty(base, s), 128 * Shape::kConsumers);
     if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), kMaskHelperThreads);
+  }
+}
+
+// Gathered: the hand-out slots' barriers (full: the producer's write; empty: every consumer thread's read).
+template <class Shape>
+__device__ __forceinline__ void bwd_ws_init_item_slots(uint32_t base) {
+  for (int n = 0; n < 2; ++n) {
+    mbar::init(Shape::item_full(base, n), 1);
+    mbar::init(Shape::item_empty(base, n), 128 * Shape::kConsumers);
   }
 }
 
@@ -509,6 +519,35 @@ __device__ __forceinline__ int bwd_ws_next_item(const BwdWsPlan& plan, int& rang
   return -1;
 }
 
+// Gathered: the copy-issuing thread hands out the plan's items (the next of the lowest range
+// left), each as Shape::kItemParts parts of its keys (at D = 256 two of 64 keys, the CTA's; the
+// parts past the item's keys skipped), through the two slots as item * kItemParts + part (-1:
+// none left), and issues each hand-out's copies.
+template <class Shape>
+__device__ __forceinline__ void bwd_ws_hand_out_items(const BwdTensorMaps& maps, const AttentionBwdParams& p,
+                                                      uint32_t base, unsigned char* smem) {
+  constexpr int kPartKeys = kBwdWsKeys / Shape::kItemParts;
+  tma::prefetch_map(&maps.q);
+  tma::prefetch_map(&maps.dout);
+  int j0 = 0, range = 0, item = -1, part = 0, parts = 0;
+  for (int n = 0;; ++n) {
+    mbar::wait(Shape::item_empty(base, n), ((n >> 1) & 1) ^ 1);  // the first pass finds both slots free
+    if (++part >= parts) {
+      item = bwd_ws_next_item(p.ws, range), part = 0;
+      if (item >= 0 && Shape::kItemParts > 1)
+        parts = (p.ws.groups[p.ws.items[item].group].n_keys + kPartKeys - 1) / kPartKeys;
+      else
+        parts = 1;
+    }
+    *Shape::item_slot(smem, n) = item < 0 ? -1 : item * Shape::kItemParts + part;
+    mbar::arrive(Shape::item_full(base, n));  // releases the slot's write to the consumers
+    if (item < 0) break;
+    const BwdWsWalk walk = bwd_ws_item_walk(p, item);
+    bwd_ws_produce_steps<Shape>(maps, p, base, walk, j0);
+    j0 += walk.it_end - walk.it_begin;
+  }
+}
+
 // Gathered: one consumer group over the items the CTA takes (-1 in the slot: none left). Per
 // item: both groups done with the last one's keys (dq reads both K tiles), each gathers its 64
 // keys' K and V rows, both see them landed; the steps; then the keys' dk, dv and dscores added
@@ -579,11 +618,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
     bwd_ws_init_ring<Shape>(base);
-    if constexpr (kGather)
-      for (int n = 0; n < 2; ++n) {
-        mbar::init(Shape::item_full(base, n), 1);
-        mbar::init(Shape::item_empty(base, n), 128 * Shape::kConsumers);
-      }
+    if constexpr (kGather) bwd_ws_init_item_slots<Shape>(base);
     mbar::fence_init();
   }
   __syncthreads();
@@ -596,21 +631,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
   if constexpr (kGather) {
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
-      // One thread hands out the items (the next from the plan) and issues each one's copies.
-      if (warp != 0 || lane != 0) return;
-      tma::prefetch_map(&maps.q);
-      tma::prefetch_map(&maps.dout);
-      int j0 = 0, range = 0;
-      for (int n = 0;; ++n) {
-        mbar::wait(Shape::item_empty(base, n), ((n >> 1) & 1) ^ 1);  // the first pass finds both slots free
-        const int item = bwd_ws_next_item(p.ws, range);
-        *Shape::item_slot(smem, n) = item;
-        mbar::arrive(Shape::item_full(base, n));  // releases the slot's write to the consumers
-        if (item < 0) break;
-        const BwdWsWalk walk = bwd_ws_item_walk(p, item);
-        bwd_ws_produce_steps<Shape>(maps, p, base, walk, j0);
-        j0 += walk.it_end - walk.it_begin;
-      }
+      if (warp == 0 && lane == 0) bwd_ws_hand_out_items<Shape>(maps, p, base, smem);
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       bwd_ws_consume_items<T, kHeadDim, Shape>(maps, p, base, smem, (tid - 128) / 128, tid % 128);

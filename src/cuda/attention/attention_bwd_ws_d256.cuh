@@ -38,17 +38,22 @@
 
 namespace fdma::cuda {
 
-template <class T, bool kMaskedCall = false>
+template <class T, BwdWsKind kKind = BwdWsKind::dense>
 struct BwdWs256Shape {
+  static_assert(kKind == BwdWsKind::dense || kKind == BwdWsKind::masked || kKind == BwdWsKind::gathered,
+                "D = 256: dense, masked or gathered calls");
   static constexpr int kHeadDim = 256, kBlockM = 64, kBlockN = 64, kStages = 2, kConsumers = 2;
   static constexpr int kGroupKeys = 64, kKeyTiles = 1;  // K and V: one tile each (bwd_ws_produce_keys)
-  // Dense or masked calls, no bias with a query dim (bwd_ws_produce_steps)
-  static constexpr bool kGather = false, kMasked = kMaskedCall, kBiased = false;
-  static constexpr bool kMaskTiles = kMasked, kMaskOverBias = false;
+  // Dense, masked or gathered calls, no bias with a query dim (bwd_ws_produce_steps)
+  static constexpr bool kGather = kKind == BwdWsKind::gathered, kMasked = kKind == BwdWsKind::masked;
+  static constexpr bool kBiased = false, kMaskTiles = kMasked, kMaskOverBias = false;
+  // Gathered: a plan item's kBwdWsKeys keys are handed out as parts of the CTA's 64.
+  static constexpr int kItemParts = kGather ? kBwdWsKeys / kBlockN : 1;
   static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
   static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Gathered, the producer's hand-out takes registers as at D 64 and 128 (BwdWsShape).
+  static constexpr int kProducerRegs = kGather ? 40 : 24, kConsumerRegs = kGather ? 232 : 240;
   static constexpr int kTile = wgmma::sw128_tile_bytes(64, kHeadDim);  // K, V, and a stage's Q, dO: 32 KB
   static constexpr int kKeyTile = kTile;
   static constexpr int kPairTile = 64 * 64 * 2;                        // P^T, dS^T, dS: 8 KB
@@ -59,8 +64,9 @@ struct BwdWs256Shape {
   static constexpr int kLseDelta = kMask + kStages * kMaskTile;
   static constexpr int kMaxMaskSteps = kMasked ? 3584 : 0;  // BwdWsMaskSteps' bitmaps
   static constexpr int kMaskSteps = kLseDelta + kStages * kLseDeltaBytes;
-  static constexpr int kBars = kMaskSteps + 2 * kMaxMaskSteps / 8;
-  static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, then per stage full, empty
+  static constexpr int kSlots = kMaskSteps + 2 * kMaxMaskSteps / 8;
+  static constexpr int kBars = kSlots + (kGather ? 16 : 0);
+  static constexpr int kNumBars = 1 + 2 * kStages + (kGather ? 4 : 0);  // kv_full, per stage full, empty; item slots
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static_assert(kTile == kConsumers * 2 * kDqAccTileBytes, "a group's dq block fits its stage buffer");
@@ -77,6 +83,12 @@ struct BwdWs256Shape {
   __device__ static uint32_t do_tile(uint32_t base, int s) { return base + kDo + s * kTile; }
   __device__ static int lse_delta_offset(int s) { return kLseDelta + s * kLseDeltaBytes; }
   __device__ static uint32_t mask_tile(uint32_t base, int s) { return base + kMask + s * kMaskTile; }
+  // Gathered: the hand-out slots and their barriers, as BwdWsShape's.
+  __device__ static volatile int* item_slot(unsigned char* smem, int n) {
+    return reinterpret_cast<volatile int*>(smem + kSlots) + (n & 1);
+  }
+  __device__ static uint32_t item_full(uint32_t base, int n) { return base + kBars + 8 * (1 + 2 * kStages + (n & 1)); }
+  __device__ static uint32_t item_empty(uint32_t base, int n) { return base + kBars + 8 * (3 + 2 * kStages + (n & 1)); }
 };
 
 // The products of one group. A-operand tiles in shared memory are [64 rows][64 columns] of
@@ -127,30 +139,31 @@ struct BwdWs256Mma {
   }
 };
 
-// Consumer group `group` (tid 0..127 within it) over the CTA's walk (masked: the steps the
-// summary leaves active, as the producer walks them), then its columns of dk, dv.
+// Consumer group `group` (tid 0..127 within it) over a walk's steps (masked: the steps the
+// summary leaves active, as the producer walks them) into its columns of dk and dv and its keys'
+// dS sums db. Dense: the CTA's 64 keys from walk.key0; gathered: the hand-out's, whose records
+// are row_keys (scores outside a key's interval are -inf). j0: the steps this CTA took before
+// (a persistent CTA's stages run on across its hand-outs).
 template <class T, class Shape>
-__device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
-                                                  const BwdWsWalk& walk, int group, int tid) {
+__device__ __forceinline__ void bwd_ws256_consume_steps(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
+                                                        const BwdWsWalk& walk, int group, int tid, int j0,
+                                                        const KeyInfo (&row_keys)[2], float (&dk)[16][4],
+                                                        float (&dv)[16][4], float (&db)[2]) {
   using Mma = BwdWs256Mma<T>;
   constexpr int kQ = Shape::kGroupQueries;
+  constexpr bool kGather = Shape::kGather;
   const AttentionFwdParams& f = p.f;
   const int warp = tid / 32, lane = tid % 32, t = lane % 4;
-  const int keys[2] = {walk.key0 + 16 * warp + lane / 4, walk.key0 + 16 * warp + lane / 4 + 8};
+  const int keys[2] = {walk.key0 + 16 * warp + lane / 4, walk.key0 + 16 * warp + lane / 4 + 8};  // dense
   const uint32_t k_tile = base + Shape::kK, v_tile = base + Shape::kV;
   const uint32_t pt = base + Shape::kPt, dst = base + Shape::kDst, ds = base + Shape::kDs;
-  const bool key_bias = f.bias != nullptr, db_cols = p.dbias_owner == DbiasOwner::columns;
+  const bool key_bias = !kGather && f.bias != nullptr, db_cols = !kGather && p.dbias_owner == DbiasOwner::columns;
   // A mask broadcast over queries: kb holds 0 or -inf per key, read when the head changes.
   const bool mask_keys = Shape::kMasked && f.mask_stride[2] == 0;
-  float dk[16][4], dv[16][4], db[2] = {0.f, 0.f}, kb[2] = {0.f, 0.f};
+  float kb[2] = {0.f, 0.f};
   int kb_head = -1;
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.f;
   const auto steps = bwd_ws_mask_steps<Shape>(smem, f, walk);
-  int done = 0;  // the steps not skipped so far
-  if (walk.it_begin < walk.it_end) mbar::wait(Shape::kv_full(base), 0);
+  int done = 0;  // masked: the steps not skipped so far
   for (int i = walk.it_begin; i < walk.it_end; ++i) {
     bool mask_all = true;
     if constexpr (Shape::kMasked) {
@@ -158,11 +171,11 @@ __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, u
       if (i >= walk.it_end) break;
       mask_all = steps.keeps_all(f, walk, i);
     }
-    const int j = done++, s = j % Shape::kStages;
-    const int h = walk.template head<false>(f, i), q0 = walk.template q0<false, Shape::kBlockM>(i);
+    const int j = Shape::kMasked ? j0 + done++ : j0 + i - walk.it_begin, s = j % Shape::kStages;
+    const int h = walk.template head<kGather>(f, i), q0 = walk.template q0<kGather, Shape::kBlockM>(i);
     const int my_q0 = q0 + kQ * group;  // this group's 32 queries
     const uint32_t q_tile = Shape::q_tile(base, s), do_tile = Shape::do_tile(base, s);
-    const bool head_starts = i % walk.n_q == 0, head_ends = i % walk.n_q == walk.n_q - 1;
+    const bool head_starts = !kGather && i % walk.n_q == 0, head_ends = !kGather && i % walk.n_q == walk.n_q - 1;
     if (key_bias && head_starts)
       kb[0] = key_bias_at<T>(f, walk.b, h, keys[0]), kb[1] = key_bias_at<T>(f, walk.b, h, keys[1]);
     if (mask_keys && h != kb_head) {
@@ -185,12 +198,23 @@ __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, u
     wgmma::fence_operands(dpt);
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s)) + kQ * group;
     const float* delta = lse2 + Shape::kBlockM;
-    if (!mask_all && !mask_keys)  // the step's mask tile, this group's 32 rows of it
+    if constexpr (kGather) {
+      // Where the warp's 16 keys are all kept by the group's 32 queries, no interval test per score.
+      auto covers = [&](const KeyInfo& key) { return key.begin <= my_q0 && key.end >= my_q0 + kQ; };
+      if (__all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]))) {
+        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
+      } else {
+        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
+          return interval_add(row_keys[e >> 1], my_q0 + nt * 8 + 2 * t + (e & 1));
+        });
+      }
+    } else if (!mask_all && !mask_keys) {  // the step's mask tile, this group's 32 rows of it
       bwd_ws_masked_scores<64>(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), my_q0, walk.key0, keys,
                                16 * warp + lane / 4, kQ * group, warp, t);
-    else  // unmasked, or a key padding mask as per-key terms where the summary does not keep the whole step
+    } else {  // unmasked, or a key padding mask as per-key terms where the summary does not keep the whole step
       dense_scores_to_p_ds_t(f, st, dpt, db, lse2, delta, my_q0, walk.key0, Shape::kBlockN, keys,
                              mask_keys ? !mask_all : key_bias, kb, warp, t);
+    }
     if (db_cols && head_ends) add_key_column_dbias(p, walk.b, key_column_dbias_slot(p, walk.b, walk.hk), h, group, keys, db, t);
     if (head_ends) db[0] = db[1] = 0.f;
     Mma::store_rows(pt, st, kQ * group, warp, lane);
@@ -234,41 +258,124 @@ __device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, u
       tma::bulk_commit_group();
     }
   }
-  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
-  bwd_ws_store_dk_dv<T>(p, walk, keys, dk, dv, Shape::kGroupCols * group, t);
 }
 
-template <class T, bool kMasked = false>
-__global__ void __launch_bounds__(BwdWs256Shape<T, kMasked>::kThreads, 1)
+// Dense: consumer group `group` over the CTA's walk, then its columns of dk and dv.
+template <class T, class Shape>
+__device__ __forceinline__ void bwd_ws256_consume(const AttentionBwdParams& p, uint32_t base, unsigned char* smem,
+                                                  const BwdWsWalk& walk, int group, int tid) {
+  const int key0 = walk.key0 + 16 * (tid / 32) + (tid % 32) / 4, keys[2] = {key0, key0 + 8};
+  float dk[16][4], dv[16][4], db[2];
+  bwd_ws_zero(dk, dv, db);
+  const KeyInfo none[2] = {};
+  if (walk.it_begin < walk.it_end) mbar::wait(Shape::kv_full(base), 0);
+  bwd_ws256_consume_steps<T, Shape>(p, base, smem, walk, group, tid, 0, none, dk, dv, db);
+  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
+  bwd_ws_store_dk_dv<T>(p, walk, keys, dk, dv, Shape::kGroupCols * group, tid % 4);
+}
+
+// Gathered: consumer group `group` over the hand-outs the CTA takes (bwd_ws_hand_out_items; -1:
+// none left). Per hand-out: both groups done with the last one's K and V, which all 256 consumer
+// threads gather (cp.async) and see landed; the steps; then the group's columns of its keys'
+// dk and dv, and its queries' share of their dscores, added into the fp32 rows.
+template <class T, class Shape>
+__device__ __forceinline__ void bwd_ws256_consume_items(const AttentionBwdParams& p, uint32_t base,
+                                                        unsigned char* smem, int group, int tid) {
+  const AttentionFwdParams& f = p.f;
+  const int t = tid % 4, local = 16 * (tid / 32) + (tid % 32) / 4;
+  float dk[16][4], dv[16][4], db[2];
+  int j0 = 0;
+  for (int n = 0;; ++n) {
+    mbar::wait(Shape::item_full(base, n), (n >> 1) & 1);  // the producer has handed out n
+    const int handout = *Shape::item_slot(smem, n);
+    mbar::arrive(Shape::item_empty(base, n));
+    if (handout < 0) break;
+    const int part = handout % Shape::kItemParts;
+    const BwdWsWalk walk = bwd_ws_item_walk(p, handout / Shape::kItemParts);
+    const int32_t* keys = p.ws.keys + int64_t(walk.group) * kBwdWsKeys + part * Shape::kBlockN;
+    const int n_keys = max(0, min(Shape::kBlockN, p.ws.groups[walk.group].n_keys - part * Shape::kBlockN));
+    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups done with the last hand-out's K and V
+    const T* k = static_cast<const T*>(f.k) + walk.b * f.k_stride[0] + walk.hk * f.k_stride[2];
+    const T* v = static_cast<const T*>(f.v) + walk.b * f.v_stride[0] + walk.hk * f.v_stride[2];
+    load_rows_gather_sw128_async<2 * kBwdThreads, Shape::kHeadDim, Shape::kBlockN, 2, T>(
+        {base + Shape::kK, base + Shape::kV}, {k, v}, {f.k_stride[1], f.v_stride[1]}, keys, n_keys, f.D,
+        group * kBwdThreads + tid);
+    ptx::cp_async_commit();
+    const int32_t key[2] = {keys[local], keys[local + 8]};  // -1 past the group's keys
+    const KeyInfo* info = f.lists.info + (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
+    KeyInfo row_keys[2] = {};  // past the group's keys: no interval, every score -inf
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (key[r] >= 0) row_keys[r] = info[key[r]];
+    bwd_ws_zero(dk, dv, db);
+    ptx::cp_async_wait<0>();
+    wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
+    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // every row of K and V landed
+    bwd_ws256_consume_steps<T, Shape>(p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
+    j0 += walk.it_end - walk.it_begin;
+    const int64_t rows = (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
+    const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (key[r] < 0) continue;
+      const int64_t row = rows + key[r];
+      if (f.lists.dscores && t == 0) atomicAdd(p.dscores_partial + row, r ? r1 : r0);
+      float* out = p.dkdv_partial + row * (2 * f.D) + Shape::kGroupCols * group;
+#pragma unroll
+      for (int dt = 0; dt < 16; ++dt) {
+        const int d = dt * 8 + 2 * t;
+        ptx::red_add_f32x2(out + d, dk[dt][2 * r], dk[dt][2 * r + 1]);
+        ptx::red_add_f32x2(out + f.D + d, dv[dt][2 * r], dv[dt][2 * r + 1]);
+      }
+    }
+  }
+  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
+}
+
+template <class T, BwdWsKind kKind = BwdWsKind::dense>
+__global__ void __launch_bounds__(BwdWs256Shape<T, kKind>::kThreads, 1)
     attention_bwd_ws256_kernel(const AttentionBwdParams p, const __grid_constant__ BwdTensorMaps maps) {
 #if FDMA_SM90_ENABLED
-  using Shape = BwdWs256Shape<T, kMasked>;
+  using Shape = BwdWs256Shape<T, kKind>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = aligned_smem<1024>(smem_raw);
   const uint32_t base = ptx::smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
     bwd_ws_init_ring<Shape>(base);
+    if constexpr (Shape::kGather) bwd_ws_init_item_slots<Shape>(base);
     mbar::fence_init();
   }
   __syncthreads();
-  ptx::griddep_wait();  // the prepare kernel's delta and lse2 and the zeroed temporary, before any read
+  // The prepare kernel's delta and lse2, the zeroed temporaries and (gathered) the plan, before
+  // any read.
+  ptx::griddep_wait();
   ptx::griddep_launch_dependents();
-  BwdWsWalk walk = bwd_ws_dense_walk<Shape>(p.f);
-  if constexpr (kMasked) {  // the walk's verdicts; none active: nothing to load or compute
-    const BwdWsMaskSteps<Shape> steps(smem, p.f, walk);
-    if (steps.tabled) {
-      BwdWsMaskSteps<Shape>::build(smem, p.f, walk, tid, Shape::kThreads);
-      __syncthreads();
+  if constexpr (Shape::kGather) {
+    if (warp < 4) {
+      wgmma::regs_shrink<Shape::kProducerRegs>();
+      if (warp == 0 && lane == 0) bwd_ws_hand_out_items<Shape>(maps, p, base, smem);
+    } else {
+      wgmma::regs_grow<Shape::kConsumerRegs>();
+      bwd_ws256_consume_items<T, Shape>(p, base, smem, (tid - 128) / 128, tid % 128);
     }
-    if (steps.next(p.f, walk, walk.it_begin) >= walk.it_end) walk.it_end = walk.it_begin;
-  }
-  if (warp < 4) {
-    wgmma::regs_shrink<Shape::kProducerRegs>();
-    if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
   } else {
-    wgmma::regs_grow<Shape::kConsumerRegs>();
-    bwd_ws256_consume<T, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
+    BwdWsWalk walk = bwd_ws_dense_walk<Shape>(p.f);
+    if constexpr (Shape::kMasked) {  // the walk's verdicts; none active: nothing to load or compute
+      const BwdWsMaskSteps<Shape> steps(smem, p.f, walk);
+      if (steps.tabled) {
+        BwdWsMaskSteps<Shape>::build(smem, p.f, walk, tid, Shape::kThreads);
+        __syncthreads();
+      }
+      if (steps.next(p.f, walk, walk.it_begin) >= walk.it_end) walk.it_end = walk.it_begin;
+    }
+    if (warp < 4) {
+      wgmma::regs_shrink<Shape::kProducerRegs>();
+      if (warp == 0 && lane == 0) bwd_ws_produce<Shape>(maps, p, base, smem, walk);
+    } else {
+      wgmma::regs_grow<Shape::kConsumerRegs>();
+      bwd_ws256_consume<T, Shape>(p, base, smem, walk, (tid - 128) / 128, tid % 128);
+    }
   }
 #else
   __trap();  // dispatch launches it only on sm_90a code (arch_dispatch.cuh)
@@ -276,42 +383,69 @@ __global__ void __launch_bounds__(BwdWs256Shape<T, kMasked>::kThreads, 1)
 }
 
 // Whether this kernel takes the call (the caller checks the device): the fused dq's temporary
-// given, D = 256, no key lists, tensors the copy engine can describe (maps filled here), and
-// no mask with no bias or one broadcast over queries (whose dbias, if any, the columns own), or
-// a mask (its summary given; rows the copy engine can read) and no bias.
+// given, D = 256, tensors the copy engine can describe (maps filled here), and no mask with no
+// bias or one broadcast over queries (whose dbias, if any, the columns own); or a mask (its
+// summary given; rows the copy engine can read) and no bias; or key lists (dynamic-mask mode)
+// with the fp32 dk/dv rows and the work list, no bias tensor and no dbias (as at D 64 and 128).
 template <class T>
 bool attention_bwd_ws256_applies(const AttentionBwdParams& p, BwdTensorMaps& maps) {
   const AttentionFwdParams& f = p.f;
-  if (!bwd_ws_allowed() || f.D != 256 || !p.dq_acc || f.lists.keys || p.dkdv_splits > 1) return false;
-  if (f.mask ? f.bias || !f.tile_active || !f.mask_tiled || p.dbias_owner != DbiasOwner::none
-             : f.tile_active || (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows)
+  if (!bwd_ws_allowed() || f.D != 256 || !p.dq_acc || p.dkdv_splits > 1) return false;
+  const bool gathered = f.lists.keys != nullptr;
+  if (gathered) {
+    if (!p.dkdv_partial || !f.lists.info || !p.ws.items || p.ws.tiles_per_range < 1 || f.bias ||
+        p.dbias_owner != DbiasOwner::none)
+      return false;
+  } else if (f.mask ? f.bias || !f.tile_active || !f.mask_tiled || p.dbias_owner != DbiasOwner::none
+                    : f.tile_active || (f.bias && f.bias_stride[2] != 0) || p.dbias_owner == DbiasOwner::rows) {
     return false;
+  }
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-  if (f.mask && f.mask_stride[2] != 0 && !encode_mask_tiles(maps.mask, f, 64, 64))
+  if (!gathered && f.mask && f.mask_stride[2] != 0 && !encode_mask_tiles(maps.mask, f, 64, 64)) return false;
+  if (!encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, 64) ||
+      !encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, 64))
     return false;
-  return encode_rows_map(maps.q, f.q, bf16, f.D, f.Sq, f.H, f.B, f.q_stride, 64) &&
-         encode_rows_map(maps.dout, p.dout, bf16, f.D, f.Sq, f.H, f.B, p.dout_stride, 64) &&
-         encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, 64) &&
-         encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, 64);
+  return gathered || (encode_rows_map(maps.k, f.k, bf16, f.D, f.Sk, f.Hk, f.B, f.k_stride, 64) &&
+                      encode_rows_map(maps.v, f.v, bf16, f.D, f.Sk, f.Hk, f.B, f.v_stride, 64));
 }
 
-// The kernel for a call (masked or not), then the convert kernel that writes dq from the temporary.
+// The instantiation for a call, and its shared memory.
+inline BwdWsKind bwd_ws256_kind(const AttentionFwdParams& f) {
+  return f.lists.keys ? BwdWsKind::gathered : f.mask ? BwdWsKind::masked : BwdWsKind::dense;
+}
 template <class T>
 auto bwd_ws256_kernel_of(const AttentionFwdParams& f) {
-  return f.mask ? attention_bwd_ws256_kernel<T, true> : attention_bwd_ws256_kernel<T, false>;
+  switch (bwd_ws256_kind(f)) {
+    case BwdWsKind::gathered:
+      return attention_bwd_ws256_kernel<T, BwdWsKind::gathered>;
+    case BwdWsKind::masked:
+      return attention_bwd_ws256_kernel<T, BwdWsKind::masked>;
+    default:
+      return attention_bwd_ws256_kernel<T, BwdWsKind::dense>;
+  }
 }
+template <class T>
+int bwd_ws256_smem_of(BwdWsKind kind) {
+  return kind == BwdWsKind::gathered ? BwdWs256Shape<T, BwdWsKind::gathered>::kSmemBytes
+         : kind == BwdWsKind::masked ? BwdWs256Shape<T, BwdWsKind::masked>::kSmemBytes
+                                     : BwdWs256Shape<T>::kSmemBytes;
+}
+
+// The kernel, then the convert kernel that writes dq from the temporary. Gathered: one
+// persistent CTA an SM, as at D 64 and 128.
 template <class T>
 cudaError_t launch_attention_bwd_ws256(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
                                        cudaStream_t stream) {
   const AttentionFwdParams& f = p.f;
-  const bool masked = f.mask != nullptr;
-  const int smem = masked ? BwdWs256Shape<T, true>::kSmemBytes : BwdWs256Shape<T>::kSmemBytes;
-  static std::atomic<int> granted[2][kMaxDevices] = {};
-  cudaError_t err = grant_smem_once(bwd_ws256_kernel_of<T>(f), smem, device < kMaxDevices ? granted[masked] : nullptr,
+  const BwdWsKind kind = bwd_ws256_kind(f);
+  const int smem = bwd_ws256_smem_of<T>(kind);
+  static std::atomic<int> granted[int(BwdWsKind::gathered) + 1][kMaxDevices] = {};  // one row a kind
+  cudaError_t err = grant_smem_once(bwd_ws256_kernel_of<T>(f), smem, device < kMaxDevices ? granted[int(kind)] : nullptr,
                                     device);
   if (err != cudaSuccess) return err;
   using Shape = BwdWs256Shape<T>;
-  const dim3 grid((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
+  const dim3 grid = kind == BwdWsKind::gathered ? dim3(unsigned(std::max(1, device_sm_count())))
+                                                : dim3((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
   err = launch_kernel(f.overlap_previous, bwd_ws256_kernel_of<T>(f), grid, Shape::kThreads, smem, stream, p, maps);
   if (err != cudaSuccess) return err;
   return launch_bwd_dq_convert<T>(p, Shape::kHeadDim, stream);

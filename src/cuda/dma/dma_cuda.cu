@@ -117,14 +117,15 @@ struct DmaLayout {
   size_t total() const { return select + 2 * intervals + lists + 2 * rows + 2 * kv_gathered + bias_gathered + partial; }
 };
 
-// Whether a backward runs on the warp-specialized kernel with fused dq (attention_bwd_ws.cuh):
-// not asked to be reproducible, D 64 or 128, q on a Hopper running the sm_90a code, and its fp32
+// Whether a backward runs on the warp-specialized kernel with fused dq (attention_bwd_ws.cuh,
+// attention_bwd_ws_d256.cuh): not asked to be reproducible, D 64, 128 or 256, q on a Hopper
+// running the sm_90a code, and its fp32
 // temporaries (gathered_backward.hpp: 2x dq's bytes, 4x dk's and dv's, and the work list)
 // within kMaxFusedBytes; otherwise the dq and dk/dv kernels run, with no temporaries.
 constexpr size_t kMaxFusedBytes = size_t(4) << 30;
 bool fused_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const detail::Dims& d = prob.dims;
-  if (prob.deterministic || (d.D != 64 && d.D != 128) || d.B * d.Hk > 65535 || !fused_dq_allowed() ||
+  if (prob.deterministic || (d.D != 64 && d.D != 128 && d.D != 256) || d.B * d.Hk > 65535 || !fused_dq_allowed() ||
       !bwd_ws_allowed() || wgmma_disabled())
     return false;
   if (fused_temporaries_bytes(d.B, d.H, d.Hk, d.Sq, d.Sk, d.D) > kMaxFusedBytes) return false;
