@@ -360,15 +360,7 @@ __device__ __forceinline__ void bwd_ws_consume_steps(const BwdTensorMaps& maps, 
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s));
     const float* delta = lse2 + kBM;
     if constexpr (kGather) {
-      // Where the warp's 16 keys are all kept by the step's 64 queries, no interval test per score.
-      auto covers = [&](const KeyInfo& key) { return key.begin <= q0 && key.end >= q0 + kBM; };
-      if (__all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]))) {
-        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
-      } else {
-        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-          return interval_add(row_keys[e >> 1], q0 + nt * 8 + 2 * t + (e & 1));
-        });
-      }
+      bwd_ws_gathered_scores(f, st, dpt, db, lse2, delta, row_keys, q0, t);
     } else if constexpr (Shape::kBiased) {
       bwd_ws_biased_scores<T>(f, st, dpt, db, lse2, delta, Shape::bias_box(base, s, group), ds_out,
                               ds_sums ? Shape::stage_tile(base, group) : 0u, q0, key0, keys, warp, lane);
@@ -519,6 +511,40 @@ __device__ __forceinline__ int bwd_ws_next_item(const BwdWsPlan& plan, int& rang
   return -1;
 }
 
+// Gathered: the records of this thread's two keys (key: their indices, -1 past the hand-out's
+// keys, whose records stay empty: every score -inf).
+__device__ __forceinline__ void bwd_ws_row_keys(const AttentionFwdParams& f, const BwdWsWalk& walk,
+                                                const int32_t (&key)[2], KeyInfo (&row_keys)[2]) {
+  const KeyInfo* info = f.lists.info + (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_keys[r] = key[r] >= 0 ? info[key[r]] : KeyInfo{};
+}
+
+// Gathered: this thread's two keys' dk and dv columns col0 + 8 dt + 2t (+1) and their dS sums
+// db (summed over the quad here) added into the fp32 rows (dkdv_split_sum writes them out).
+template <int kTiles>
+__device__ __forceinline__ void bwd_ws_add_key_rows(const AttentionBwdParams& p, const BwdWsWalk& walk,
+                                                    const int32_t (&key)[2], const float (&dk)[kTiles][4],
+                                                    const float (&dv)[kTiles][4], const float (&db)[2], int col0,
+                                                    int t) {
+  const AttentionFwdParams& f = p.f;
+  const int64_t rows = (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
+  const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] < 0) continue;
+    const int64_t row = rows + key[r];
+    if (f.lists.dscores && t == 0) atomicAdd(p.dscores_partial + row, r ? r1 : r0);
+    float* out = p.dkdv_partial + row * (2 * f.D) + col0;
+#pragma unroll
+    for (int dt = 0; dt < kTiles; ++dt) {
+      const int d = dt * 8 + 2 * t;
+      ptx::red_add_f32x2(out + d, dk[dt][2 * r], dk[dt][2 * r + 1]);
+      ptx::red_add_f32x2(out + f.D + d, dv[dt][2 * r], dv[dt][2 * r + 1]);
+    }
+  }
+}
+
 // Gathered: the copy-issuing thread hands out the plan's items (the next of the lowest range
 // left), each as Shape::kItemParts parts of its keys (at D = 256 two of 64 keys, the CTA's; the
 // parts past the item's keys skipped), through the two slots as item * kItemParts + part (-1:
@@ -576,32 +602,15 @@ __device__ __forceinline__ void bwd_ws_consume_items(const BwdTensorMaps& maps, 
         keys + group * Shape::kGroupKeys, max(0, min(Shape::kGroupKeys, n_keys - group * Shape::kGroupKeys)), f.D, tid);
     ptx::cp_async_commit();
     const int32_t key[2] = {keys[local], keys[local + 8]};
-    const KeyInfo* info = f.lists.info + (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
-    KeyInfo row_keys[2] = {};  // past the group's keys: no interval, every score -inf
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (key[r] >= 0) row_keys[r] = info[key[r]];
+    KeyInfo row_keys[2];
+    bwd_ws_row_keys(f, walk, key, row_keys);
     bwd_ws_zero(dk, dv, db);
     ptx::cp_async_wait<0>();
     wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
     ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups' K tiles landed (dq reads both)
     bwd_ws_consume_steps<T, kHeadDim, Shape>(maps, p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
-    const int64_t rows = (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
-    const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (key[r] < 0) continue;
-      const int64_t row = rows + key[r];
-      if (f.lists.dscores && t == 0) atomicAdd(p.dscores_partial + row, r ? r1 : r0);
-      float* out = p.dkdv_partial + row * (2 * f.D);
-#pragma unroll
-      for (int dt = 0; dt < kDC; ++dt) {
-        const int d = dt * 8 + 2 * t;
-        ptx::red_add_f32x2(out + d, dk[dt][2 * r], dk[dt][2 * r + 1]);
-        ptx::red_add_f32x2(out + f.D + d, dv[dt][2 * r], dv[dt][2 * r + 1]);
-      }
-    }
+    bwd_ws_add_key_rows(p, walk, key, dk, dv, db, 0, t);
   }
   if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
 }

@@ -199,15 +199,7 @@ __device__ __forceinline__ void bwd_ws256_consume_steps(const AttentionBwdParams
     const float* lse2 = reinterpret_cast<const float*>(smem + Shape::lse_delta_offset(s)) + kQ * group;
     const float* delta = lse2 + Shape::kBlockM;
     if constexpr (kGather) {
-      // Where the warp's 16 keys are all kept by the group's 32 queries, no interval test per score.
-      auto covers = [&](const KeyInfo& key) { return key.begin <= my_q0 && key.end >= my_q0 + kQ; };
-      if (__all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]))) {
-        scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
-      } else {
-        scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t, [&](int nt, int e) {
-          return interval_add(row_keys[e >> 1], my_q0 + nt * 8 + 2 * t + (e & 1));
-        });
-      }
+      bwd_ws_gathered_scores(f, st, dpt, db, lse2, delta, row_keys, my_q0, t);
     } else if (!mask_all && !mask_keys) {  // the step's mask tile, this group's 32 rows of it
       bwd_ws_masked_scores<64>(f, st, dpt, db, lse2, delta, Shape::mask_tile(base, s), my_q0, walk.key0, keys,
                                16 * warp + lane / 4, kQ * group, warp, t);
@@ -301,33 +293,16 @@ __device__ __forceinline__ void bwd_ws256_consume_items(const AttentionBwdParams
         {base + Shape::kK, base + Shape::kV}, {k, v}, {f.k_stride[1], f.v_stride[1]}, keys, n_keys, f.D,
         group * kBwdThreads + tid);
     ptx::cp_async_commit();
-    const int32_t key[2] = {keys[local], keys[local + 8]};  // -1 past the group's keys
-    const KeyInfo* info = f.lists.info + (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
-    KeyInfo row_keys[2] = {};  // past the group's keys: no interval, every score -inf
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (key[r] >= 0) row_keys[r] = info[key[r]];
+    const int32_t key[2] = {keys[local], keys[local + 8]};
+    KeyInfo row_keys[2];
+    bwd_ws_row_keys(f, walk, key, row_keys);
     bwd_ws_zero(dk, dv, db);
     ptx::cp_async_wait<0>();
     wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
     ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // every row of K and V landed
     bwd_ws256_consume_steps<T, Shape>(p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
-    const int64_t rows = (int64_t(walk.b) * f.Hk + walk.hk) * f.Sk;
-    const float r0 = quad_sum(db[0]), r1 = quad_sum(db[1]);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (key[r] < 0) continue;
-      const int64_t row = rows + key[r];
-      if (f.lists.dscores && t == 0) atomicAdd(p.dscores_partial + row, r ? r1 : r0);
-      float* out = p.dkdv_partial + row * (2 * f.D) + Shape::kGroupCols * group;
-#pragma unroll
-      for (int dt = 0; dt < 16; ++dt) {
-        const int d = dt * 8 + 2 * t;
-        ptx::red_add_f32x2(out + d, dk[dt][2 * r], dk[dt][2 * r + 1]);
-        ptx::red_add_f32x2(out + f.D + d, dv[dt][2 * r], dv[dt][2 * r + 1]);
-      }
-    }
+    bwd_ws_add_key_rows(p, walk, key, dk, dv, db, Shape::kGroupCols * group, t);
   }
   if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
 }

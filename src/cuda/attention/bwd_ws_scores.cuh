@@ -2,7 +2,8 @@
 // kernel's attention_bwd_ws_d256.cuh): a consumer warp group's S^T and dP^T (rows: its warp's 16
 // keys, columns: the step's queries) to P^T and dS^T, with each score's additive term from where
 // the kind of call keeps it: nothing or a per-key term in registers (dense), the step's mask tile
-// (masked) or its bias tile (biased, which can also take each score's dS back out for dbias).
+// (masked) or its bias tile (biased, which can also take each score's dS back out for dbias), or
+// the keys' intervals (gathered).
 // The tiles are the copy engine's, swizzled (score_tiles_sm90.cuh), read transposed.
 #pragma once
 
@@ -103,6 +104,24 @@ __device__ __forceinline__ void bwd_ws_biased_scores(const AttentionFwdParams& f
           return visible_at(f, q0 + nt * 8 + 2 * t + (e & 1), keys[e >> 1]) ? bias(nt, e) : -INFINITY;
         },
         keep);
+  }
+}
+
+// Gathered steps: a warp group's S^T and dP^T over queries [q0, + 8 kTilesN) to P^T and dS^T,
+// each score's term its key's bias inside the key's interval (row_keys, the thread's two keys'
+// records) and -inf outside; where the warp's 16 keys are all kept by every one of those
+// queries, without the interval test per score.
+template <int kTilesN>
+__device__ __forceinline__ void bwd_ws_gathered_scores(const AttentionFwdParams& f, float (&st)[kTilesN][4],
+                                                       float (&dpt)[kTilesN][4], float (&db)[2], const float* lse2,
+                                                       const float* delta, const KeyInfo (&row_keys)[2], int q0,
+                                                       int t) {
+  auto covers = [&](const KeyInfo& key) { return key.begin <= q0 && key.end >= q0 + 8 * kTilesN; };
+  if (__all_sync(0xffffffffu, covers(row_keys[0]) && covers(row_keys[1]))) {
+    scores_to_p_ds_t<true>(f, st, dpt, db, lse2, delta, t, [&](int, int e) { return row_keys[e >> 1].bias; });
+  } else {
+    scores_to_p_ds_t(f, st, dpt, db, lse2, delta, t,
+                     [&](int nt, int e) { return interval_add(row_keys[e >> 1], q0 + nt * 8 + 2 * t + (e & 1)); });
   }
 }
 
