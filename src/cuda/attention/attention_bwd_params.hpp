@@ -38,7 +38,8 @@ inline int64_t bwd_ws_groups_per_row(int64_t Sk) {
 
 // Its work list, written by bwd_ws_plan (dma/bwd_ws_plan.hpp) before the kernel runs. Group g =
 // (b * Hk + hk) * groups_per_row + x has its kBwdWsKeys key indices at keys[g * kBwdWsKeys] (-1
-// past its size) and its query range in groups[g] (no tiles: empty). The queries are cut into
+// past its size) and its query range in groups[g] (no tiles: empty), and each 64-key half's in
+// halves[2 g], halves[2 g + 1] (the D 256 kernel hands the halves out apart). The queries are cut into
 // ranges of tiles_per_range 64-row tiles, and an item is a group's walk over one range (G steps
 // a tile it spans). Range r's items sit at items[r * n_groups, + counts[r]) in no fixed order; a
 // CTA takes the next one of the lowest range with any left, by taken[r] (counts and taken
@@ -51,9 +52,10 @@ struct BwdWsGroup {
 struct BwdWsItem {
   int32_t group, range;
 };
+constexpr int kBwdWsHalfKeys = kBwdWsKeys / 2;
 struct BwdWsPlan {
   int32_t* keys;
-  BwdWsGroup* groups;
+  BwdWsGroup *groups, *halves;
   BwdWsItem* items;
   int *counts, *taken;
   int tiles_per_range, ranges, groups_per_row, n_groups;

@@ -485,17 +485,19 @@ __device__ __forceinline__ void bwd_ws_consume(const BwdTensorMaps& maps, const 
   bwd_ws_store_dk_dv<T>(p, walk, keys, dk, dv, 0, t);
 }
 
-// Gathered: item `item` of the plan as a walk: its group's steps over the query tiles of its range.
-__device__ __forceinline__ BwdWsWalk bwd_ws_item_walk(const AttentionBwdParams& p, int item) {
+// Gathered: item `item` of the plan as a walk: its group's steps (half >= 0: those of the
+// group's 64-key half `half`, none if that half's keys span none of the range) over the query
+// tiles of its range.
+__device__ __forceinline__ BwdWsWalk bwd_ws_item_walk(const AttentionBwdParams& p, int item, int half = -1) {
   const AttentionFwdParams& f = p.f;
   const BwdWsItem it = p.ws.items[item];
-  const BwdWsGroup grp = p.ws.groups[it.group];
+  const BwdWsGroup grp = half < 0 ? p.ws.groups[it.group] : p.ws.halves[2 * it.group + half];
   const int bh = it.group / p.ws.groups_per_row;
   const int t0 = max(grp.q_begin / 64, it.range * p.ws.tiles_per_range);
   const int t1 = min(grp.q_begin / 64 + grp.q_tiles, (it.range + 1) * p.ws.tiles_per_range);
   BwdWsWalk walk;
   walk.key0 = 0, walk.b = bh / f.Hk, walk.hk = bh % f.Hk, walk.group = it.group;
-  walk.q_begin = t0 * 64, walk.n_q = t1 - t0;
+  walk.q_begin = t0 * 64, walk.n_q = max(0, t1 - t0);
   walk.by_group = FastDivmod(f.G);
   walk.it_begin = 0, walk.it_end = f.G * walk.n_q;
   return walk;
@@ -545,30 +547,40 @@ __device__ __forceinline__ void bwd_ws_add_key_rows(const AttentionBwdParams& p,
   }
 }
 
+// Gathered: hand-out `handout` (item * kItemParts + part) as a walk: the whole item's, or at
+// kItemParts = 2 its 64-key half `part`'s.
+template <class Shape>
+__device__ __forceinline__ BwdWsWalk bwd_ws_handout_walk(const AttentionBwdParams& p, int handout) {
+  static_assert(Shape::kItemParts == 1 || Shape::kItemParts * kBwdWsHalfKeys == kBwdWsKeys, "whole items or halves");
+  return bwd_ws_item_walk(p, handout / Shape::kItemParts, Shape::kItemParts > 1 ? handout % Shape::kItemParts : -1);
+}
+
 // Gathered: the copy-issuing thread hands out the plan's items (the next of the lowest range
-// left), each as Shape::kItemParts parts of its keys (at D = 256 two of 64 keys, the CTA's; the
-// parts past the item's keys skipped), through the two slots as item * kItemParts + part (-1:
-// none left), and issues each hand-out's copies.
+// left), each as Shape::kItemParts parts of its keys (at D = 256 its two halves of 64 keys, the
+// CTA's, each over the part of the range its own keys span; a part with no steps is skipped),
+// through the two slots as item * kItemParts + part (-1: none left), and issues each
+// hand-out's copies.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_hand_out_items(const BwdTensorMaps& maps, const AttentionBwdParams& p,
                                                       uint32_t base, unsigned char* smem) {
-  constexpr int kPartKeys = kBwdWsKeys / Shape::kItemParts;
   tma::prefetch_map(&maps.q);
   tma::prefetch_map(&maps.dout);
-  int j0 = 0, range = 0, item = -1, part = 0, parts = 0;
+  int j0 = 0, range = 0, handout = -1;
   for (int n = 0;; ++n) {
     mbar::wait(Shape::item_empty(base, n), ((n >> 1) & 1) ^ 1);  // the first pass finds both slots free
-    if (++part >= parts) {
-      item = bwd_ws_next_item(p.ws, range), part = 0;
-      if (item >= 0 && Shape::kItemParts > 1)
-        parts = (p.ws.groups[p.ws.items[item].group].n_keys + kPartKeys - 1) / kPartKeys;
-      else
-        parts = 1;
-    }
-    *Shape::item_slot(smem, n) = item < 0 ? -1 : item * Shape::kItemParts + part;
+    BwdWsWalk walk;
+    do {  // the next part with steps
+      if (handout < 0 || (handout + 1) % Shape::kItemParts == 0) {
+        const int item = bwd_ws_next_item(p.ws, range);
+        handout = item < 0 ? -1 : item * Shape::kItemParts;
+      } else {
+        ++handout;
+      }
+      if (handout >= 0) walk = bwd_ws_handout_walk<Shape>(p, handout);
+    } while (handout >= 0 && walk.it_end == walk.it_begin);
+    *Shape::item_slot(smem, n) = handout;
     mbar::arrive(Shape::item_full(base, n));  // releases the slot's write to the consumers
-    if (item < 0) break;
-    const BwdWsWalk walk = bwd_ws_item_walk(p, item);
+    if (handout < 0) break;
     bwd_ws_produce_steps<Shape>(maps, p, base, walk, j0);
     j0 += walk.it_end - walk.it_begin;
   }

@@ -283,9 +283,9 @@ __device__ __forceinline__ void bwd_ws256_consume_items(const AttentionBwdParams
     mbar::arrive(Shape::item_empty(base, n));
     if (handout < 0) break;
     const int part = handout % Shape::kItemParts;
-    const BwdWsWalk walk = bwd_ws_item_walk(p, handout / Shape::kItemParts);
+    const BwdWsWalk walk = bwd_ws_handout_walk<Shape>(p, handout);
     const int32_t* keys = p.ws.keys + int64_t(walk.group) * kBwdWsKeys + part * Shape::kBlockN;
-    const int n_keys = max(0, min(Shape::kBlockN, p.ws.groups[walk.group].n_keys - part * Shape::kBlockN));
+    const int n_keys = p.ws.halves[2 * walk.group + part].n_keys;
     ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups done with the last hand-out's K and V
     const T* k = static_cast<const T*>(f.k) + walk.b * f.k_stride[0] + walk.hk * f.k_stride[2];
     const T* v = static_cast<const T*>(f.v) + walk.b * f.v_stride[0] + walk.hk * f.v_stride[2];

@@ -41,19 +41,20 @@ int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window) {
 
 namespace {
 
-constexpr int kGroupsPerWindow = kBwdWsWindow / kBwdWsKeys;
+constexpr int kGroupsPerWindow = kBwdWsWindow / kBwdWsKeys, kHalvesPerWindow = 2 * kGroupsPerWindow;
 
 // One CTA per window of kBwdWsWindow kept keys of a (batch, KV head), a thread per key: the
 // grouping of gather_key_group (bwd_key_groups.cuh) for the window's groups at once. Keys in
 // order of interval end (latest first) are cut into windows; a key's rank in its window is the
 // number of the window's keys with a lower index, and group rank / kBwdWsKeys of the window
-// holds it at place rank % kBwdWsKeys. (A CTA per group, each ranking the whole window to keep
-// a quarter of it, took 46 us at 16K, H16 Hk4 w2048.)
+// holds it at place rank % kBwdWsKeys; the query ranges of the groups and of their 64-key
+// halves are the min and max of their keys' intervals. (A CTA per group, each ranking the whole
+// window to keep a quarter of it, took 46 us at 16K, H16 Hk4 w2048.)
 __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const AttentionFwdParams f, const BwdWsPlan plan) {
   ptx::griddep_wait();  // the key lists
   ptx::griddep_launch_dependents();
   __shared__ __align__(16) int32_t window[kBwdWsWindow];
-  __shared__ int q_lo[kGroupsPerWindow], q_hi[kGroupsPerWindow];
+  __shared__ int q_lo[kGroupsPerWindow], q_hi[kGroupsPerWindow], h_lo[kHalvesPerWindow], h_hi[kHalvesPerWindow];
   __shared__ BwdWsGroup groups[kGroupsPerWindow];
   const int t = threadIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int64_t bh = int64_t(b) * f.Hk + hk;
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const Attenti
   // Whole 16-byte reads below: padded with INT_MAX, which no key index reaches.
   window[t] = t < n_window ? f.lists.kept_by_end[bh * f.Sk + w0 + t] : INT_MAX;
   if (t < kGroupsPerWindow) q_lo[t] = INT_MAX, q_hi[t] = INT_MIN;
+  if (t < kHalvesPerWindow) h_lo[t] = INT_MAX, h_hi[t] = INT_MIN;
   __syncthreads();
   int32_t* keys = plan.keys + g0 * kBwdWsKeys;  // the window's groups' keys, contiguous
   if (t < n_window) {
@@ -75,6 +77,8 @@ __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const Attenti
     keys[rank] = mine;
     atomicMin(&q_lo[rank / kBwdWsKeys], ki.begin);  // integer min/max: the same in any order
     atomicMax(&q_hi[rank / kBwdWsKeys], ki.end);
+    atomicMin(&h_lo[rank / kBwdWsHalfKeys], ki.begin);
+    atomicMax(&h_hi[rank / kBwdWsHalfKeys], ki.end);
   } else {
     keys[t] = -1;  // ranks n_window.. hold no key
   }
@@ -89,6 +93,16 @@ __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const Attenti
     }
     groups[t] = group;
     plan.groups[g0 + t] = group;
+  }
+  if (t < kHalvesPerWindow) {
+    BwdWsGroup half{0, 0, 0, 0};
+    const int n_keys = max(0, min(kBwdWsHalfKeys, n_window - t * kBwdWsHalfKeys));
+    if (n_keys > 0 && h_lo[t] < h_hi[t]) {
+      half.q_begin = h_lo[t] / 64 * 64;
+      half.q_tiles = (h_hi[t] - half.q_begin + 63) / 64;
+      half.n_keys = n_keys;
+    }
+    plan.halves[2 * g0 + t] = half;
   }
   __syncthreads();
   // The items: thread t takes group t % 4's ranges t / 4, t / 4 + 128, ...

@@ -19,6 +19,7 @@ struct BwdWsPlanShape {
   int64_t groups = 0, max_ranges = 0;
   size_t keys_bytes() const { return size_t(groups) * kBwdWsKeys * 4; }
   size_t groups_bytes() const { return size_t(groups) * sizeof(BwdWsGroup); }
+  size_t halves_bytes() const { return 2 * groups_bytes(); }
   size_t items_bytes() const { return size_t(groups * max_ranges) * sizeof(BwdWsItem); }
   size_t counters_bytes() const { return size_t(2 * max_ranges) * 4; }  // counts, then taken
 };

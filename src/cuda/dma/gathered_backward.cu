@@ -31,7 +31,7 @@ size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 // Offsets of fused_temporaries_bytes' pieces; zeroed: [0, plan_keys).
 struct FusedLayout {
   BwdWsPlanShape plan;
-  size_t rows, dscores, counters, plan_keys, plan_groups, plan_items, total;
+  size_t rows, dscores, counters, plan_keys, plan_groups, plan_halves, plan_items, total;
   FusedLayout(int64_t B, int64_t H, int64_t Hk, int64_t Sq, int64_t Sk, int64_t D)
       : plan(bwd_ws_plan_shape(B, Hk, H / Hk, Sq, Sk)) {
     const int64_t sq_pad = (Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
@@ -40,7 +40,8 @@ struct FusedLayout {
     counters = align256(dscores + size_t(B * Hk * Sk) * 4);
     plan_keys = counters + align256(plan.counters_bytes());
     plan_groups = plan_keys + align256(plan.keys_bytes());
-    plan_items = plan_groups + align256(plan.groups_bytes());
+    plan_halves = plan_groups + align256(plan.groups_bytes());
+    plan_items = plan_halves + align256(plan.halves_bytes());
     total = plan_items + align256(plan.items_bytes());
   }
 };
@@ -62,6 +63,7 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   k.ws.taken = k.ws.counts + l.plan.max_ranges;
   k.ws.keys = reinterpret_cast<int32_t*>(base + l.plan_keys);
   k.ws.groups = reinterpret_cast<BwdWsGroup*>(base + l.plan_groups);
+  k.ws.halves = reinterpret_cast<BwdWsGroup*>(base + l.plan_halves);
   k.ws.items = reinterpret_cast<BwdWsItem*>(base + l.plan_items);
   k.ws.tiles_per_range = bwd_ws_tiles_per_range(f, window);
   const int64_t tiles = (f.Sq + 63) / 64;
