@@ -151,7 +151,7 @@ typedef struct fdma_dma_params {
   int32_t add_scores; /* nonzero: key_scores are added to the kept scores as a bias */
   double scale, softcap;
   int32_t deterministic; /* bitwise-reproducible backward (the CPU always is). 0: on Hopper at
-                          * D 64 and 128 the backward may sum dq, dk, dv and dkey_scores with
+                          * D 64, 128 and 256 the backward may sum dq, dk, dv and dkey_scores with
                           * atomics into fp32 temporaries (B*H*Sq*D + B*Hk*Sk*(2D+1) floats of
                           * workspace and a work list, at most 4 GiB; query the size with the
                           * same flag). Forward calls with at most 16 queries: 0 also lets them

@@ -55,7 +55,7 @@ def dynamic_mask_attention(q, k, v, key_scores, window_size, is_causal=True, sof
     On CUDA, a call that needs no gradient with at most 16 queries, no key_padding_mask and
     deterministic=False runs on the decode path (dynamic_mask_attention_with_kvcache over full
     caches), which selects once per (batch, KV head) row and splits the kept keys across CTAs.
-    With deterministic=False the backward on Hopper (head dim 64 or 128) sums the gradients with
+    With deterministic=False the backward on Hopper (head dim 64, 128 or 256) sums the gradients with
     atomics in fp32 temporaries (faster; their last bits may differ between runs).
     """
     what = "flash_dma.dynamic_mask_attention"
