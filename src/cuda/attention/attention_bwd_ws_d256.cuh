@@ -4,7 +4,10 @@
 // or masked (kMasked) without a bias, as attention_bwd_ws.cuh's masked calls: each step's
 // [64 queries][64 keys] mask tile (64-byte swizzled; one summary tile) comes with its Q and
 // dO, a mask broadcast over queries is read per key, the steps the summary rules out are
-// skipped and those it keeps whole run unmasked.
+// skipped and those it keeps whole run unmasked; or gathered (key lists, dynamic-mask mode):
+// persistent CTAs over the work list of attention_bwd_ws.cuh's gathered kind, each item's 128
+// keys handed out as its two 64-key halves (each over the query tiles its own keys span),
+// whose K and V rows the consumers gather; dk, dv and dscores go into the fp32 rows.
 //
 // At D = 256 one warp group cannot hold dk and dv of 64 keys (256 registers a thread), so the
 // groups split the columns instead of the keys (attention_bwd_ws.cuh splits keys at D = 64 and
