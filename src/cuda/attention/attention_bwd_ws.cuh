@@ -522,6 +522,27 @@ __device__ __forceinline__ void bwd_ws_row_keys(const AttentionFwdParams& f, con
   for (int r = 0; r < 2; ++r) row_keys[r] = key[r] >= 0 ? info[key[r]] : KeyInfo{};
 }
 
+// Gathered: a consumer thread's start of a hand-out: both groups done with the last one's K and
+// V; gather(k, v) issues this thread's cp.async copies of the new rows from the (batch, KV
+// head)'s K and V; this thread's two keys (keys[local], keys[local + 8]) and their records; the
+// accumulators zeroed; then every row landed, for both groups.
+template <class T, int kTiles, class Gather>
+__device__ __forceinline__ void bwd_ws_start_handout(const AttentionFwdParams& f, const BwdWsWalk& walk,
+                                                     const int32_t* keys, int local, Gather&& gather,
+                                                     int32_t (&key)[2], KeyInfo (&row_keys)[2],
+                                                     float (&dk)[kTiles][4], float (&dv)[kTiles][4], float (&db)[2]) {
+  ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups done with the last hand-out's K and V
+  gather(static_cast<const T*>(f.k) + walk.b * f.k_stride[0] + walk.hk * f.k_stride[2],
+         static_cast<const T*>(f.v) + walk.b * f.v_stride[0] + walk.hk * f.v_stride[2]);
+  ptx::cp_async_commit();
+  key[0] = keys[local], key[1] = keys[local + 8];
+  bwd_ws_row_keys(f, walk, key, row_keys);
+  bwd_ws_zero(dk, dv, db);
+  ptx::cp_async_wait<0>();
+  wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
+  ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // every row landed (dq reads both groups' K)
+}
+
 // Gathered: this thread's two keys' dk and dv columns col0 + 8 dt + 2t (+1) and their dS sums
 // db (summed over the quad here) added into the fp32 rows (dkdv_split_sum writes them out).
 template <int kTiles>
@@ -606,20 +627,13 @@ __device__ __forceinline__ void bwd_ws_consume_items(const BwdTensorMaps& maps, 
     const BwdWsWalk walk = bwd_ws_item_walk(p, item);
     const int32_t* keys = p.ws.keys + int64_t(walk.group) * kBwdWsKeys;
     const int n_keys = p.ws.groups[walk.group].n_keys;
-    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups done with the last item's K and V
-    const T* k = static_cast<const T*>(f.k) + walk.b * f.k_stride[0] + walk.hk * f.k_stride[2];
-    const T* v = static_cast<const T*>(f.v) + walk.b * f.v_stride[0] + walk.hk * f.v_stride[2];
-    Shape::Mma::template load_rows_gather_pair<Shape::kGroupKeys>(
-        Shape::k_tile(base, group), k, f.k_stride[1], Shape::v_tile(base, group), v, f.v_stride[1],
-        keys + group * Shape::kGroupKeys, max(0, min(Shape::kGroupKeys, n_keys - group * Shape::kGroupKeys)), f.D, tid);
-    ptx::cp_async_commit();
-    const int32_t key[2] = {keys[local], keys[local + 8]};
+    int32_t key[2];
     KeyInfo row_keys[2];
-    bwd_ws_row_keys(f, walk, key, row_keys);
-    bwd_ws_zero(dk, dv, db);
-    ptx::cp_async_wait<0>();
-    wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
-    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups' K tiles landed (dq reads both)
+    bwd_ws_start_handout<T>(f, walk, keys, local, [&](const T* k, const T* v) {  // this group's 64 keys
+      Shape::Mma::template load_rows_gather_pair<Shape::kGroupKeys>(
+          Shape::k_tile(base, group), k, f.k_stride[1], Shape::v_tile(base, group), v, f.v_stride[1],
+          keys + group * Shape::kGroupKeys, max(0, min(Shape::kGroupKeys, n_keys - group * Shape::kGroupKeys)), f.D, tid);
+    }, key, row_keys, dk, dv, db);
     bwd_ws_consume_steps<T, kHeadDim, Shape>(maps, p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
     bwd_ws_add_key_rows(p, walk, key, dk, dv, db, 0, t);

@@ -289,20 +289,13 @@ __device__ __forceinline__ void bwd_ws256_consume_items(const AttentionBwdParams
     const BwdWsWalk walk = bwd_ws_handout_walk<Shape>(p, handout);
     const int32_t* keys = p.ws.keys + int64_t(walk.group) * kBwdWsKeys + part * Shape::kBlockN;
     const int n_keys = p.ws.halves[2 * walk.group + part].n_keys;
-    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // both groups done with the last hand-out's K and V
-    const T* k = static_cast<const T*>(f.k) + walk.b * f.k_stride[0] + walk.hk * f.k_stride[2];
-    const T* v = static_cast<const T*>(f.v) + walk.b * f.v_stride[0] + walk.hk * f.v_stride[2];
-    load_rows_gather_sw128_async<2 * kBwdThreads, Shape::kHeadDim, Shape::kBlockN, 2, T>(
-        {base + Shape::kK, base + Shape::kV}, {k, v}, {f.k_stride[1], f.v_stride[1]}, keys, n_keys, f.D,
-        group * kBwdThreads + tid);
-    ptx::cp_async_commit();
-    const int32_t key[2] = {keys[local], keys[local + 8]};
+    int32_t key[2];
     KeyInfo row_keys[2];
-    bwd_ws_row_keys(f, walk, key, row_keys);
-    bwd_ws_zero(dk, dv, db);
-    ptx::cp_async_wait<0>();
-    wgmma::fence_proxy_async_smem();  // cp.async wrote through the generic proxy, wgmma reads through the async one
-    ptx::named_barrier_sync<1, 2 * kBwdThreads>();  // every row of K and V landed
+    bwd_ws_start_handout<T>(f, walk, keys, local, [&](const T* k, const T* v) {  // all 64 keys, both groups' threads
+      load_rows_gather_sw128_async<2 * kBwdThreads, Shape::kHeadDim, Shape::kBlockN, 2, T>(
+          {base + Shape::kK, base + Shape::kV}, {k, v}, {f.k_stride[1], f.v_stride[1]}, keys, n_keys, f.D,
+          group * kBwdThreads + tid);
+    }, key, row_keys, dk, dv, db);
     bwd_ws256_consume_steps<T, Shape>(p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
     bwd_ws_add_key_rows(p, walk, key, dk, dv, db, Shape::kGroupCols * group, t);

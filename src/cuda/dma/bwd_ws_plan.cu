@@ -41,20 +41,28 @@ int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window) {
 
 namespace {
 
+// The record of n_keys keys whose intervals span queries [lo, hi): whole 64-row tiles; none
+// (all zero) where there are no keys or no queries.
+__device__ __forceinline__ BwdWsGroup span_record(int lo, int hi, int n_keys) {
+  BwdWsGroup r{0, 0, 0, 0};
+  if (n_keys > 0 && lo < hi) r.q_begin = lo / 64 * 64, r.q_tiles = (hi - r.q_begin + 63) / 64, r.n_keys = n_keys;
+  return r;
+}
+
 constexpr int kGroupsPerWindow = kBwdWsWindow / kBwdWsKeys, kHalvesPerWindow = 2 * kGroupsPerWindow;
 
 // One CTA per window of kBwdWsWindow kept keys of a (batch, KV head), a thread per key: the
 // grouping of gather_key_group (bwd_key_groups.cuh) for the window's groups at once. Keys in
 // order of interval end (latest first) are cut into windows; a key's rank in its window is the
 // number of the window's keys with a lower index, and group rank / kBwdWsKeys of the window
-// holds it at place rank % kBwdWsKeys; the query ranges of the groups and of their 64-key
-// halves are the min and max of their keys' intervals. (A CTA per group, each ranking the whole
+// holds it at place rank % kBwdWsKeys; a 64-key half's query range is the min and max of its
+// keys' intervals, a group's the union of its halves'. (A CTA per group, each ranking the whole
 // window to keep a quarter of it, took 46 us at 16K, H16 Hk4 w2048.)
 __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const AttentionFwdParams f, const BwdWsPlan plan) {
   ptx::griddep_wait();  // the key lists
   ptx::griddep_launch_dependents();
   __shared__ __align__(16) int32_t window[kBwdWsWindow];
-  __shared__ int q_lo[kGroupsPerWindow], q_hi[kGroupsPerWindow], h_lo[kHalvesPerWindow], h_hi[kHalvesPerWindow];
+  __shared__ int h_lo[kHalvesPerWindow], h_hi[kHalvesPerWindow];
   __shared__ BwdWsGroup groups[kGroupsPerWindow];
   const int t = threadIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int64_t bh = int64_t(b) * f.Hk + hk;
@@ -62,7 +70,6 @@ __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const Attenti
   const int w0 = blockIdx.x * kBwdWsWindow, n_window = max(0, min(kBwdWsWindow, f.lists.kept_count[bh] - w0));
   // Whole 16-byte reads below: padded with INT_MAX, which no key index reaches.
   window[t] = t < n_window ? f.lists.kept_by_end[bh * f.Sk + w0 + t] : INT_MAX;
-  if (t < kGroupsPerWindow) q_lo[t] = INT_MAX, q_hi[t] = INT_MIN;
   if (t < kHalvesPerWindow) h_lo[t] = INT_MAX, h_hi[t] = INT_MIN;
   __syncthreads();
   int32_t* keys = plan.keys + g0 * kBwdWsKeys;  // the window's groups' keys, contiguous
@@ -75,35 +82,20 @@ __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const Attenti
     }
     const KeyInfo ki = f.lists.info[bh * f.Sk + mine];
     keys[rank] = mine;
-    atomicMin(&q_lo[rank / kBwdWsKeys], ki.begin);  // integer min/max: the same in any order
-    atomicMax(&q_hi[rank / kBwdWsKeys], ki.end);
-    atomicMin(&h_lo[rank / kBwdWsHalfKeys], ki.begin);
+    atomicMin(&h_lo[rank / kBwdWsHalfKeys], ki.begin);  // integer min/max: the same in any order
     atomicMax(&h_hi[rank / kBwdWsHalfKeys], ki.end);
   } else {
     keys[t] = -1;  // ranks n_window.. hold no key
   }
   __syncthreads();
   if (t < kGroupsPerWindow) {
-    BwdWsGroup group{0, 0, 0, 0};
-    const int n_keys = max(0, min(kBwdWsKeys, n_window - t * kBwdWsKeys));
-    if (n_keys > 0 && q_lo[t] < q_hi[t]) {
-      group.q_begin = q_lo[t] / 64 * 64;
-      group.q_tiles = (q_hi[t] - group.q_begin + 63) / 64;
-      group.n_keys = n_keys;
-    }
+    const BwdWsGroup group = span_record(min(h_lo[2 * t], h_lo[2 * t + 1]), max(h_hi[2 * t], h_hi[2 * t + 1]),
+                                         max(0, min(kBwdWsKeys, n_window - t * kBwdWsKeys)));
     groups[t] = group;
     plan.groups[g0 + t] = group;
   }
-  if (t < kHalvesPerWindow) {
-    BwdWsGroup half{0, 0, 0, 0};
-    const int n_keys = max(0, min(kBwdWsHalfKeys, n_window - t * kBwdWsHalfKeys));
-    if (n_keys > 0 && h_lo[t] < h_hi[t]) {
-      half.q_begin = h_lo[t] / 64 * 64;
-      half.q_tiles = (h_hi[t] - half.q_begin + 63) / 64;
-      half.n_keys = n_keys;
-    }
-    plan.halves[2 * g0 + t] = half;
-  }
+  if (t < kHalvesPerWindow)
+    plan.halves[2 * g0 + t] = span_record(h_lo[t], h_hi[t], max(0, min(kBwdWsHalfKeys, n_window - t * kBwdWsHalfKeys)));
   __syncthreads();
   // The items: thread t takes group t % 4's ranges t / 4, t / 4 + 128, ...
   const BwdWsGroup group = groups[t % kGroupsPerWindow];
