@@ -4,7 +4,11 @@ bf16), for a profiler: `ncu --print-summary per-kernel python3 tools/profiling/p
 
 With `--timeline N` it runs without ncu: N calls under the torch profiler, then for each kernel
 of a call its start and end from the call's first kernel's start (medians over the calls, us,
-the GPU's own clock, launches overlapped as the library issues them) and each call's span."""
+the GPU's own clock, launches overlapped as the library issues them) and each call's span.
+Each call waits for the one before (the GPU idle when it starts, as `median_ms` times a call);
+`--back-to-back` queues them, so that the host runs ahead and its launch time hides. Either way
+it also prints a call's time by CUDA events, alone and back to back: the difference is host time
+the GPU waited for."""
 import argparse
 import ctypes
 import os
@@ -16,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # dma_problem.py
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 import bench_decode  # noqa: E402
-from bench_attention import view  # noqa: E402
+from bench_attention import median_ms, view  # noqa: E402
 from dma_problem import attach_workspace, dma_problem  # noqa: E402
 from flash_dma import _abi  # noqa: E402
 
@@ -32,6 +36,7 @@ def main():
     ap.add_argument("--window", type=int, default=2048)
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--timeline", type=int, default=0, help="calls to profile with the torch profiler")
+    ap.add_argument("--back-to-back", action="store_true", help="timeline calls queued, not each alone")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev, S, B, Hk = torch.device("cuda"), args.seqlen, 1, args.kv_heads
@@ -49,13 +54,13 @@ def main():
     call()
     torch.cuda.synchronize()
     if args.timeline:
-        timeline(call, args.timeline)
+        timeline(call, args.timeline, not args.back_to_back)
+        event_times(call, args.timeline)
     del ws
 
 
-def timeline(call, n):
-    # calls apart, so that each is its own group of kernels
-    kernels = bench_decode.kernel_spans(bench_decode.profile_calls(call, n, each_alone=True))
+def timeline(call, n, each_alone):
+    kernels = bench_decode.kernel_spans(bench_decode.profile_calls(call, n, each_alone=each_alone))
     per_call = len(kernels) // n
     assert per_call * n == len(kernels), "calls launched different kernels"
     calls = [kernels[i * per_call:(i + 1) * per_call] for i in range(n)]
@@ -66,6 +71,19 @@ def timeline(call, n):
         begin = statistics.median(c[i][0] - c[0][0] for c in calls)
         end = statistics.median(c[i][1] - c[0][0] for c in calls)
         print(f"  {calls[0][i][2][:48]:48s} {begin:8.1f} .. {end:8.1f}  ({end - begin:7.1f})")
+
+
+def event_times(call, n):
+    """ms a call by CUDA events: each alone (median of n), and n queued back to back (mean)."""
+    alone = median_ms(call, warmup=2, iters=n)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(n):
+        call()
+    b.record()
+    torch.cuda.synchronize()
+    print(f"a call by events: alone {alone:.3f} ms, back to back {a.elapsed_time(b) / n:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,11 @@ inline int64_t bwd_ws_groups_per_row(int64_t Sk) {
 // CTA takes the next one of the lowest range with any left, by taken[r] (counts and taken
 // zeroed with the fp32 sums), so the CTAs running at a time work on one range of queries and
 // their dq sums and Q, dO tiles stay in L2. Each item adds its dk, dv and dscores into the fp32
-// rows AttentionBwdParams::dkdv_partial / dscores_partial, which dkdv_split_sum writes out.
+// rows AttentionBwdParams::dkdv_partial / dscores_partial. An item is handed out as item_parts
+// parts (the D 256 kernel's halves); each part done, or skipped for having no steps, counts once
+// in range_done[its range] and group_done[its group], so the finish kernel (dma/bwd_ws_finish.hpp)
+// writes out a range's dq rows and a group's dk, dv and dscores rows as soon as no part adds to
+// them any more, by finish_taken[r] as the CTAs take items.
 struct BwdWsGroup {
   int32_t q_begin, q_tiles, n_keys, pad;  // first query row (a multiple of 64), 64-row tiles, keys
 };
@@ -53,12 +57,23 @@ struct BwdWsItem {
   int32_t group, range;
 };
 constexpr int kBwdWsHalfKeys = kBwdWsKeys / 2;
+// Parts a plan item is handed out as: 64-key halves at D 256 (the CTA's keys there), else whole.
+constexpr int bwd_ws_item_parts(int D) { return D > 128 ? kBwdWsKeys / kBwdWsHalfKeys : 1; }
+// The first and last range a group's query tiles meet (last < first: none).
+struct BwdWsRanges {
+  int first, last;
+};
+constexpr BwdWsRanges bwd_ws_group_ranges(const BwdWsGroup& g, int tiles_per_range) {
+  return g.q_tiles <= 0 ? BwdWsRanges{0, -1}
+                        : BwdWsRanges{g.q_begin / 64 / tiles_per_range, (g.q_begin / 64 + g.q_tiles - 1) / tiles_per_range};
+}
 struct BwdWsPlan {
   int32_t* keys;
   BwdWsGroup *groups, *halves;
   BwdWsItem* items;
-  int *counts, *taken;
-  int tiles_per_range, ranges, groups_per_row, n_groups;
+  int *counts, *taken;                          // [ranges] each
+  int *range_done, *finish_taken, *group_done;  // [ranges], [ranges], [n_groups]
+  int tiles_per_range, ranges, groups_per_row, n_groups, item_parts;
 };
 
 // Who reduces dbias (the CPU backend makes the same split, attention_cpu.cpp).
@@ -98,7 +113,7 @@ struct AttentionBwdParams {
   // dk/dv kernel also reduces each step's dS K into dq_acc [B, H, Sq_pad, D bucket] fp32 (zeroed
   // first, in the caller's workspace) and no dq kernel runs: five matmuls of QK^T's size
   // instead of seven, at the price of the temporary and a sum whose order varies.
-  // bwd_dq_convert writes dq from it. Null: the two-kernel backward. Layout: dq_acc_offset,
+  // bwd_dq_convert (gathered: bwd_ws_finish) writes dq from it. Null: the two-kernel backward. Layout: dq_acc_offset,
   // its columns the kernel's head dim (64 or 128: D's bucket).
   float* dq_acc;
   // Dynamic-mask mode with dq_acc: the warp-specialized kernel's work list (BwdWsPlan).

@@ -47,7 +47,9 @@
 // the next item's copies; its step count and the stage barriers' phases run on across items.
 // Scores outside a key's interval are -inf. Steps are 64 queries (the plan's tiles); at D = 64
 // each group computes dS K over its own keys. Every item adds its dk, dv and dscores into fp32
-// rows (red.global.add) that dkdv_split_sum writes out; no dq kernel runs: five matmuls, not seven.
+// rows (red.global.add) and counts itself done; the finish kernel (dma/bwd_ws_finish.hpp) writes
+// dq, dk, dv and dscores out of the fp32 sums as their ranges and groups are done, under the
+// kernel's last items. No dq kernel runs: five matmuls, not seven.
 //
 // Its pieces beside this file: the CTA's walk and the mask summary's verdicts on its steps
 // (bwd_ws_walk.cuh), the per-score terms of each kind of step (bwd_ws_scores.cuh).
@@ -115,6 +117,7 @@ struct BwdWsShape {
   static constexpr int kGroupKeys = 64, kConsumers = 2, kBlockN = kGroupKeys * kConsumers, kKeyTiles = kConsumers;
   static constexpr int kStages = 2;
   static constexpr int kItemParts = 1;  // gathered: a plan item's keys are the CTA's (bwd_ws_hand_out_items)
+  static_assert(kItemParts == bwd_ws_item_parts(kHeadDim), "the finish kernel counts parts so");
   // How the groups share dq = dS K, each one 64 x 64 block a step: split by column blocks (D =
   // 128) or by 64-row halves of the step (128-query steps), each over all 128 keys; or, with
   // one block of each, by keys (each group over its own 64).
@@ -513,6 +516,28 @@ __device__ __forceinline__ int bwd_ws_next_item(const BwdWsPlan& plan, int& rang
   return -1;
 }
 
+// Gathered: one part of plan item `item` done (or skipped: no steps), for the finish kernel
+// (dma/bwd_ws_finish.hpp), which waits for every part of a range and of a group.
+__device__ __forceinline__ void bwd_ws_count_done(const BwdWsPlan& plan, int item) {
+  const BwdWsItem it = plan.items[item];
+  ptx::red_release_gpu_add(plan.range_done + it.range, 1);
+  ptx::red_release_gpu_add(plan.group_done + it.group, 1);
+}
+
+// Gathered: the consumers' end of a part of plan item `item`: each group's dq reductions
+// complete (its first thread's bulk groups) and every thread's dk, dv and dscores adds fenced,
+// both groups met, then one thread counts the part done. The wait for the reductions costs a
+// part's end what the CTA's end paid once.
+__device__ __forceinline__ void bwd_ws_handout_done(const BwdWsPlan& plan, int item, int group, int tid) {
+  if (tid == 0) {
+    tma::bulk_wait_group<0>();
+    tma::fence_proxy_async_global();
+  }
+  __threadfence();
+  ptx::named_barrier_sync<1, 2 * kBwdThreads>();
+  if (group == 0 && tid == 0) bwd_ws_count_done(plan, item);
+}
+
 // Gathered: the records of this thread's two keys (key: their indices, -1 past the hand-out's
 // keys, whose records stay empty: every score -inf).
 __device__ __forceinline__ void bwd_ws_row_keys(const AttentionFwdParams& f, const BwdWsWalk& walk,
@@ -544,7 +569,7 @@ __device__ __forceinline__ void bwd_ws_start_handout(const AttentionFwdParams& f
 }
 
 // Gathered: this thread's two keys' dk and dv columns col0 + 8 dt + 2t (+1) and their dS sums
-// db (summed over the quad here) added into the fp32 rows (dkdv_split_sum writes them out).
+// db (summed over the quad here) added into the fp32 rows (the finish kernel writes them out).
 template <int kTiles>
 __device__ __forceinline__ void bwd_ws_add_key_rows(const AttentionBwdParams& p, const BwdWsWalk& walk,
                                                     const int32_t (&key)[2], const float (&dk)[kTiles][4],
@@ -580,7 +605,7 @@ __device__ __forceinline__ BwdWsWalk bwd_ws_handout_walk(const AttentionBwdParam
 // left), each as Shape::kItemParts parts of its keys (at D = 256 its two halves of 64 keys, the
 // CTA's, each over the part of the range its own keys span; a part with no steps is skipped),
 // through the two slots as item * kItemParts + part (-1: none left), and issues each
-// hand-out's copies.
+// hand-out's copies. A skipped part counts as done here.
 template <class Shape>
 __device__ __forceinline__ void bwd_ws_hand_out_items(const BwdTensorMaps& maps, const AttentionBwdParams& p,
                                                       uint32_t base, unsigned char* smem) {
@@ -590,15 +615,18 @@ __device__ __forceinline__ void bwd_ws_hand_out_items(const BwdTensorMaps& maps,
   for (int n = 0;; ++n) {
     mbar::wait(Shape::item_empty(base, n), ((n >> 1) & 1) ^ 1);  // the first pass finds both slots free
     BwdWsWalk walk;
-    do {  // the next part with steps
+    for (;;) {  // the next part with steps
       if (handout < 0 || (handout + 1) % Shape::kItemParts == 0) {
         const int item = bwd_ws_next_item(p.ws, range);
         handout = item < 0 ? -1 : item * Shape::kItemParts;
       } else {
         ++handout;
       }
-      if (handout >= 0) walk = bwd_ws_handout_walk<Shape>(p, handout);
-    } while (handout >= 0 && walk.it_end == walk.it_begin);
+      if (handout < 0) break;
+      walk = bwd_ws_handout_walk<Shape>(p, handout);
+      if (walk.it_end > walk.it_begin) break;
+      bwd_ws_count_done(p.ws, handout / Shape::kItemParts);
+    }
     *Shape::item_slot(smem, n) = handout;
     mbar::arrive(Shape::item_full(base, n));  // releases the slot's write to the consumers
     if (handout < 0) break;
@@ -637,8 +665,8 @@ __device__ __forceinline__ void bwd_ws_consume_items(const BwdTensorMaps& maps, 
     bwd_ws_consume_steps<T, kHeadDim, Shape>(maps, p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
     bwd_ws_add_key_rows(p, walk, key, dk, dv, db, 0, t);
+    bwd_ws_handout_done(p.ws, item, group, tid);
   }
-  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
 }
 
 template <class T, int kHeadDim, BwdWsKind kKind>
@@ -814,7 +842,8 @@ int bwd_ws_smem_of(BwdWsKind kind) {
 }
 
 // The kernel, then the convert kernel that writes dq from the temporary. Gathered: one
-// persistent CTA an SM (its shared memory allows no second).
+// persistent CTA an SM (its shared memory allows no second); the finish kernel writes dq
+// (run_gathered_backward).
 template <class T, int kHeadDim>
 cudaError_t launch_attention_bwd_ws(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
                                     cudaStream_t stream) {
@@ -829,7 +858,7 @@ cudaError_t launch_attention_bwd_ws(const AttentionBwdParams& p, const BwdTensor
   const dim3 grid = kind == BwdWsKind::gathered ? dim3(unsigned(std::max(1, device_sm_count())))
                                                 : dim3((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
   err = launch_kernel(f.overlap_previous, kernel, grid, Shape::kThreads, smem, stream, p, maps);
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || kind == BwdWsKind::gathered) return err;
   return launch_bwd_dq_convert<T>(p, kHeadDim, stream);
 }
 

@@ -52,6 +52,7 @@ struct BwdWs256Shape {
   static constexpr bool kBiased = false, kMaskTiles = kMasked, kMaskOverBias = false;
   // Gathered: a plan item's kBwdWsKeys keys are handed out as parts of the CTA's 64.
   static constexpr int kItemParts = kGather ? kBwdWsKeys / kBlockN : 1;
+  static_assert(!kGather || kItemParts == bwd_ws_item_parts(kHeadDim), "the finish kernel counts parts so");
   static constexpr int kColBlocks = kHeadDim / 64, kGroupCols = kHeadDim / kConsumers;
   static constexpr int kGroupQueries = kBlockM / kConsumers;  // S^T, dP^T columns a group computes
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -299,8 +300,8 @@ __device__ __forceinline__ void bwd_ws256_consume_items(const AttentionBwdParams
     bwd_ws256_consume_steps<T, Shape>(p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
     bwd_ws_add_key_rows(p, walk, key, dk, dv, db, Shape::kGroupCols * group, t);
+    bwd_ws_handout_done(p.ws, handout / Shape::kItemParts, group, tid);
   }
-  if (tid == 0) tma::bulk_wait_group<0>();  // every dq reduction done before the CTA exits
 }
 
 template <class T, BwdWsKind kKind = BwdWsKind::dense>
@@ -403,7 +404,7 @@ int bwd_ws256_smem_of(BwdWsKind kind) {
 }
 
 // The kernel, then the convert kernel that writes dq from the temporary. Gathered: one
-// persistent CTA an SM, as at D 64 and 128.
+// persistent CTA an SM, as at D 64 and 128, and the finish kernel writes dq.
 template <class T>
 cudaError_t launch_attention_bwd_ws256(const AttentionBwdParams& p, const BwdTensorMaps& maps, int device,
                                        cudaStream_t stream) {
@@ -418,7 +419,7 @@ cudaError_t launch_attention_bwd_ws256(const AttentionBwdParams& p, const BwdTen
   const dim3 grid = kind == BwdWsKind::gathered ? dim3(unsigned(std::max(1, device_sm_count())))
                                                 : dim3((f.Sk + Shape::kBlockN - 1) / Shape::kBlockN, f.Hk, f.B);
   err = launch_kernel(f.overlap_previous, bwd_ws256_kernel_of<T>(f), grid, Shape::kThreads, smem, stream, p, maps);
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || kind == BwdWsKind::gathered) return err;
   return launch_bwd_dq_convert<T>(p, Shape::kHeadDim, stream);
 }
 

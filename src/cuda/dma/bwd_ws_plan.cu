@@ -100,9 +100,8 @@ __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const Attenti
   // The items: thread t takes group t % 4's ranges t / 4, t / 4 + 128, ...
   const BwdWsGroup group = groups[t % kGroupsPerWindow];
   if (group.q_tiles == 0) return;
-  const int first = group.q_begin / 64 / plan.tiles_per_range;
-  const int last = (group.q_begin / 64 + group.q_tiles - 1) / plan.tiles_per_range;
-  for (int r = first + t / kGroupsPerWindow; r <= last; r += kBwdWsWindow / kGroupsPerWindow)
+  const BwdWsRanges ranges = bwd_ws_group_ranges(group, plan.tiles_per_range);
+  for (int r = ranges.first + t / kGroupsPerWindow; r <= ranges.last; r += kBwdWsWindow / kGroupsPerWindow)
     plan.items[int64_t(r) * plan.n_groups + atomicAdd(plan.counts + r, 1)] =
         BwdWsItem{int32_t(g0 + t % kGroupsPerWindow), r};
 }

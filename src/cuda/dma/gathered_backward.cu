@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cuda/cuda_backend.hpp"
+#include "cuda/dma/bwd_ws_finish.hpp"
 #include "cuda/dma/bwd_ws_plan.hpp"
 #include "cuda/dma/dkdv_split.hpp"
 #include "cuda/primitives/device_guard.hpp"
@@ -61,6 +62,9 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   k.dscores_partial = reinterpret_cast<float*>(base + l.dscores);
   k.ws.counts = reinterpret_cast<int*>(base + l.counters);
   k.ws.taken = k.ws.counts + l.plan.max_ranges;
+  k.ws.range_done = k.ws.taken + l.plan.max_ranges;
+  k.ws.finish_taken = k.ws.range_done + l.plan.max_ranges;
+  k.ws.group_done = k.ws.finish_taken + l.plan.max_ranges;
   k.ws.keys = reinterpret_cast<int32_t*>(base + l.plan_keys);
   k.ws.groups = reinterpret_cast<BwdWsGroup*>(base + l.plan_groups);
   k.ws.halves = reinterpret_cast<BwdWsGroup*>(base + l.plan_halves);
@@ -70,6 +74,7 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   k.ws.ranges = int((tiles + k.ws.tiles_per_range - 1) / k.ws.tiles_per_range);
   k.ws.groups_per_row = int(bwd_ws_groups_per_row(f.Sk));
   k.ws.n_groups = int(l.plan.groups);
+  k.ws.item_parts = bwd_ws_item_parts(int(f.D));
 }
 
 void run_gathered_backward(const char* op, const AttentionBwdParams& given, const DmaListShape& s, const fdma_tensor& dk,
@@ -103,7 +108,10 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   a.bf16 = dtype == DType::bf16;
   a.dscores = f.lists.dscores, a.dscores_f32 = f.lists.dscores_f32;
   for (int i = 0; i < 3; ++i) a.dscores_stride[i] = f.lists.dscores_stride[i];
-  check_cuda(dkdv_split_sum(a, stream), std::string(op) + " (CUDA): dk/dv split sum");
+  if (fused)
+    check_cuda(bwd_ws_finish(k, a, stream), std::string(op) + " (CUDA): backward finish");
+  else
+    check_cuda(dkdv_split_sum(a, stream), std::string(op) + " (CUDA): dk/dv split sum");
 }
 
 }  // namespace fdma::cuda

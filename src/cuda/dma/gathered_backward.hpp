@@ -29,8 +29,9 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window);
 // k: forward params with the lists, gradients, delta/lse2 rows and splits (or the fused
 // temporaries) set; dk and dv its [B, Sk, Hk, D] gradients. The kernels write the kept keys'
 // rows and k.f.lists.dscores entries; the others are zeroed here. With the temporaries, where
-// the warp-specialized kernel runs on this device, they are zeroed first and dk, dv and dscores
-// written from them after; elsewhere the dq and dk/dv kernels run without them.
+// the warp-specialized kernel runs on this device, they are zeroed first and the finish kernel
+// (bwd_ws_finish.hpp) writes dq, dk, dv and dscores from them; elsewhere the dq and dk/dv
+// kernels run without them.
 void run_gathered_backward(const char* op, const AttentionBwdParams& k, const DmaListShape& s, const fdma_tensor& dk,
                            const fdma_tensor& dv, DType dtype, cudaStream_t stream, bool overlap);
 

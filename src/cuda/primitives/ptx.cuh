@@ -71,6 +71,17 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
   atomicAdd(addr + 1, y);
 #endif
 }
+// A counter another CTA (or kernel) waits on: the add releases at GPU scope (this thread's earlier
+// writes, and those it has synchronized with, are visible to whoever acquires the new value),
+// and the load acquires.
+__device__ __forceinline__ void red_release_gpu_add(int* addr, int x) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(addr), "r"(x) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Wait until at most N committed groups are still in flight.
 template <int N>

@@ -100,6 +100,13 @@ __device__ __forceinline__ void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// Orders this thread's completed bulk writes to global memory (the async proxy's) before its
+// later generic accesses, such as a release that publishes them to another CTA.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
 
 // Starts bringing the box at coordinates (c0 innermost .. c3) of a 4-D map into L2, for
 // threads that will read it with ordinary loads; completes on nothing.
