@@ -156,6 +156,11 @@ DmaLayout dma_layout(const fdma_dma_params& p, const detail::DmaProblem& prob, c
     l.shape.cu_q = in.cu_q, l.shape.cu_k = in.cu_k;
     l.shape.num_seqs = int(prob.varlen.num_seqs), l.shape.max_k = int(prob.varlen.max_k);
   }
+  l.fused = pass == Pass::backward && fused_backward(p, prob);
+  // The warp-specialized backward walks its plan's key groups, not tile lists: the kept list
+  // alone. (Were it to turn the call down after all, the dq and dk/dv kernels would read the
+  // whole kept list for every tile, hiding the rest by the intervals: slower, not wrong.)
+  if (l.fused && !prob.varlen.on) l.shape.tile_lists = false;
   l.lists = align_up(dma_lists_workspace(l.shape));
   const int64_t sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
   l.rows = pass == Pass::backward ? align_up(size_t(d.B * d.H * sq_pad) * 4) : 0;
@@ -163,7 +168,6 @@ DmaLayout dma_layout(const fdma_dma_params& p, const detail::DmaProblem& prob, c
   const size_t slots = gathered ? size_t(d.B * d.Hk * gathered_slots(prob)) : 0;
   l.kv_gathered = align_up(slots * size_t(d.D) * dtype_size(prob.dtype));
   l.bias_gathered = align_up(slots * 4);
-  l.fused = pass == Pass::backward && fused_backward(p, prob);
   l.splits = pass == Pass::backward && !l.fused ? dkdv_splits(d.B, d.Hk, d.Sk, d.D, prob.window) : 1;
   l.partial = align_up(l.fused ? fused_temporaries_bytes(d.B, d.H, d.Hk, d.Sq, d.Sk, d.D)
                                : dkdv_partial_bytes(l.splits, d.B, d.Hk, d.Sk, d.D));

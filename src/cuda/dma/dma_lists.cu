@@ -293,7 +293,13 @@ __global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZe
   const int64_t key = e / chunks;
   const int c = int(e % chunks);
   const KeyInfo r = info[key];
-  if (r.end > r.begin) return;  // kept: the kernels write it
+  if (r.end > r.begin) {  // kept: the kernels write it, from fp32 rows zeroed here if any
+    if (!z.kept_rows) return;
+    float4* row = reinterpret_cast<float4*>(z.kept_rows + key * (2 * z.D));
+    for (int q = c; q < z.D / 2; q += chunks) row[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c == 0) z.kept_dscores[key] = 0.f;
+    return;
+  }
   const int j = int(key % s.Sk), hk = int(key / s.Sk % s.Hk), b = int(key / s.Sk / s.Hk);
   char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
   char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;

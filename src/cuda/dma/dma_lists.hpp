@@ -119,7 +119,9 @@ cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const
                              cudaStream_t stream);
 
 // Zeroes the dk, dv rows and dscores entries of keys no query keeps (the dk/dv kernel only
-// visits kept keys). dscores may be null.
+// visits kept keys). dscores may be null. With kept_rows, the warp-specialized backward's fp32
+// rows [B * Hk * Sk][2D] and kept_dscores [B * Hk * Sk] of the kept keys instead (its items add
+// into those, and the unkept keys' rows are never read).
 struct UnkeptZeroArgs {
   void *dk, *dv;
   int64_t dk_stride[3], dv_stride[3];  // (batch, seq, head), elements
@@ -127,6 +129,7 @@ struct UnkeptZeroArgs {
   void* dscores;
   int64_t dscores_stride[3];
   int dscores_bytes;
+  float *kept_rows = nullptr, *kept_dscores = nullptr;
 };
 cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream,
                               bool overlap = false);

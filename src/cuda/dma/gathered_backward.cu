@@ -29,17 +29,18 @@ namespace {
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// Offsets of fused_temporaries_bytes' pieces; zeroed: [0, plan_keys).
+// Offsets of fused_temporaries_bytes' pieces after the dq sums (at 0); the memset covers
+// [0, rows), zero_unkept_grads the kept keys' rows.
 struct FusedLayout {
   BwdWsPlanShape plan;
-  size_t rows, dscores, counters, plan_keys, plan_groups, plan_halves, plan_items, total;
+  size_t counters, rows, dscores, plan_keys, plan_groups, plan_halves, plan_items, total;
   FusedLayout(int64_t B, int64_t H, int64_t Hk, int64_t Sq, int64_t Sk, int64_t D)
       : plan(bwd_ws_plan_shape(B, Hk, H / Hk, Sq, Sk)) {
     const int64_t sq_pad = (Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
-    rows = align256(size_t(B * H) * size_t(sq_pad) * size_t(D) * 4);
+    counters = align256(size_t(B * H) * size_t(sq_pad) * size_t(D) * 4);
+    rows = counters + align256(plan.counters_bytes());
     dscores = rows + size_t(B * Hk * Sk) * size_t(2 * D) * 4;
-    counters = align256(dscores + size_t(B * Hk * Sk) * 4);
-    plan_keys = counters + align256(plan.counters_bytes());
+    plan_keys = align256(dscores + size_t(B * Hk * Sk) * 4);
     plan_groups = plan_keys + align256(plan.keys_bytes());
     plan_halves = plan_groups + align256(plan.groups_bytes());
     plan_items = plan_halves + align256(plan.halves_bytes());
@@ -83,8 +84,8 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   const AttentionFwdParams& f = k.f;
   const bool fused = k.dq_acc && backward_ws_takes(k, dtype);
   if (k.dq_acc && !fused) k.dq_acc = nullptr, k.dkdv_partial = k.dscores_partial = nullptr, k.ws = BwdWsPlan{};
-  if (fused) {  // the sums and the plan's counters: one piece of the workspace
-    const size_t bytes = size_t(reinterpret_cast<char*>(k.ws.keys) - reinterpret_cast<char*>(k.dq_acc));
+  if (fused) {  // the dq sums and the plan's counters: one piece of the workspace (FusedLayout)
+    const size_t bytes = size_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.dq_acc));
     check_cuda(cudaMemsetAsync(k.dq_acc, 0, bytes, stream), std::string(op) + " (CUDA): zero the fp32 sums");
   }
   UnkeptZeroArgs z{};
@@ -95,6 +96,7 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   z.dscores = f.lists.dscores;
   for (int i = 0; i < 3; ++i) z.dscores_stride[i] = f.lists.dscores_stride[i];
   z.dscores_bytes = f.lists.dscores_f32 ? 4 : z.elem_bytes;
+  if (fused) z.kept_rows = k.dkdv_partial, z.kept_dscores = k.dscores_partial;
   check_cuda(zero_unkept_grads(s, f.lists.info, z, stream, overlap), std::string(op) + " (CUDA): zero unkept keys");
   if (fused) check_cuda(bwd_ws_plan(f, k.ws, stream), std::string(op) + " (CUDA): backward work list");
   run_backward_kernels(k, dtype, stream);

@@ -19,9 +19,10 @@ void set_gathered_rows(AttentionBwdParams& k, char* rows, size_t row_bytes);
 void set_split_partials(AttentionBwdParams& k, int splits, void* partial);
 
 // The warp-specialized backward's temporaries (dma_cuda.cu, fused_backward), in this order:
-// zeroed before each call, the fp32 dq sums [B, H, Sq_pad, D] (dq_acc), dk/dv rows
-// [B * Hk * Sk][2D] and dscores rows [B * Hk * Sk], and the plan's per-range counters; then the
-// plan's key groups, their halves and the items (BwdWsPlan). Their bytes, and k pointed at them with the plan's
+// zeroed before each call, the fp32 dq sums [B, H, Sq_pad, D] (dq_acc) and the plan's counters;
+// the fp32 dk/dv rows [B * Hk * Sk][2D] and dscores rows [B * Hk * Sk], whose kept keys' rows
+// zero_unkept_grads zeroes (no item adds to the others); then the plan's key groups, their
+// halves and the items (BwdWsPlan). Their bytes, and k pointed at them with the plan's
 // query ranges sized for a call keeping `window` keys a query.
 size_t fused_temporaries_bytes(int64_t B, int64_t H, int64_t Hk, int64_t Sq, int64_t Sk, int64_t D);
 void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window);
