@@ -2,7 +2,8 @@
 //   prepare: per query row, delta = rowsum(dO * O) in fp32 and lse2 = lse * log2(e) (+inf for
 //            a row that saw nothing, and for the padding rows up to Sq_pad), so the main
 //            kernels get P = exp2(s * log2(e) - lse2) with no special cases (rows whose lse is
-//            too large for that: +inf where dO is all zeros, else NaN);
+//            too large for that: +inf where dO is all zeros, else NaN); for the gathered
+//            warp-specialized backward also the row's zeroed dq sums;
 //   finish:  dbias = the fp32 reduction slots summed in slot order, converted to its dtype;
 //   convert: dq from the fused backward's fp32 sums.
 #include <cuda_bf16.h>
@@ -57,6 +58,11 @@ __device__ __forceinline__ void bwd_prepare_rows(const AttentionBwdParams& p, fl
   for (int b = blockIdx.z; b < f.B; b += gridDim.z) {  // loops only past 65535 batches or heads
     for (int h = blockIdx.y; h < f.H; h += gridDim.y) {
       const int64_t row = (int64_t(b) * f.H + h) * p.Sq_pad + i;
+      if (p.prepare_zeroes_dq_acc)  // eight columns from a multiple of 8: contiguous in the tiles
+        for (int d = sub * 8; d < f.D; d += kPrepareLanes * 8) {
+          float4* acc = reinterpret_cast<float4*>(p.dq_acc + dq_acc_offset(int64_t(b) * f.H + h, i, d, p.Sq_pad, f.D));
+          acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
       if (i >= f.Sq) {
         if (sub == 0) delta[row] = 0.f, lse2[row] = INFINITY;
         continue;
