@@ -2,8 +2,7 @@
 //   prepare: per query row, delta = rowsum(dO * O) in fp32 and lse2 = lse * log2(e) (+inf for
 //            a row that saw nothing, and for the padding rows up to Sq_pad), so the main
 //            kernels get P = exp2(s * log2(e) - lse2) with no special cases (rows whose lse is
-//            too large for that: +inf where dO is all zeros, else NaN); for the gathered
-//            warp-specialized backward also the row's zeroed dq sums;
+//            too large for that: +inf where dO is all zeros, else NaN);
 //   finish:  dbias = the fp32 reduction slots summed in slot order, converted to its dtype;
 //   convert: dq from the fused backward's fp32 sums.
 #include <cuda_bf16.h>
@@ -49,7 +48,10 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
 constexpr int kPrepareLanes = 16, kPrepareThreads = 256, kPrepareRowsPerBlock = kPrepareThreads / kPrepareLanes;
 
 template <class T>
-__device__ __forceinline__ void bwd_prepare_rows(const AttentionBwdParams& p, float* delta, float* lse2) {
+__global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const AttentionBwdParams p, float* delta,
+                                                                      float* lse2) {
+  ptx::griddep_wait();  // launched overlapping (launch.cuh): out, dout and the lists' zeroing first
+  ptx::griddep_launch_dependents();
   const AttentionFwdParams& f = p.f;
   const int sub = threadIdx.x % kPrepareLanes;
   const int i = blockIdx.x * kPrepareRowsPerBlock + threadIdx.x / kPrepareLanes;
@@ -58,11 +60,6 @@ __device__ __forceinline__ void bwd_prepare_rows(const AttentionBwdParams& p, fl
   for (int b = blockIdx.z; b < f.B; b += gridDim.z) {  // loops only past 65535 batches or heads
     for (int h = blockIdx.y; h < f.H; h += gridDim.y) {
       const int64_t row = (int64_t(b) * f.H + h) * p.Sq_pad + i;
-      if (p.prepare_zeroes_dq_acc)  // eight columns from a multiple of 8: contiguous in the tiles
-        for (int d = sub * 8; d < f.D; d += kPrepareLanes * 8) {
-          float4* acc = reinterpret_cast<float4*>(p.dq_acc + dq_acc_offset(int64_t(b) * f.H + h, i, d, p.Sq_pad, f.D));
-          acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
       if (i >= f.Sq) {
         if (sub == 0) delta[row] = 0.f, lse2[row] = INFINITY;
         continue;
@@ -97,17 +94,6 @@ __device__ __forceinline__ void bwd_prepare_rows(const AttentionBwdParams& p, fl
       }
     }
   }
-}
-
-template <class T>
-__global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const AttentionBwdParams p, float* delta,
-                                                                      float* lse2) {
-  // Launched overlapping (launch.cuh): out, dout and the lists' zeroing first, unless the
-  // caller vouches for them (AttentionBwdParams::prepare_inputs_ready).
-  if (!p.prepare_inputs_ready) ptx::griddep_wait();
-  ptx::griddep_launch_dependents();
-  bwd_prepare_rows<T>(p, delta, lse2);
-  if (p.prepare_inputs_ready) ptx::griddep_wait();
 }
 
 template <class T>

@@ -87,12 +87,6 @@ struct AttentionBwdParams {
   // [B, H, Sq_pad] each: rowsum(dO * O), and lse * log2(e) with -inf (a row that sees
   // nothing) replaced by +inf so that every probability of that row comes out 0.
   float *delta, *lse2;  // written by the prepare kernel, read by dq and dk/dv
-  // The gathered warp-specialized backward's prepare kernel: it also zeroes dq_acc's rows (in
-  // place of a memset), and it starts on out, dout and lse without waiting for the kernel
-  // before it (waiting at its end instead, so that its completion still implies that
-  // kernel's), so it runs beside the plan: the caller guarantees those three were complete
-  // before that kernel started (a launch without programmatic overlap comes between).
-  bool prepare_zeroes_dq_acc, prepare_inputs_ready;
   // Sq rounded up to kBwdRowPad (dense calls) or kBwdBlockM (gathered ones, whose steps are 64
   // queries): every step's rows exist.
   int Sq_pad;

@@ -29,8 +29,8 @@ namespace {
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// Offsets of fused_temporaries_bytes' pieces after the dq sums (at 0, zeroed by the prepare
-// kernel); a memset covers the counters, zero_unkept_grads the kept keys' rows.
+// Offsets of fused_temporaries_bytes' pieces after the dq sums (at 0); the memset covers
+// [0, rows), zero_unkept_grads the kept keys' rows.
 struct FusedLayout {
   BwdWsPlanShape plan;
   size_t counters, rows, dscores, plan_keys, plan_groups, plan_halves, plan_items, total;
@@ -84,12 +84,9 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   const AttentionFwdParams& f = k.f;
   const bool fused = k.dq_acc && backward_ws_takes(k, dtype);
   if (k.dq_acc && !fused) k.dq_acc = nullptr, k.dkdv_partial = k.dscores_partial = nullptr, k.ws = BwdWsPlan{};
-  if (fused) {
-    // The plan's counters; the prepare kernel zeroes the dq sums, and starts beside the plan:
-    // out, dout and lse were complete before the lists' cub kernels ran (no programmatic overlap).
-    const size_t bytes = size_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.ws.counts));
-    check_cuda(cudaMemsetAsync(k.ws.counts, 0, bytes, stream), std::string(op) + " (CUDA): zero the plan's counters");
-    k.prepare_zeroes_dq_acc = k.prepare_inputs_ready = true;
+  if (fused) {  // the dq sums and the plan's counters: one piece of the workspace (FusedLayout)
+    const size_t bytes = size_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.dq_acc));
+    check_cuda(cudaMemsetAsync(k.dq_acc, 0, bytes, stream), std::string(op) + " (CUDA): zero the fp32 sums");
   }
   UnkeptZeroArgs z{};
   z.dk = dk.data, z.dv = dv.data;

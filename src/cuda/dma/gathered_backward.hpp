@@ -19,8 +19,7 @@ void set_gathered_rows(AttentionBwdParams& k, char* rows, size_t row_bytes);
 void set_split_partials(AttentionBwdParams& k, int splits, void* partial);
 
 // The warp-specialized backward's temporaries (dma_cuda.cu, fused_backward), in this order:
-// zeroed before each call, the fp32 dq sums [B, H, Sq_pad, D] (dq_acc, by the prepare kernel)
-// and the plan's counters (a memset);
+// zeroed before each call, the fp32 dq sums [B, H, Sq_pad, D] (dq_acc) and the plan's counters;
 // the fp32 dk/dv rows [B * Hk * Sk][2D] and dscores rows [B * Hk * Sk], whose kept keys' rows
 // zero_unkept_grads zeroes (no item adds to the others); then the plan's key groups, their
 // halves and the items (BwdWsPlan). Their bytes, and k pointed at them with the plan's
