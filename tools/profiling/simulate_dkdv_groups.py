@@ -14,6 +14,9 @@ steps; the makespan against the average SM's work, and the same for whole walks 
 and what a consumer half (64 of the group's keys by index) would compute if it skipped the
 steps none of its keys is kept in.
 
+With --end-quantum Q the kept keys are ordered by end // Q (then index) instead of by end: what a
+sort over fewer bits (Q = 64: the walk's tiles) would give.
+
 Usage: python3 tools/profiling/simulate_dkdv_groups.py [--seqlen 131072] [--windows 256,1024]
        [--w 2048 --kv-heads 4 --group 4]  (the seed config: --seqlen 32768 --w 1024 --kv-heads 1 --group 2)
        [--keys 128 --windows 512 --range-tiles N --prologue 2]
@@ -24,6 +27,7 @@ import heapq
 import numpy as np
 
 GROUP, STEP = 64, 64  # kBwdBlockN, the dk/dv kernel's query step (kDkdvBlockM)
+END_QUANTUM = 1  # --end-quantum
 
 
 def causal_intervals(scores, w):
@@ -57,7 +61,7 @@ def group_spans(begin, end, window, block_m, by_end):
     else windows of kept keys in index order ranked by end (the kernel before)."""
     kept = np.nonzero(end > begin)[0]
     if by_end:
-        kept = kept[np.lexsort((kept, -end[kept]))]
+        kept = kept[np.lexsort((kept, -(end[kept] // END_QUANTUM)))]
     for w0 in range(0, len(kept), window):
         win = kept[w0:w0 + window]
         order = np.argsort(win, kind="stable") if by_end else np.lexsort((np.arange(len(win)), -end[win]))
@@ -70,7 +74,7 @@ def half_spans(begin, end, window, block_m):
     """The warp-specialized groups' two consumer halves (64 keys each, by index within the
     group): for each group, its span and the spans of its halves, in block_m tiles."""
     kept = np.nonzero(end > begin)[0]
-    kept = kept[np.lexsort((kept, -end[kept]))]
+    kept = kept[np.lexsort((kept, -(end[kept] // END_QUANTUM)))]
     tiles = lambda g: (begin[g].min() // block_m, -(-end[g].max() // block_m))
     for w0 in range(0, len(kept), window):
         win = np.sort(kept[w0:w0 + window], kind="stable")
@@ -88,7 +92,7 @@ def makespan(items, sms=132, prologue=0.0):
 
 
 def main():
-    global GROUP
+    global GROUP, END_QUANTUM
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--windows", default="256,1024")
@@ -99,8 +103,9 @@ def main():
     ap.add_argument("--keys", type=int, default=64, help="keys a group (the dk/dv kernel 64, the warp-specialized 128)")
     ap.add_argument("--range-tiles", type=int, default=0, help="query tiles an item (0: the library's choice)")
     ap.add_argument("--prologue", type=float, default=2.0, help="steps an item costs besides its own")
+    ap.add_argument("--end-quantum", type=int, default=1, help="order kept keys by end // this (1: exact)")
     args = ap.parse_args()
-    GROUP = args.keys
+    GROUP, END_QUANTUM = args.keys, args.end_quantum
     W, HK, G = args.w, args.kv_heads, args.group
     scores = np.random.default_rng(0).standard_normal(args.seqlen).astype(np.float32)
     begin, end = causal_intervals(scores, W)
