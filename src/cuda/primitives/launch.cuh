@@ -5,7 +5,9 @@
 // while its predecessor finishes and wait on the GPU (ptx::griddep_wait) instead.
 //
 // Every kernel launched this way calls ptx::griddep_wait() before touching global memory, and
-// calls ptx::griddep_launch_dependents() to let its own successor in early.
+// calls ptx::griddep_launch_dependents() to let its own successor in early. One exception: the
+// fused backward's finish kernel (dma/bwd_ws_finish.cu) waits instead on counters that the
+// kernel before it releases as it goes, and calls griddep_wait() last.
 #pragma once
 
 #include <cuda_runtime.h>
