@@ -330,6 +330,20 @@ void collect_offsets(const P& p, Collected& io) {
   if (present(p.cu_seqlens_k)) io.input(p.cu_seqlens_k, "cu_seqlens_k");
 }
 
+// The start of both operations' batched checks: q, k and v checked (their dims and dtype into
+// prob) and collected as inputs, with a packed batch's offsets.
+template <class P, class Problem>
+Collected check_qkv_inputs(const Checker& c, const P& p, Problem& prob) {
+  prob.dims = check_qkv(c, p.q, p.k, p.v);
+  prob.dtype = static_cast<DType>(p.q.dtype);
+  Collected io;
+  io.input(p.q, "q");
+  io.input(p.k, "k");
+  io.input(p.v, "v");
+  collect_offsets(p, io);
+  return io;
+}
+
 // out and lse (forward outputs; backward inputs with dout) and dq, dk, dv: the same for
 // attention and dynamic_mask_attention, whose params name these fields alike.
 template <class P>
@@ -512,14 +526,8 @@ namespace {
 AttentionProblem validate_attention_batched(const fdma_attention_params& p, Pass pass) {
   Checker c(pass == Pass::forward ? "attention forward" : "attention backward");
   AttentionProblem prob;
-  prob.dims = check_qkv(c, p.q, p.k, p.v);
+  Collected io = check_qkv_inputs(c, p, prob);
   const Dims& d = prob.dims;
-  prob.dtype = static_cast<DType>(p.q.dtype);
-  Collected io;
-  io.input(p.q, "q");
-  io.input(p.k, "k");
-  io.input(p.v, "v");
-  collect_offsets(p, io);
   if (present(p.mask)) {
     prob.mask = c.broadcast4(p.mask, "mask", d);
     c.dtype_in(p.mask, "mask", {DType::boolean}, "bool");
@@ -594,14 +602,8 @@ namespace {
 DmaProblem validate_dma_batched(const fdma_dma_params& p, Pass pass) {
   Checker c(pass == Pass::forward ? "dynamic_mask_attention forward" : "dynamic_mask_attention backward");
   DmaProblem prob;
-  prob.dims = check_qkv(c, p.q, p.k, p.v);
+  Collected io = check_qkv_inputs(c, p, prob);
   const Dims& d = prob.dims;
-  prob.dtype = static_cast<DType>(p.q.dtype);
-  Collected io;
-  io.input(p.q, "q");
-  io.input(p.k, "k");
-  io.input(p.v, "v");
-  collect_offsets(p, io);
   check_key_scores(c, p.key_scores, "key_scores", d.B, d.Hk, d.Sk);
   check_q_or_f32(c, p.key_scores, "key_scores", prob.dtype);
   io.input(p.key_scores, "key_scores");
