@@ -45,8 +45,8 @@ inline int64_t bwd_ws_groups_per_row(int64_t Sk) {
 // CTA takes the next one of the lowest range with any left, by taken[r] (counts and taken
 // zeroed with the fp32 sums), so the CTAs running at a time work on one range of queries and
 // their dq sums and Q, dO tiles stay in L2. Each item adds its dk, dv and dscores into the fp32
-// rows AttentionBwdParams::dkdv_partial / dscores_partial. An item is handed out as item_parts
-// parts (the D 256 kernel's halves); each part done, or skipped for having no steps, counts once
+// rows AttentionBwdParams::dkdv_partial / dscores_partial. An item is handed out as
+// bwd_ws_item_parts(D) parts (the D 256 kernel's halves); each part done, or skipped for having no steps, counts once
 // in range_done[its range] and group_done[its group], so the finish kernel (dma/bwd_ws_finish.hpp)
 // writes out a range's dq rows and a group's dk, dv and dscores rows as soon as no part adds to
 // them any more, by finish_taken[r] as the CTAs take items.
@@ -73,7 +73,7 @@ struct BwdWsPlan {
   BwdWsItem* items;
   int *counts, *taken;                          // [ranges] each
   int *range_done, *finish_taken, *group_done;  // [ranges], [ranges], [n_groups]
-  int tiles_per_range, ranges, groups_per_row, n_groups, item_parts;
+  int tiles_per_range, ranges, groups_per_row, n_groups;
 };
 
 // Who reduces dbias (the CPU backend makes the same split, attention_cpu.cpp).

@@ -53,13 +53,7 @@ __device__ __forceinline__ void finish_key_group(const AttentionBwdParams& p, co
     const int j = keys[e / per_key], item = e % per_key;
     const int64_t row = int64_t(bh) * o.Sk + j;
     if (item == 2 * quads) {
-      if (!o.dscores) continue;
-      const float sum = __ldcg(o.dscores_partial + row);
-      const int64_t off = b * o.dscores_stride[0] + hk * o.dscores_stride[1] + int64_t(j) * o.dscores_stride[2];
-      if (o.dscores_f32)
-        static_cast<float*>(o.dscores)[off] = sum;
-      else
-        static_cast<T*>(o.dscores)[off] = T(sum);
+      if (o.dscores) store_dscores<T>(o, b, hk, j, __ldcg(o.dscores_partial + row));
       continue;
     }
     const bool is_dv = item >= quads;
@@ -80,6 +74,7 @@ template <class T>
 __global__ void __launch_bounds__(kFinishThreads) bwd_ws_finish_kernel(const AttentionBwdParams p, const DkdvSplitSum o) {
   ptx::griddep_launch_dependents();
   const BwdWsPlan& w = p.ws;
+  const int parts = bwd_ws_item_parts(p.f.D);
   __shared__ int job_range, job_index;
   int range = 0;
   for (;;) {
@@ -98,7 +93,7 @@ __global__ void __launch_bounds__(kFinishThreads) bwd_ws_finish_kernel(const Att
     const int dq_jobs = finish_dq_jobs(p, r);
     if (i < dq_jobs) {
       const int bhs = p.f.B * p.f.H;
-      if (threadIdx.x == 0) finish_wait(w.range_done + r, w.counts[r] * w.item_parts);
+      if (threadIdx.x == 0) finish_wait(w.range_done + r, w.counts[r] * parts);
       __syncthreads();
       finish_dq_tile<T>(p, r * w.tiles_per_range + i / bhs, i % bhs);
     } else {  // an item of range r: its group's keys, if r is the group's last range
@@ -106,7 +101,7 @@ __global__ void __launch_bounds__(kFinishThreads) bwd_ws_finish_kernel(const Att
       const BwdWsGroup grp = w.groups[g];
       const BwdWsRanges ranges = bwd_ws_group_ranges(grp, w.tiles_per_range);
       if (ranges.last != r) continue;
-      if (threadIdx.x == 0) finish_wait(w.group_done + g, (ranges.last - ranges.first + 1) * w.item_parts);
+      if (threadIdx.x == 0) finish_wait(w.group_done + g, (ranges.last - ranges.first + 1) * parts);
       __syncthreads();
       finish_key_group<T>(p, o, g, grp.n_keys);
     }

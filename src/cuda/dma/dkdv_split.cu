@@ -40,11 +40,7 @@ __global__ void dkdv_split_sum_kernel(DkdvSplitSum a) {
     if (!a.dscores) return;
     float sum = 0.f;
     for (int s = 0; s < a.splits; ++s) sum += a.dscores_partial[s * share_stride + int64_t(bh) * a.Sk + j];
-    const int64_t off = b * a.dscores_stride[0] + hk * a.dscores_stride[1] + int64_t(j) * a.dscores_stride[2];
-    if (a.dscores_f32)
-      static_cast<float*>(a.dscores)[off] = sum;
-    else
-      static_cast<T*>(a.dscores)[off] = T(sum);
+    store_dscores<T>(a, b, hk, j, sum);
     return;
   }
   const bool is_dv = item >= a.D / 2;

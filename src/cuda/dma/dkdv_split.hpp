@@ -30,6 +30,16 @@ struct DkdvSplitSum {
   int64_t dscores_stride[3];
 };
 
+// Key j of (b, hk): its dscores entry from its fp32 sum, in dscores' dtype (float32 or T).
+template <class T>
+__device__ __forceinline__ void store_dscores(const DkdvSplitSum& a, int b, int hk, int j, float sum) {
+  const int64_t off = b * a.dscores_stride[0] + hk * a.dscores_stride[1] + int64_t(j) * a.dscores_stride[2];
+  if (a.dscores_f32)
+    static_cast<float*>(a.dscores)[off] = sum;
+  else
+    static_cast<T*>(a.dscores)[off] = T(sum);
+}
+
 // dk, dv (and dscores) of every kept key: the shares' partials added in share order, so the
 // result is the same from run to run. Unkept keys are zeroed elsewhere (zero_unkept_grads).
 cudaError_t dkdv_split_sum(const DkdvSplitSum& a, cudaStream_t stream);

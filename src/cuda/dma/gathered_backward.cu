@@ -75,7 +75,6 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   k.ws.ranges = int((tiles + k.ws.tiles_per_range - 1) / k.ws.tiles_per_range);
   k.ws.groups_per_row = int(bwd_ws_groups_per_row(f.Sk));
   k.ws.n_groups = int(l.plan.groups);
-  k.ws.item_parts = bwd_ws_item_parts(int(f.D));
 }
 
 void run_gathered_backward(const char* op, const AttentionBwdParams& given, const DmaListShape& s, const fdma_tensor& dk,
