@@ -10,8 +10,8 @@
 //   tile ranges: dense packed batches (attention_varlen.cu), in place of tile lists: a query tile
 //                keeps every key its rows' sequences let it see, so its list is a slice of the
 //                kept list, (first, count) per tile, with no per-tile copy of O(Sq * Sk / block_m);
-//   by end:      backward only, per (batch, KV head) the kept keys ordered by interval end
-//                (descending, then index), one device-wide radix sort.
+//   by end:      backward only, per (batch, KV head) the kept keys ordered by the 64-row tile
+//                of their interval end (descending, then index), one device-wide radix sort.
 // Everything lives in the caller's workspace; no host synchronization.
 #pragma once
 
