@@ -8,12 +8,17 @@ the GPU's own clock, launches overlapped as the library issues them) and each ca
 Each call waits for the one before (the GPU idle when it starts, as `median_ms` times a call);
 `--back-to-back` queues them, so that the host runs ahead and its launch time hides. Either way
 it also prints a call's time by CUDA events, alone and back to back: the difference is host time
-the GPU waited for."""
+the GPU waited for.
+
+With `--host N` it times the host side of N forward and N backward calls (the C ABI call's
+wall time, the GPU drained before each), and lists the CUDA runtime and driver calls one call
+of each makes (the torch profiler's runtime events: count and host us a call, by name)."""
 import argparse
 import ctypes
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -37,6 +42,7 @@ def main():
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--timeline", type=int, default=0, help="calls to profile with the torch profiler")
     ap.add_argument("--back-to-back", action="store_true", help="timeline calls queued, not each alone")
+    ap.add_argument("--host", type=int, default=0, help="calls whose host time and runtime calls to report")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev, S, B, Hk = torch.device("cuda"), args.seqlen, 1, args.kv_heads
@@ -56,6 +62,11 @@ def main():
     if args.timeline:
         timeline(call, args.timeline, not args.back_to_back)
         event_times(call, args.timeline)
+    if args.host:
+        fwd = lambda: lib.fdma_dma_fwd(ctypes.byref(p))  # noqa: E731
+        bwd = lambda: lib.fdma_dma_bwd(ctypes.byref(p))  # noqa: E731
+        for name, f in [("forward", fwd)] + ([] if args.forward_only else [("backward", bwd)]):
+            host_calls(name, f, args.host)
     del ws
 
 
@@ -84,6 +95,45 @@ def event_times(call, n):
     b.record()
     torch.cuda.synchronize()
     print(f"a call by events: alone {alone:.3f} ms, back to back {a.elapsed_time(b) / n:.3f} ms")
+
+
+def host_calls(name, f, n):
+    """The host's wall time of a call (median of n, the GPU idle before each), and the runtime
+    and driver calls it makes (count and host us a call, from the torch profiler over n calls)."""
+    times = []
+    for _ in range(n + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        assert f() == 0
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    print(f"{name}: host time a call {statistics.median(times[2:]):.1f} us (median of {n})")
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(n):
+            with torch.profiler.record_function("fdma_call"):
+                f()
+            torch.cuda.synchronize()
+    cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    runtime = sorted((e for e in cpu if e.name.startswith("cu") and "Synchronize" not in e.name),
+                     key=lambda e: e.time_range.start)
+    per = {}
+    for e in runtime:
+        c, us = per.get(e.name, (0, 0.0))
+        per[e.name] = (c + 1, us + e.time_range.elapsed_us())
+    for k, (c, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {k:40s} {c / n:5.1f} calls  {us / n:7.1f} us")
+    # One call's runtime calls in order, from the call's start (medians over the calls): the
+    # gaps between them are the library's own host code (and, before the first, the ctypes call).
+    calls = sorted((e for e in cpu if e.name == "fdma_call"), key=lambda e: e.time_range.start)
+    rows = [[e for e in runtime if c.time_range.start <= e.time_range.start < c.time_range.end] for c in calls]
+    if rows and all(len(r) == len(rows[0]) for r in rows):
+        print(f"  one call in order (us from its start; the call lasts "
+              f"{statistics.median(c.time_range.elapsed_us() for c in calls):.1f} under the profiler):")
+        for i, e in enumerate(rows[0]):
+            start = statistics.median(r[i].time_range.start - c.time_range.start for r, c in zip(rows, calls))
+            dur = statistics.median(r[i].time_range.elapsed_us() for r in rows)
+            print(f"    {start:7.1f} +{dur:5.1f}  {e.name}")
 
 
 if __name__ == "__main__":
