@@ -42,10 +42,11 @@ struct KeyLists {
   // take the scaled multiply-add instead, since the fold would overflow or round them.
   const BiasChunk* bias_chunks;              // [B * Hk, Sk]
   const int32_t* fold_off;
-  // dk/dv: the kept keys of each (b, hk) in index order, and the same keys ordered by interval
-  // end (descending, then index), which the dk/dv kernel cuts into windows (attention_bwd.cuh).
+  // dk/dv: the kept keys of each (b, hk) in index order, and the same keys ordered by the tile
+  // of their interval end (latest first, then index; written by bwd_setup.hpp), which the
+  // backward cuts into key groups (bwd_key_groups.cuh, bwd_ws_plan.cu).
   const int32_t *kept, *kept_count;  // [B * Hk, Sk], [B * Hk]
-  const int32_t* kept_by_end;        // [B * Hk, Sk]: the first kept_count of each row are set
+  int32_t* kept_by_end;              // [B * Hk, Sk]: the first kept_count of each row are set
   void* dscores;  // optional [B, Hk, Sk] gradient of the scores (float32 or q's dtype)
   bool dscores_f32;
   int64_t dscores_stride[3];

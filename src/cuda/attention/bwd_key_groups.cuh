@@ -11,7 +11,7 @@
 namespace fdma::cuda {
 
 // Dynamic-mask mode: the 64 keys of dk/dv CTA `x` of (b, hk). The kept keys ordered by interval
-// end (lists.kept_by_end: the latest 64-row tile of ends first, then index) are cut into windows of kBwdWindow;
+// end (lists.kept_by_end: the latest tile of ends first, then index; bwd_setup.hpp) are cut into windows of kBwdWindow;
 // window x / 4 is ranked by key index (the order of the intervals' begins), so each key lands
 // in exactly one group, and group x % 4 takes ranks [64 (x % 4), +64): keys whose intervals end
 // close together and begin close together. Fills keys (index or -1), their KeyInfo records,

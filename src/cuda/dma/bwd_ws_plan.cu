@@ -53,7 +53,7 @@ constexpr int kGroupsPerWindow = kBwdWsWindow / kBwdWsKeys, kHalvesPerWindow = 2
 
 // One CTA per window of kBwdWsWindow kept keys of a (batch, KV head), a thread per key: the
 // grouping of gather_key_group (bwd_key_groups.cuh) for the window's groups at once. Keys in
-// order of interval end (by 64-row tile, latest first) are cut into windows; a key's rank in its window is the
+// order of interval end (by tile, latest first; bwd_setup.hpp) are cut into windows; a key's rank in its window is the
 // number of the window's keys with a lower index, and group rank / kBwdWsKeys of the window
 // holds it at place rank % kBwdWsKeys; a 64-key half's query range is the min and max of its
 // keys' intervals, a group's the union of its halves'. (A CTA per group, each ranking the whole

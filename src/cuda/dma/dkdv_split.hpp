@@ -41,7 +41,7 @@ __device__ __forceinline__ void store_dscores(const DkdvSplitSum& a, int b, int 
 }
 
 // dk, dv (and dscores) of every kept key: the shares' partials added in share order, so the
-// result is the same from run to run. Unkept keys are zeroed elsewhere (zero_unkept_grads).
+// result is the same from run to run. Unkept keys are zeroed elsewhere (bwd_setup.hpp).
 cudaError_t dkdv_split_sum(const DkdvSplitSum& a, cudaStream_t stream);
 
 }  // namespace fdma::cuda

@@ -2,7 +2,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include "cuda/dma/dma_lists.hpp"
@@ -24,35 +23,6 @@ size_t scan_temp_bytes(int64_t n) {
   size_t bytes = 0;
   cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
                                 int(n + 1));
-  return bytes;
-}
-
-// The by-end sort: key = row (b * Hk + hk) in the top bits, then the 64-row tile of the
-// interval's end counted from the last (so the latest ends come first; keys past the row's
-// kept count get one more and come last), value = key index. The sort is stable and its input
-// in index order: keys ending in the same tile stay in index order. Tiles, not rows, because
-// the backward walks whole 64-row tiles: ordered by exact end, its groups computed no fewer
-// pairs (tools/profiling/simulate_dkdv_groups.py --end-quantum 64: kept / computed 0.776 ->
-// 0.778 for the warp-specialized groups at 16K, 0.827 -> 0.831 for the dk/dv kernel's), while
-// the sort takes 11 bits at 16K queries and 4 rows, two 8-bit passes, where exact ends took 17
-// bits and three.
-constexpr int kEndTileRows = 64;
-__host__ __device__ int end_tiles(int Sq) { return (Sq + kEndTileRows - 1) / kEndTileRows; }
-__host__ __device__ int end_order_bits(int Sq) {
-  int bits = 1;
-  while ((int64_t(1) << bits) < int64_t(end_tiles(Sq)) + 2) ++bits;
-  return bits;
-}
-int end_sort_bits(const DmaListShape& s) {
-  int bits = 0;
-  while ((int64_t(1) << bits) < int64_t(s.B) * s.Hk) ++bits;
-  return bits + end_order_bits(s.Sq);
-}
-size_t end_sort_temp_bytes(const DmaListShape& s) {
-  size_t bytes = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
-                                  static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int(s.keys()), 0,
-                                  end_sort_bits(s));
   return bytes;
 }
 
@@ -136,22 +106,6 @@ __global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int3
     if (fold_off && (info[e].pad & 1)) atomicOr(fold_off, 1);
   }
   if (e == row0) kept_count[bh] = positions[row0 + s.Sk] - positions[row0];
-}
-
-__global__ void end_keys_kernel(DmaListShape s, const KeyInfo* info, const int32_t* kept, const int2* kept_span,
-                                const int32_t* kept_count, uint64_t* keys, int32_t* vals) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= s.keys()) return;
-  const int64_t bh = e / s.Sk;
-  const bool is_kept = e - bh * s.Sk < kept_count[bh];
-  const int32_t j = is_kept ? kept[e] : -1;
-  // Causal lists have each kept key's end in kept order (coalesced); else its record.
-  const int32_t end = !is_kept ? 0 : kept_span ? kept_span[e].y : info[bh * s.Sk + j].end;
-  // end in [0, Sq] (records clamp), so its tile in [0, end_tiles(Sq)]
-  const int tiles = end_tiles(s.Sq);
-  const uint32_t order = is_kept ? uint32_t(tiles - (end + kEndTileRows - 1) / kEndTileRows) : uint32_t(tiles + 1);
-  keys[e] = uint64_t(bh) << end_order_bits(s.Sq) | order;
-  vals[e] = j;
 }
 
 // The first position of a kept list (index order) holding a key >= key.
@@ -289,37 +243,6 @@ __global__ void tile_ranges_kernel(DmaListShape s, const int32_t* kept, const in
   tile_count[e] = first_kept_at_or_after(keys, n, key_hi) - first;
 }
 
-__global__ void zero_unkept_kernel(DmaListShape s, const KeyInfo* info, UnkeptZeroArgs z) {
-  ptx::griddep_wait();
-  ptx::griddep_launch_dependents();
-  // One thread per 16-byte chunk of a key's dk and dv rows (D * elem_bytes is a multiple of
-  // 16); the key's first chunk also does its dscores entry. A warp per key left half its lanes
-  // idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K (docs/performance.md, "key lists").
-  const int chunks = z.D * z.elem_bytes / 16;
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= s.keys() * chunks) return;
-  const int64_t key = e / chunks;
-  const int c = int(e % chunks);
-  const KeyInfo r = info[key];
-  if (r.end > r.begin) {  // kept: the kernels write it, from fp32 rows zeroed here if any
-    if (!z.kept_rows) return;
-    float4* row = reinterpret_cast<float4*>(z.kept_rows + key * (2 * z.D));
-    for (int q = c; q < z.D / 2; q += chunks) row[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (c == 0) z.kept_dscores[key] = 0.f;
-    return;
-  }
-  const int j = int(key % s.Sk), hk = int(key / s.Sk % s.Hk), b = int(key / s.Sk / s.Hk);
-  char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
-  char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;
-  reinterpret_cast<int4*>(dk)[c] = make_int4(0, 0, 0, 0);
-  reinterpret_cast<int4*>(dv)[c] = make_int4(0, 0, 0, 0);
-  if (z.dscores && c == 0) {
-    char* ds = static_cast<char*>(z.dscores) +
-               (b * z.dscores_stride[0] + hk * z.dscores_stride[1] + j * z.dscores_stride[2]) * z.dscores_bytes;
-    for (int i = 0; i < z.dscores_bytes; ++i) ds[i] = 0;
-  }
-}
-
 }  // namespace
 
 size_t dma_lists_workspace(const DmaListShape& s) {
@@ -328,7 +251,7 @@ size_t dma_lists_workspace(const DmaListShape& s) {
   if (s.tile_lists) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
   if (s.tile_ranges) bytes += 2 * align_up(bh * s.q_tiles() * 4);
   if (s.fold_bias) bytes += align_up(n * sizeof(BiasChunk)) + align_up(4);
-  if (s.by_end) bytes += 2 * align_up(n * 8) + 2 * align_up(n * 4) + align_up(end_sort_temp_bytes(s));
+  if (s.by_end) bytes += align_up(n * 4);
   return bytes + align_up(scan_temp_bytes(n));
 }
 
@@ -359,14 +282,7 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
     c.bias_chunks = reinterpret_cast<BiasChunk*>(take(n * sizeof(BiasChunk)));
     c.fold_off = reinterpret_cast<int32_t*>(take(4));
   }
-  if (s.by_end) {
-    c.end_keys_in = reinterpret_cast<uint64_t*>(take(n * 8));
-    c.end_keys_out = reinterpret_cast<uint64_t*>(take(n * 8));
-    c.end_vals_in = reinterpret_cast<int32_t*>(take(n * 4));
-    c.kept_by_end = reinterpret_cast<int32_t*>(take(n * 4));
-    c.sort_bytes = end_sort_temp_bytes(s);
-    c.sort_temp = take(c.sort_bytes);
-  }
+  if (s.by_end) c.kept_by_end = reinterpret_cast<int32_t*>(take(n * 4));
   c.scan_bytes = scan_temp_bytes(n);
   c.scan_temp = take(c.scan_bytes);
   return c;
@@ -392,17 +308,7 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   lists.fold_off = c.fold_off;
   lists.kept = c.kept;
   lists.kept_count = c.kept_count;
-  lists.kept_by_end = nullptr;
-  if (s.by_end) {
-    end_keys_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, c.info, c.kept, s.tile_lists ? c.kept_span : nullptr,
-                                                            c.kept_count, c.end_keys_in, c.end_vals_in);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    size_t sort_bytes = c.sort_bytes;
-    err = cub::DeviceRadixSort::SortPairs(c.sort_temp, sort_bytes, c.end_keys_in, c.end_keys_out, c.end_vals_in,
-                                          c.kept_by_end, int(n), 0, end_sort_bits(s), stream);
-    if (err != cudaSuccess) return err;
-    lists.kept_by_end = c.kept_by_end;
-  }
+  lists.kept_by_end = c.kept_by_end;  // by_end: filled by bwd_setup (bwd_setup.hpp)
   if (s.tile_lists) {
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
     err = launch_kernel(overlap, tile_lists_kernel, grid, kTileThreads, 0, stream, s, c.kept, c.kept_span, c.kept_count,
@@ -470,12 +376,6 @@ cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const
   const int64_t n = int64_t(s.B) * s.Hk * g.W * (g.D * g.elem_bytes / 16);
   gather_kept_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(s, lists, g);
   return cudaGetLastError();
-}
-
-cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream,
-                              bool overlap) {
-  return launch_kernel(overlap, zero_unkept_kernel, blocks_for(s.keys() * (z.D * z.elem_bytes / 16), 256), 256, 0, stream,
-                       s, info, z);
 }
 
 }  // namespace fdma::cuda

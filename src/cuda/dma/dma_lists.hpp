@@ -10,8 +10,8 @@
 //   tile ranges: dense packed batches (attention_varlen.cu), in place of tile lists: a query tile
 //                keeps every key its rows' sequences let it see, so its list is a slice of the
 //                kept list, (first, count) per tile, with no per-tile copy of O(Sq * Sk / block_m);
-//   by end:      backward only, per (batch, KV head) the kept keys ordered by the 64-row tile
-//                of their interval end (descending, then index), one device-wide radix sort.
+//   by end:      backward only, the space for the kept keys ordered by the tile of their
+//                interval end, which bwd_setup.hpp fills beside the backward's zeroing.
 // Everything lives in the caller's workspace; no host synchronization.
 #pragma once
 
@@ -30,7 +30,7 @@ struct DmaListShape {
   int64_t window;
   bool tile_lists;  // per query tile (causal calls, and every packed batch: its sequences keep different keys)
   int block_m;  // query rows per tile of the lists, a power of two (kFwdListBlockM forward, kBwdBlockM backward)
-  bool by_end;  // also order the kept keys by interval end (the backward's dk/dv kernel)
+  bool by_end;  // space for the kept keys ordered by interval end (the backward's key groups, bwd_setup.hpp)
   bool tile_ranges = false;  // dense packed batches: per query tile a slice of the kept list (above)
   bool fold_bias = false;    // the forward's folded key terms (KeyLists::bias_chunks, fold_off)
   bool causal = false;       // tile ranges: end each tile's slice at its last row's causal limit
@@ -78,11 +78,7 @@ struct DmaListScratch {
   int32_t* fold_off;                // fold_bias: one word
   void* scan_temp;
   size_t scan_bytes;
-  // by_end: sort keys (row, interval end) and values (key index), in and out, and sort scratch
-  uint64_t *end_keys_in, *end_keys_out;
-  int32_t *end_vals_in, *kept_by_end;
-  void* sort_temp;
-  size_t sort_bytes;
+  int32_t* kept_by_end;  // by_end: [B * Hk * Sk], filled by bwd_setup
 };
 
 // Workspace bytes for the pieces above (256-byte aligned, in that order).
@@ -117,21 +113,5 @@ struct KeptGatherArgs {
 };
 cudaError_t gather_kept_keys(const DmaListShape& s, const KeyLists& lists, const KeptGatherArgs& g,
                              cudaStream_t stream);
-
-// Zeroes the dk, dv rows and dscores entries of keys no query keeps (the dk/dv kernel only
-// visits kept keys). dscores may be null. With kept_rows, the warp-specialized backward's fp32
-// rows [B * Hk * Sk][2D] and kept_dscores [B * Hk * Sk] of the kept keys instead (its items add
-// into those, and the unkept keys' rows are never read).
-struct UnkeptZeroArgs {
-  void *dk, *dv;
-  int64_t dk_stride[3], dv_stride[3];  // (batch, seq, head), elements
-  int D, elem_bytes;
-  void* dscores;
-  int64_t dscores_stride[3];
-  int dscores_bytes;
-  float *kept_rows = nullptr, *kept_dscores = nullptr;
-};
-cudaError_t zero_unkept_grads(const DmaListShape& s, const KeyInfo* info, const UnkeptZeroArgs& z, cudaStream_t stream,
-                              bool overlap = false);
 
 }  // namespace fdma::cuda

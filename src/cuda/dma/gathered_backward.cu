@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cuda/cuda_backend.hpp"
+#include "cuda/dma/bwd_setup.hpp"
 #include "cuda/dma/bwd_ws_finish.hpp"
 #include "cuda/dma/bwd_ws_plan.hpp"
 #include "cuda/dma/dkdv_split.hpp"
@@ -29,8 +30,8 @@ namespace {
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// Offsets of fused_temporaries_bytes' pieces after the dq sums (at 0); the memset covers
-// [0, rows), zero_unkept_grads the kept keys' rows.
+// Offsets of fused_temporaries_bytes' pieces after the dq sums (at 0); bwd_setup zeroes
+// [0, rows) and the kept keys' rows.
 struct FusedLayout {
   BwdWsPlanShape plan;
   size_t counters, rows, dscores, plan_keys, plan_groups, plan_halves, plan_items, total;
@@ -83,11 +84,7 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   const AttentionFwdParams& f = k.f;
   const bool fused = k.dq_acc && backward_ws_takes(k, dtype);
   if (k.dq_acc && !fused) k.dq_acc = nullptr, k.dkdv_partial = k.dscores_partial = nullptr, k.ws = BwdWsPlan{};
-  if (fused) {  // the dq sums and the plan's counters: one piece of the workspace (FusedLayout)
-    const size_t bytes = size_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.dq_acc));
-    check_cuda(cudaMemsetAsync(k.dq_acc, 0, bytes, stream), std::string(op) + " (CUDA): zero the fp32 sums");
-  }
-  UnkeptZeroArgs z{};
+  BwdZeroArgs z{};
   z.dk = dk.data, z.dv = dv.data;
   for (int i = 0; i < 3; ++i) z.dk_stride[i] = dk.stride[i], z.dv_stride[i] = dv.stride[i];
   z.D = f.D;
@@ -95,8 +92,14 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   z.dscores = f.lists.dscores;
   for (int i = 0; i < 3; ++i) z.dscores_stride[i] = f.lists.dscores_stride[i];
   z.dscores_bytes = f.lists.dscores_f32 ? 4 : z.elem_bytes;
-  if (fused) z.kept_rows = k.dkdv_partial, z.kept_dscores = k.dscores_partial;
-  check_cuda(zero_unkept_grads(s, f.lists.info, z, stream, overlap), std::string(op) + " (CUDA): zero unkept keys");
+  if (fused) {  // the dq sums and the plan's counters: one piece of the workspace (FusedLayout)
+    z.kept_rows = k.dkdv_partial, z.kept_dscores = k.dscores_partial;
+    z.sums = reinterpret_cast<float4*>(k.dq_acc);
+    z.sum_float4s = int64_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.dq_acc)) / 16;
+  }
+  check_cuda(bwd_setup(s, f.lists.info, f.lists.kept, f.lists.kept_count, f.lists.kept_by_end, z,
+                       stream, overlap),
+             std::string(op) + " (CUDA): order kept keys, zero temporaries");
   if (fused) check_cuda(bwd_ws_plan(f, k.ws, stream), std::string(op) + " (CUDA): backward work list");
   run_backward_kernels(k, dtype, stream);
   if (k.dkdv_splits <= 1 && !fused) return;
