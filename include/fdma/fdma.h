@@ -3,7 +3,8 @@
  * Plain C over the same operations as the C++ API (fdma.hpp). Every function returns an
  * fdma_status; on failure fdma_last_error() gives a message for the calling thread. The
  * library never allocates memory for the caller: outputs and workspace come from the
- * caller, and the workspace size comes from the *_workspace_size functions.
+ * caller, and the workspace size comes from the *_workspace_size functions. A CUDA call's
+ * workspace is device memory aligned to 16 bytes (cudaMalloc and PyTorch give 256).
  *
  * Structs are zero-initialisable: a zeroed params struct means "no optional tensor, default
  * scale, no softcap, not causal, automatic backend".

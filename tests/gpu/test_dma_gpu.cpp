@@ -682,6 +682,38 @@ TEST(DmaGpu, FoldedKeyTermsEitherPath) {
 // Intervals that are no selection's: clamped to the queries that exist, so the kernels stay
 // in bounds (compute-sanitizer's memcheck over this test finds no error) and every gradient is
 // written.
+// A CUDA call's workspace must be device memory and 16-byte aligned (its pieces move in 16-byte
+// vectors and bulk copies): host memory and a pointer 4 bytes into a device buffer are refused
+// by name before any launch, forward and backward; the aligned buffer then runs.
+TEST(DmaGpu, WorkspaceMustBeAlignedDeviceMemory) {
+  REQUIRE_GPU();
+  DmaCase c;
+  c.B = 1, c.Sq = 96, c.Sk = 96, c.H = 2, c.Hk = 1, c.D = 64, c.w = 16, c.seed = 1212, c.causal = true;
+  c.dtype = DType::bf16;
+  DmaRun r(c);
+  GpuDma gpu(r);
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    DmaParams p = gpu.params();
+    const size_t bytes = dma_workspace_size(p, pass);
+    DeviceWorkspace ws(bytes + 16);
+    std::vector<char> host(bytes + 16);
+    for (auto [where, why] : {std::pair{static_cast<void*>(host.data()), "must be CUDA device memory"},
+                              {static_cast<char*>(ws.ptr) + 4, "must be 16-byte aligned"}}) {
+      p.workspace = where, p.workspace_bytes = bytes;
+      try {
+        pass == Pass::forward ? dma_forward(p) : dma_backward(p);
+        ADD_FAILURE() << why << ": accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), Status::workspace);
+        EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+      }
+    }
+    p.workspace = ws.ptr, p.workspace_bytes = bytes;
+    pass == Pass::forward ? dma_forward(p) : dma_backward(p);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+}
+
 TEST(DmaGpu, MadeUpIntervalsStayInBounds) {
   REQUIRE_GPU();
   for (bool causal : {true, false}) {

@@ -180,8 +180,7 @@ MaskTileGrid summary_grid(const detail::AttentionProblem& prob) {
 }
 
 void require_device_workspace(const fdma_attention_params& p, const char* op) {
-  if (!detail::locate_pointer(p.workspace).device)
-    detail::fail(Status::workspace, std::string("attention ") + op + " (CUDA): the workspace must be CUDA device memory");
+  cuda::require_device_workspace(std::string("attention ") + op + " (CUDA)", p.workspace);
 }
 
 }  // namespace

@@ -67,8 +67,7 @@ void check_inputs(const fdma_kvcache_params& p, const detail::KvCacheProblem& pr
       unsupported("select_state holds min(window, capacity) = " + std::to_string(prob.state_slots) +
                   " positions in shared memory; this GPU fits " + std::to_string(max_slots));
   }
-  if (!detail::locate_pointer(p.workspace).device && p.workspace)
-    detail::fail(Status::workspace, std::string(kOp) + ": the workspace must be CUDA device memory");
+  if (p.workspace) require_device_workspace(kOp, p.workspace);
 }
 
 // Blocks in flight per CTA of the decode attention (decode_attention.cuh): three (two CTAs an

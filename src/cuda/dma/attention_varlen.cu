@@ -179,10 +179,6 @@ KeyLists build_lists(const char* op, const fdma_attention_params& p, const detai
   return lists;
 }
 
-void require_device_workspace(const char* op, const void* ws) {
-  if (!detail::locate_pointer(ws).device)
-    detail::fail(Status::workspace, std::string(op) + " (CUDA): the workspace must be CUDA device memory");
-}
 
 AttentionFwdParams kernel_params(const fdma_attention_params& p, const detail::AttentionProblem& prob,
                                  const KeyLists& lists, bool overlap) {
@@ -205,7 +201,7 @@ size_t attention_varlen_workspace(const fdma_attention_params& p, const detail::
 void attention_varlen_forward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
   const char* op = "attention forward";
   check_inputs(op, p, prob, Pass::forward);
-  require_device_workspace(op, p.workspace);
+  require_device_workspace(std::string(op) + " (CUDA)", p.workspace);
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const Layout l = layout(p, prob, Pass::forward);
@@ -217,7 +213,7 @@ void attention_varlen_forward(const fdma_attention_params& p, const detail::Atte
 void attention_varlen_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob) {
   const char* op = "attention backward";
   check_inputs(op, p, prob, Pass::backward);
-  require_device_workspace(op, p.workspace);
+  require_device_workspace(std::string(op) + " (CUDA)", p.workspace);
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const detail::Dims& d = prob.dims;

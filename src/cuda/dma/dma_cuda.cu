@@ -80,10 +80,6 @@ TopwInputs topw_inputs(const fdma_dma_params& p, const detail::DmaProblem& prob)
   return in;
 }
 
-void require_device_workspace(const char* op, const void* ws) {
-  if (!detail::locate_pointer(ws).device)
-    detail::fail(Status::workspace, std::string(op) + " (CUDA): the workspace must be CUDA device memory");
-}
 
 void check_rows_aligned(const char* op, const fdma_tensor& t, const char* name) { require_rows_aligned(op, t, name); }
 
@@ -244,7 +240,7 @@ size_t select_workspace(const fdma_select_params& p, const detail::SelectProblem
 
 void select(const fdma_select_params& p, const detail::SelectProblem& prob) {
   check_selection_inputs("select", p.key_scores);
-  require_device_workspace("select", p.workspace);
+  require_device_workspace("select (CUDA)", p.workspace);
   DeviceGuard guard(p.key_scores.data);
   const TopwInputs in = topw_inputs(p.key_scores, p.key_padding);
   const TopwScratch s = carve_topw(p.workspace, in);
@@ -270,7 +266,7 @@ size_t dma_workspace(const fdma_dma_params& p, const detail::DmaProblem& prob, P
 void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const char* op = "dynamic_mask_attention forward";
   check_dma_inputs(op, p, prob, Pass::forward);
-  require_device_workspace(op, p.workspace);
+  require_device_workspace(std::string(op) + " (CUDA)", p.workspace);
   if (dma_forward_takes_decode_path(p, prob)) return dma_decode_forward(p, prob);
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
@@ -317,7 +313,7 @@ void dma_forward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
 void dma_backward(const fdma_dma_params& p, const detail::DmaProblem& prob) {
   const char* op = "dynamic_mask_attention backward";
   check_dma_inputs(op, p, prob, Pass::backward);
-  require_device_workspace(op, p.workspace);
+  require_device_workspace(std::string(op) + " (CUDA)", p.workspace);
   DeviceGuard guard(p.q.data);
   auto stream = static_cast<cudaStream_t>(p.stream);
   const TopwInputs in = topw_inputs(p, prob);

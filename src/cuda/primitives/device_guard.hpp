@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/device.hpp"
 #include "core/problem.hpp"
 
 namespace fdma::cuda {
@@ -36,6 +37,17 @@ inline void require_kernel_inputs(const std::string& op, DType dtype, int64_t D)
     detail::fail(Status::unsupported,
                  op + " (CUDA): head dim D = " + std::to_string(D) + " must be a multiple of 8 on the GPU");
   if (D > 256) detail::fail(Status::unsupported, op + " (CUDA): head dims above 256 have no kernel");
+}
+
+// A CUDA call's workspace: device memory, 16-byte aligned, since the pieces carved from it lie
+// at multiples of 256 bytes from its start and the kernels move them in 16-byte vectors and
+// bulk copies (cudaMalloc and PyTorch's allocator give 256). `op` names the operation and
+// backend in the error ("dynamic_mask_attention forward (CUDA)").
+inline void require_device_workspace(const std::string& op, const void* ws) {
+  if (!detail::locate_pointer(ws).device)
+    detail::fail(Status::workspace, op + ": the workspace must be CUDA device memory");
+  if (reinterpret_cast<uintptr_t>(ws) % 16 != 0)
+    detail::fail(Status::workspace, op + ": the workspace must be 16-byte aligned");
 }
 
 class DeviceGuard {
