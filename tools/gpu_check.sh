@@ -15,12 +15,12 @@ STAGES=${STAGES:-"build gtest pytest memcheck racecheck initcheck synccheck"}
 mkdir -p "$OUT"
 
 # Sanitizer filters: the kernels of every path (training forward and backward, masks, the
-# selection, lists, decode, prefill, empty problems, the warp-specialized forward, the fused dq
-# and the copy primitives) on problems small enough for the tools.
-MEMCHECK='KvCacheGpu.OutOfRange*:KvCacheGpu.ChunkedPrefillLoop*:KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.Overlapped*:DmaGpu.FewQueriesEitherPath:DmaGpu.BackwardIsBitwiseDeterministic:DmaGpu.MadeUp*:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BlockSparseMaskSkipsEmptyTiles:AttentionGpu.EmptyProblems:MaskSummaryGpu.*:NextActiveGpu.*:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*:TmaGpu.*:AttentionGpu.FusedDq*:SelectGpu.WalkEveryKeyHitsSmall'
-RACECHECK='KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*:AttentionGpu.FusedDq*:SelectGpu.WalkEveryKeyHitsSmall'
+# selection, lists, the backward's setup, decode, prefill, empty problems, the warp-specialized
+# forward, the fused dq and the copy primitives) on problems small enough for the tools.
+MEMCHECK='BwdSetupGpu.*:KvCacheGpu.OutOfRange*:KvCacheGpu.ChunkedPrefillLoop*:KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.Overlapped*:DmaGpu.FewQueriesEitherPath:DmaGpu.BackwardIsBitwiseDeterministic:DmaGpu.MadeUp*:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BlockSparseMaskSkipsEmptyTiles:AttentionGpu.EmptyProblems:MaskSummaryGpu.*:NextActiveGpu.*:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*:TmaGpu.*:AttentionGpu.FusedDq*:SelectGpu.WalkEveryKeyHitsSmall'
+RACECHECK='BwdSetupGpu.*:KvCacheGpu.SelectStateRebuilds*:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*:AttentionGpu.FusedDq*:SelectGpu.WalkEveryKeyHitsSmall'
 INITCHECK='DmaGpu.HeadDims:AttentionGpu.HeadDims:KvCacheGpu.SelectStateDecodeLoops'
-SYNCCHECK='KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*:AttentionGpu.FusedDq*:SelectGpu.WalkEveryKeyHitsSmall'
+SYNCCHECK='BwdSetupGpu.*:KvCacheGpu.SelectStateDecodeLoops:KvCacheGpu.ChunkedPrefillLoop*:DmaGpu.BackwardIsBitwiseDeterministic:AttentionGpu.BackwardIsBitwiseDeterministic:AttentionGpu.WarpSpecialized*:DmaGpu.WarpSpecialized*:AttentionGpu.FusedDq*:SelectGpu.WalkEveryKeyHitsSmall'
 
 rows=()
 row() { rows+=("| $1 | $2 | $3 s |"); }
