@@ -179,7 +179,6 @@ KeyLists build_lists(const char* op, const fdma_attention_params& p, const detai
   return lists;
 }
 
-
 AttentionFwdParams kernel_params(const fdma_attention_params& p, const detail::AttentionProblem& prob,
                                  const KeyLists& lists, bool overlap) {
   AttentionFwdParams k{};

@@ -80,7 +80,6 @@ TopwInputs topw_inputs(const fdma_dma_params& p, const detail::DmaProblem& prob)
   return in;
 }
 
-
 void check_rows_aligned(const char* op, const fdma_tensor& t, const char* name) { require_rows_aligned(op, t, name); }
 
 // The GPU-only requirements of dynamic_mask_attention, forward and backward.
