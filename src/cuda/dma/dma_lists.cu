@@ -2,8 +2,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cub/device/device_scan.cuh>
-
 #include "cuda/dma/dma_lists.hpp"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/packed_batch.cuh"
@@ -19,11 +17,31 @@ size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
-size_t scan_temp_bytes(int64_t n) {
-  size_t bytes = 0;
-  cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-                                int(n + 1));
-  return bytes;
+// The kept list without a device-wide scan: each CTA of the records kernel takes
+// kListBlockKeys consecutive keys of one row and counts the kept ones; each CTA of the kept-list
+// kernel sums its row's earlier blocks' counts itself and places its kept keys after them. Two
+// launches, each overlapping its predecessor, where cub's exclusive sum took two more that could
+// not (docs/performance.md, "the kept list's scan"). A row's last block reads Sk / 1024 counts.
+constexpr int kListThreads = 256, kListKeysPerThread = 4, kListBlockKeys = kListThreads * kListKeysPerThread;
+__host__ __device__ int list_blocks_per_row(int Sk) { return Sk > kListBlockKeys ? (Sk + kListBlockKeys - 1) / kListBlockKeys : 1; }
+
+// v's exclusive sum over the CTA's threads (kListThreads), and the CTA's total; warp_sums:
+// kListThreads / 32 ints of shared memory, free again on return.
+__device__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int inclusive = warp_inclusive_sum(v);
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kListThreads / 32; ++w) {
+    const int x = warp_sums[w];
+    before += w < warp ? x : 0;
+    total += x;
+  }
+  __syncthreads();
+  return before + inclusive - v;
 }
 
 __device__ float load_score(const DmaListInputs& in, int64_t off) {
@@ -55,19 +73,11 @@ __device__ bool fold_chunk(float term, float scale, BiasChunk& chunk) {
 
 // The list kernels may be launched overlapping their predecessors (launch.cuh): each waits for
 // them first thing and lets its successor in early.
-__global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, int32_t* flags,
-                                   BiasChunk* chunks, int32_t* fold_off) {
-  ptx::griddep_wait();
-  ptx::griddep_launch_dependents();
-  const int64_t n = s.keys();
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e > n) return;
-  if (e == n) {  // the scan's extra element: positions[n] = total kept
-    flags[n] = 0;
-    if (fold_off) *fold_off = 0;  // kept_list_kernel, which runs after this kernel, sets it
-    return;
-  }
-  const int j = int(e % s.Sk), hk = int(e / s.Sk % s.Hk), b = int(e / s.Sk / s.Hk);
+// Key j of row bh = b * Hk + hk: its record (and folded term); whether it is kept.
+__device__ bool key_record(const DmaListShape& s, const DmaListInputs& in, KeyInfo* info, BiasChunk* chunks,
+                           int64_t bh, int j) {
+  const int hk = int(bh % s.Hk), b = int(bh / s.Hk);
+  const int64_t e = bh * s.Sk + j;
   // Clamped to the queries that exist: a caller's intervals that are not a selection's give
   // wrong results, never a query row out of bounds in the kernels. A packed sequence's
   // intervals count from its first query: clamped to its queries, then moved there.
@@ -89,23 +99,66 @@ __global__ void key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* in
     chunks[e] = chunk;
   }
   info[e] = KeyInfo{q0 + begin, q0 + end, bias, unfolded};
-  flags[e] = end > begin;
+  return end > begin;
 }
 
-__global__ void kept_list_kernel(DmaListShape s, const KeyInfo* info, const int32_t* flags, const int32_t* positions,
-                                 int32_t* kept, int2* kept_span, int32_t* kept_count, int32_t* fold_off) {
+// A CTA per block of kListBlockKeys keys of a row (list_blocks_per_row blocks a row): the
+// records, and the block's kept count.
+__global__ void __launch_bounds__(kListThreads) key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info,
+                                                                   int32_t* block_counts, BiasChunk* chunks,
+                                                                   int32_t* fold_off) {
+  __shared__ int warp_sums[kListThreads / 32];
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= s.keys()) return;
-  const int64_t bh = e / s.Sk, row0 = bh * s.Sk;
-  if (flags[e]) {
-    const int64_t at = row0 + (positions[e] - positions[row0]);
-    kept[at] = int32_t(e - row0);
-    if (kept_span) kept_span[at] = make_int2(info[e].begin, info[e].end);
-    if (fold_off && (info[e].pad & 1)) atomicOr(fold_off, 1);
+  const int blocks = list_blocks_per_row(s.Sk);
+  const int64_t bh = blockIdx.x / blocks;
+  const int j0 = int(blockIdx.x % blocks) * kListBlockKeys;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && fold_off) *fold_off = 0;  // kept_list_kernel, after this one, sets it
+  int kept_here = 0;
+#pragma unroll
+  for (int i = 0; i < kListKeysPerThread; ++i) {
+    const int j = j0 + i * kListThreads + int(threadIdx.x);
+    if (j < s.Sk) kept_here += key_record(s, in, info, chunks, bh, j);
   }
-  if (e == row0) kept_count[bh] = positions[row0 + s.Sk] - positions[row0];
+  int total;
+  block_exclusive_sum(kept_here, warp_sums, total);
+  if (threadIdx.x == 0) block_counts[blockIdx.x] = total;
+}
+
+// The same blocks: the kept keys of the block, in index order, after those of the row's earlier
+// blocks; a thread takes kListKeysPerThread consecutive keys. The row's last block writes its count.
+__global__ void __launch_bounds__(kListThreads) kept_list_kernel(DmaListShape s, const KeyInfo* info,
+                                                                 const int32_t* block_counts, int32_t* kept,
+                                                                 int2* kept_span, int32_t* kept_count,
+                                                                 int32_t* fold_off) {
+  __shared__ int warp_sums[kListThreads / 32];
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const int blocks = list_blocks_per_row(s.Sk);
+  const int64_t bh = blockIdx.x / blocks, row0 = bh * s.Sk;
+  const int block = int(blockIdx.x % blocks);
+  int partial = 0, before;
+  for (int i = threadIdx.x; i < block; i += kListThreads) partial += block_counts[bh * blocks + i];
+  block_exclusive_sum(partial, warp_sums, before);
+  const int j0 = block * kListBlockKeys + int(threadIdx.x) * kListKeysPerThread;
+  int2 span[kListKeysPerThread];  // (begin, end): the record's first 8 bytes
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < kListKeysPerThread; ++i) {
+    span[i] = j0 + i < s.Sk ? *reinterpret_cast<const int2*>(&info[row0 + j0 + i]) : make_int2(0, 0);
+    mine += span[i].y > span[i].x;
+  }
+  int total;
+  int at = before + block_exclusive_sum(mine, warp_sums, total);
+#pragma unroll
+  for (int i = 0; i < kListKeysPerThread; ++i) {
+    if (span[i].y <= span[i].x) continue;
+    kept[row0 + at] = j0 + i;
+    if (kept_span) kept_span[row0 + at] = span[i];
+    if (fold_off && (info[row0 + j0 + i].pad & 1)) atomicOr(fold_off, 1);
+    ++at;
+  }
+  if (block == blocks - 1 && threadIdx.x == 0) kept_count[bh] = before + total;
 }
 
 // The first position of a kept list (index order) holding a key >= key.
@@ -247,12 +300,13 @@ __global__ void tile_ranges_kernel(DmaListShape s, const int32_t* kept, const in
 
 size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
-  size_t bytes = align_up(n * sizeof(KeyInfo)) + 2 * align_up((n + 1) * 4) + align_up(n * 4) + align_up(bh * 4);
+  size_t bytes = align_up(n * sizeof(KeyInfo)) + align_up(bh * list_blocks_per_row(s.Sk) * 4) + align_up(n * 4) +
+                 align_up(bh * 4);
   if (s.tile_lists) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
   if (s.tile_ranges) bytes += 2 * align_up(bh * s.q_tiles() * 4);
   if (s.fold_bias) bytes += align_up(n * sizeof(BiasChunk)) + align_up(4);
   if (s.by_end) bytes += align_up(n * 4);
-  return bytes + align_up(scan_temp_bytes(n));
+  return bytes;
 }
 
 DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
@@ -265,8 +319,7 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
   };
   DmaListScratch c{};
   c.info = reinterpret_cast<KeyInfo*>(take(n * sizeof(KeyInfo)));
-  c.flags = reinterpret_cast<int32_t*>(take((n + 1) * 4));
-  c.positions = reinterpret_cast<int32_t*>(take((n + 1) * 4));
+  c.block_counts = reinterpret_cast<int32_t*>(take(bh * list_blocks_per_row(s.Sk) * 4));
   c.kept = reinterpret_cast<int32_t*>(take(n * 4));
   c.kept_count = reinterpret_cast<int32_t*>(take(bh * 4));
   if (s.tile_lists) {
@@ -283,8 +336,6 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
     c.fold_off = reinterpret_cast<int32_t*>(take(4));
   }
   if (s.by_end) c.kept_by_end = reinterpret_cast<int32_t*>(take(n * 4));
-  c.scan_bytes = scan_temp_bytes(n);
-  c.scan_temp = take(c.scan_bytes);
   return c;
 }
 
@@ -293,16 +344,16 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   lists.tile_rows_log2 = 0;
   while ((1 << lists.tile_rows_log2) < s.block_m) ++lists.tile_rows_log2;
   if (s.block_m <= 0 || 1 << lists.tile_rows_log2 != s.block_m) return cudaErrorInvalidValue;  // tiles of 2^k rows
-  const int64_t n = s.keys();
-  cudaError_t err = launch_kernel(overlap, key_records_kernel, blocks_for(n + 1, 256), 256, 0, stream, s, in, c.info,
-                                  c.flags, c.bias_chunks, c.fold_off);  // null without fold_bias (carve_dma_lists)
-  if (err != cudaSuccess) return err;
-  size_t scan_bytes = c.scan_bytes;
-  err = cub::DeviceScan::ExclusiveSum(c.scan_temp, scan_bytes, c.flags, c.positions, int(n + 1), stream);
-  if (err != cudaSuccess) return err;
-  err = launch_kernel(overlap, kept_list_kernel, blocks_for(n, 256), 256, 0, stream, s, c.info, c.flags, c.positions,
-                      c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count, c.fold_off);
-  if (err != cudaSuccess) return err;
+  const int64_t blocks = int64_t(s.B) * s.Hk * list_blocks_per_row(s.Sk);  // 0 only without rows
+  cudaError_t err = cudaSuccess;
+  if (blocks > 0) {
+    err = launch_kernel(overlap, key_records_kernel, unsigned(blocks), kListThreads, 0, stream, s, in, c.info,
+                        c.block_counts, c.bias_chunks, c.fold_off);  // null without fold_bias (carve_dma_lists)
+    if (err != cudaSuccess) return err;
+    err = launch_kernel(overlap, kept_list_kernel, unsigned(blocks), kListThreads, 0, stream, s, c.info, c.block_counts,
+                        c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count, c.fold_off);
+    if (err != cudaSuccess) return err;
+  }
   lists.info = c.info;
   lists.bias_chunks = c.bias_chunks;
   lists.fold_off = c.fold_off;

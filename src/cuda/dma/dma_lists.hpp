@@ -69,15 +69,13 @@ constexpr int kFwdListBlockM = 128;
 
 struct DmaListScratch {
   KeyInfo* info;                 // [B * Hk * Sk]
-  int32_t *flags, *positions;    // [B * Hk * Sk + 1] each
+  int32_t* block_counts;         // [B * Hk * blocks a row]: kept keys of each block of a row (dma_lists.cu)
   int32_t *kept, *kept_count;    // [B * Hk * Sk], [B * Hk]
   int2* kept_span;                  // tile lists: [B * Hk * Sk], (begin, end) of each kept key, kept order
   int32_t *tile_keys, *tile_count;  // tile lists: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
   int32_t* tile_first;              // tile ranges: [B * Hk * q_tiles] (and tile_count)
   BiasChunk* bias_chunks;           // fold_bias: [B * Hk * Sk]
   int32_t* fold_off;                // fold_bias: one word
-  void* scan_temp;
-  size_t scan_bytes;
   int32_t* kept_by_end;  // by_end: [B * Hk * Sk], filled by bwd_setup
 };
 
