@@ -20,9 +20,10 @@ void attention_varlen_forward(const fdma_attention_params& p, const detail::Atte
 void attention_varlen_backward(const fdma_attention_params& p, const detail::AttentionProblem& prob);
 
 // The kernels behind both operations, from prepared params (attention_cuda.cu). The
-// backward runs its prepare kernel (k.delta, k.lse2), dq and dk/dv, and the dbias finish.
+// backward runs its prepare kernel (k.delta, k.lse2; not where `prepared`: the dynamic-mask
+// backward's setup launch wrote them), dq and dk/dv, and the dbias finish.
 void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream);
-void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream);
+void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream, bool prepared = false);
 // Whether the backward of k runs on the warp-specialized kernel (attention_bwd_ws.cuh) on the
 // current device: with key lists it writes fp32 dk/dv rows, so their caller asks first.
 bool backward_ws_takes(const AttentionBwdParams& k, DType dtype);

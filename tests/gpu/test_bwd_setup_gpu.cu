@@ -3,13 +3,17 @@
 // host stable sort, every unkept key's dk, dv and dscores zeroed and every kept key's left alone,
 // the kept keys' fp32 rows and the sums zeroed. Rows of no, one and a few kept keys, a count
 // no multiple of the sorting warps, and query counts whose tiles are taller than 64 rows
-// (past kMaxEndBins) or fill the shared memory with few warps. The gradients' end-to-end tests
-// are DmaGpu's. Skipped where no GPU is usable.
+// (past kMaxEndBins) or fill the shared memory with few warps. With the prepare's rows: delta
+// against a host sum of dO * O, lse2 against lse * log2(e) bitwise (+inf for a row that saw
+// nothing and for padding rows, NaN for an lse too large whose dO is not zero). The gradients'
+// end-to-end tests are DmaGpu's. Skipped where no GPU is usable.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -23,8 +27,21 @@ using fdma::cuda::KeyInfo;
 
 struct SetupCase {
   int B, Hk, Sk, Sq, D;
-  bool sums;  // the fused backward's zeroing of sums and kept rows too
+  bool sums;     // the fused backward's zeroing of sums and kept rows too
+  int H = 0;     // query heads of the prepare's rows (0: no prepare)
 };
+
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return uint16_t(u >> 16);  // truncated: any bf16 value will do
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 
 template <class T>
 T* to_device(const std::vector<T>& h) {
@@ -97,8 +114,71 @@ void check(const SetupCase& c, uint64_t seed) {
     z.kept_rows = drows, z.kept_dscores = dkept_ds;
     z.sums = reinterpret_cast<float4*>(dsums), z.sum_float4s = 1000;
   }
-  ASSERT_EQ(fdma::cuda::bwd_setup(s, dinfo, dkept, dcount, dby_end, z, nullptr, false), cudaSuccess);
+  // The prepare's rows: O and dO [B, Sq, H, D] in bf16, lse [B, H, Sq] with a row that saw
+  // nothing (-inf), one too large for the fused exponent with a zero dO (+inf) and one with a
+  // nonzero dO (NaN).
+  fdma::cuda::BwdPrepareRows prep;
+  const int sq_pad = (c.Sq + 63) / 64 * 64;
+  const int64_t qrows = int64_t(c.B) * c.H * c.Sq, prows = int64_t(c.B) * c.H * sq_pad;
+  std::vector<uint16_t> o_h(qrows * c.D), do_h(qrows * c.D);
+  std::vector<float> lse_h(qrows);
+  std::normal_distribution<float> normal;
+  for (auto& x : o_h) x = to_bf16(normal(rng));
+  for (auto& x : do_h) x = to_bf16(normal(rng));
+  for (auto& x : lse_h) x = 4.f * normal(rng);
+  if (c.H) {
+    lse_h[0] = -INFINITY;
+    lse_h[qrows - 1] = 3e7f;
+    for (int d = 0; d < c.D; ++d) do_h[(qrows - 1) * c.D + d] = 0x8000;  // -0: dO all zeros
+    lse_h[qrows / 2] = -3e7f;
+  }
+  uint16_t *d_o = to_device(o_h), *d_do = to_device(do_h);
+  float *d_lse = to_device(lse_h), *d_delta = to_device(std::vector<float>(prows, 11.f)),
+        *d_lse2 = to_device(std::vector<float>(prows, 13.f));
+  ASSERT_TRUE(d_o && d_do && d_lse && d_delta && d_lse2);
+  if (c.H) {
+    prep.out = d_o, prep.dout = d_do, prep.lse = d_lse;
+    const int64_t qs[3] = {int64_t(c.Sq) * c.H * c.D, int64_t(c.H) * c.D, c.D};  // [B, Sq, H, D]
+    const int64_t ls[3] = {int64_t(c.H) * c.Sq, c.Sq, 1};                         // [B, H, Sq]
+    for (int i = 0; i < 3; ++i) prep.out_stride[i] = prep.dout_stride[i] = qs[i], prep.lse_stride[i] = ls[i];
+    prep.delta = d_delta, prep.lse2 = d_lse2;
+    prep.B = c.B, prep.H = c.H, prep.Sq = c.Sq, prep.Sq_pad = sq_pad, prep.D = c.D, prep.bf16 = true;
+  }
+  ASSERT_EQ(fdma::cuda::bwd_setup(s, dinfo, dkept, dcount, dby_end, z, prep, nullptr, false), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> delta = to_host(d_delta, prows), lse2 = to_host(d_lse2, prows);
+  for (void* p : {static_cast<void*>(d_o), static_cast<void*>(d_do), static_cast<void*>(d_lse),
+                  static_cast<void*>(d_delta), static_cast<void*>(d_lse2)})
+    cudaFree(p);
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.H; ++h)
+      for (int i = 0; i < sq_pad; ++i) {
+        const int64_t row = (int64_t(b) * c.H + h) * sq_pad + i;
+        if (i >= c.Sq) {
+          ASSERT_EQ(delta[row], 0.f) << "padding row " << row;
+          ASSERT_EQ(lse2[row], INFINITY) << "padding row " << row;
+          continue;
+        }
+        const int64_t q = (int64_t(b) * c.Sq + i) * c.H + h;  // O's row
+        double want_delta = 0, scale = 0;
+        bool do_zero = true;
+        for (int d = 0; d < c.D; ++d) {
+          const double x = from_bf16(o_h[q * c.D + d]), y = from_bf16(do_h[q * c.D + d]);
+          want_delta += x * y, scale += std::fabs(x * y);
+          do_zero = do_zero && y == 0;
+        }
+        ASSERT_NEAR(delta[row], want_delta, 1e-5 * scale + 1e-30) << "delta of row " << row;
+        const float lse = lse_h[(int64_t(b) * c.H + h) * c.Sq + i];
+        const float l2 = lse * 1.4426950408889634f;
+        if (lse == -INFINITY)
+          ASSERT_EQ(lse2[row], INFINITY) << "row " << row;
+        else if (std::fabs(l2) < 16777216.f)
+          ASSERT_EQ(lse2[row], l2) << "row " << row;
+        else if (do_zero)
+          ASSERT_EQ(lse2[row], INFINITY) << "row " << row;
+        else
+          ASSERT_TRUE(std::isnan(lse2[row])) << "row " << row;
+      }
 
   const std::vector<int32_t> got = to_host(dby_end, keys);
   const std::vector<uint16_t> dk = to_host(ddk, row_elems), dv = to_host(ddv, row_elems);
@@ -131,16 +211,16 @@ void check(const SetupCase& c, uint64_t seed) {
   for (float v : sums) ASSERT_EQ(v, c.sums ? 0.f : 7.f);
 }
 
-TEST(BwdSetupGpu, OrdersByEndTileAndZeroes) {
+TEST(BwdSetupGpu, OrdersByEndTilePreparesAndZeroes) {
   if (!fdma::cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped";
   EXPECT_EQ(fdma::cuda::end_order(16384).quantum_log2, 6);
   EXPECT_EQ(fdma::cuda::end_order(262144).quantum_log2, 6);
   EXPECT_EQ(fdma::cuda::end_order(262145).quantum_log2, 7);
   EXPECT_GE(fdma::cuda::end_order(262144).warps, 2);
   const SetupCase cases[] = {
-      {1, 5, 300, 100, 64, true},       // one bin-wide tile, short rows
-      {2, 3, 2000, 16384, 128, true},   // 256 bins, 16 warps
-      {1, 6, 3000, 16384, 64, false},   // no fused temporaries (the dq and dk/dv kernels' path)
+      {1, 5, 300, 100, 64, true, 10},   // one bin-wide tile, short rows; prepare rows past Sq
+      {2, 3, 2000, 16384, 128, true, 3},   // 256 bins, 16 warps
+      {1, 6, 3000, 16384, 64, false, 6},   // no fused temporaries (the dq and dk/dv kernels' path)
       {1, 3, 5000, 131072, 64, true},   // 2048 bins: 5 warps
       {1, 3, 4000, 300000, 32, true},   // 128-row tiles (past kMaxEndBins)
   };

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_bwd_aux.hpp"
+#include "cuda/attention/bwd_prepare_row.cuh"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/primitives/softmax_sm80.cuh"
@@ -20,80 +21,23 @@
 namespace fdma::cuda {
 namespace {
 
-// Sum of the 8 products of two 16-byte vectors of bf16/fp16, in fp32.
-template <class T>
-__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
-  const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
-  float sum = 0.f;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // a bf16 is the top half of an fp32
-      sum += __uint_as_float(x[k] << 16) * __uint_as_float(y[k] << 16);
-      sum += __uint_as_float(x[k] & 0xffff0000u) * __uint_as_float(y[k] & 0xffff0000u);
-    } else {
-      const float2 u = __half22float2(*reinterpret_cast<const __half2*>(&x[k]));
-      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&y[k]));
-      sum += u.x * v.x + u.y * v.y;
-    }
-  }
-  return sum;
-}
-
-// kPrepareLanes lanes per query row, each taking 16-byte pieces of O and dO (rows are 16-byte
-// aligned and D % 8 == 0: validated); rows from blockIdx.x and the thread, heads and batches
-// from the grid's y and z, with no 64-bit division per row. At 16K tokens, H = 16 (128 MB
-// read, ncu): 87.6 us with a warp per row, 2-byte loads and three 64-bit divisions per row;
-// 58.7 us (2.3 TB/s) here. Eight rows per group took 63.7 us, and groups walking (query, head)
+// Rows from blockIdx.x and the thread, heads and batches from the grid's y and z, with no
+// 64-bit division per row. At 16K tokens, H = 16 (128 MB read, ncu): 87.6 us with a warp per
+// row, 2-byte loads and three 64-bit divisions per row; 58.7 us (2.3 TB/s) with 16 lanes a row
+// (bwd_prepare_row.cuh). Eight rows per group took 63.7 us, and groups walking (query, head)
 // pairs in memory order 70.8 us.
-constexpr int kPrepareLanes = 16, kPrepareThreads = 256, kPrepareRowsPerBlock = kPrepareThreads / kPrepareLanes;
+constexpr int kPrepareThreads = 256, kPrepareRowsPerBlock = kPrepareThreads / kPrepareLanes;
 
 template <class T>
-__global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const AttentionBwdParams p, float* delta,
-                                                                      float* lse2) {
+__global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_kernel(const BwdPrepareRows p) {
   ptx::griddep_wait();  // launched overlapping (launch.cuh): out, dout and the lists' zeroing first
   ptx::griddep_launch_dependents();
-  const AttentionFwdParams& f = p.f;
   const int sub = threadIdx.x % kPrepareLanes;
   const int i = blockIdx.x * kPrepareRowsPerBlock + threadIdx.x / kPrepareLanes;
-  if (i >= p.Sq_pad) return;  // whole row groups: the shuffles below see whole groups
+  if (i >= p.Sq_pad) return;  // whole row groups: the shuffles see whole groups
   const uint32_t group = 0xffffu << (threadIdx.x % 32 / kPrepareLanes * kPrepareLanes);
-  for (int b = blockIdx.z; b < f.B; b += gridDim.z) {  // loops only past 65535 batches or heads
-    for (int h = blockIdx.y; h < f.H; h += gridDim.y) {
-      const int64_t row = (int64_t(b) * f.H + h) * p.Sq_pad + i;
-      if (i >= f.Sq) {
-        if (sub == 0) delta[row] = 0.f, lse2[row] = INFINITY;
-        continue;
-      }
-      const T* o = static_cast<const T*>(f.out) + b * f.out_stride[0] + i * f.out_stride[1] + h * f.out_stride[2];
-      const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + i * p.dout_stride[1] + h * p.dout_stride[2];
-      float sum = 0.f;
-      uint32_t d_o_bits = 0;  // dO's bits but the signs: 0 iff the row's dO is all zeros
-      for (int d = sub * 8; d < f.D; d += kPrepareLanes * 8) {
-        const uint4 g = *reinterpret_cast<const uint4*>(d_o + d);
-        sum += dot8<T>(*reinterpret_cast<const uint4*>(o + d), g);
-        d_o_bits |= (g.x | g.y | g.z | g.w) & 0x7fff7fffu;
-      }
-#pragma unroll
-      for (int off = kPrepareLanes / 2; off >= 1; off /= 2) {
-        sum += __shfl_xor_sync(group, sum, off);
-        d_o_bits |= __shfl_xor_sync(group, d_o_bits, off);
-      }
-      if (sub == 0) {
-        const float lse = f.lse[b * f.lse_stride[0] + h * f.lse_stride[1] + i * f.lse_stride[2]];
-        delta[row] = sum;
-        // Past kFusedExponentLimit the float lse cannot carry the row's probabilities (its own
-        // rounding moves them by a factor of e^(ulp / 2) or more, on every backend) and the fused
-        // exponent's rounding of lse2 puts 0 or inf in them. A row whose dO is all zeros (a
-        // padded query's, whose loss is masked) gives exactly zero gradients whatever its
-        // probabilities: +inf, as for a row that saw nothing. Any other such row gets NaN, so
-        // that every gradient it reaches says so rather than holding a wrong finite value.
-        // A NaN lse (the forward's NaN rows) stays NaN.
-        const float l2 = lse * 1.4426950408889634f;
-        const bool fused = fabsf(l2) < kFusedExponentLimit;
-        lse2[row] = lse == -INFINITY ? INFINITY : fused || isnan(l2) ? l2 : d_o_bits == 0 ? INFINITY : NAN;
-      }
-    }
-  }
+  for (int b = blockIdx.z; b < p.B; b += gridDim.z)  // loops only past 65535 batches or heads
+    for (int h = blockIdx.y; h < p.H; h += gridDim.y) prepare_row<T>(p, b, h, i, sub, group);
 }
 
 template <class T>
@@ -152,7 +96,8 @@ template <class T>
 cudaError_t launch_bwd_prepare(const AttentionBwdParams& p, cudaStream_t stream) {
   const dim3 grid(unsigned((p.Sq_pad + kPrepareRowsPerBlock - 1) / kPrepareRowsPerBlock), unsigned(std::min(p.f.H, 65535)),
                   unsigned(std::min(p.f.B, 65535)));
-  return launch_kernel(p.f.overlap_previous, bwd_prepare_kernel<T>, grid, kPrepareThreads, 0, stream, p, p.delta, p.lse2);
+  return launch_kernel(p.f.overlap_previous, bwd_prepare_kernel<T>, grid, kPrepareThreads, 0, stream,
+                       bwd_prepare_rows(p, std::is_same_v<T, __nv_bfloat16>));
 }
 
 template <class T>

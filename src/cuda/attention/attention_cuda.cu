@@ -306,11 +306,12 @@ bool backward_ws_takes(const AttentionBwdParams& k, DType dtype) {
   return takes;
 }
 
-void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr) {
+void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream_ptr, bool prepared) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const bool bf16 = dtype == DType::bf16;
-  check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
-             "backward prepare");
+  if (!prepared)
+    check_cuda(bf16 ? launch_bwd_prepare<__nv_bfloat16>(k, stream) : launch_bwd_prepare<__half>(k, stream),
+               "backward prepare");
   const int bucket = head_dim_bucket(k.f.D);
   cudaError_t err = cudaErrorInvalidValue;
   bool launched = false;

@@ -1,6 +1,9 @@
 // Kernel behind bwd_setup.hpp.
 #include "cuda/dma/bwd_setup.hpp"
 
+#include <algorithm>
+
+#include "cuda/attention/bwd_prepare_row.cuh"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
@@ -123,10 +126,11 @@ __device__ void zero_key_chunk(const DmaListShape& s, const KeyInfo* info, const
   }
 }
 
-// CTAs [0, rows) sort a row each; the rest zero, grid-strided.
+// CTAs [0, rows) sort a row each; the rest prepare and zero, grid-strided.
 __global__ void __launch_bounds__(kSetupThreads) bwd_setup_kernel(DmaListShape s, EndOrder o, const KeyInfo* info,
                                                                   const int32_t* kept, const int32_t* kept_count,
-                                                                  int32_t* kept_by_end, int rows, BwdZeroArgs z) {
+                                                                  int32_t* kept_by_end, int rows, BwdZeroArgs z,
+                                                                  BwdPrepareRows prep) {
   extern __shared__ int counts[];
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
@@ -137,6 +141,7 @@ __global__ void __launch_bounds__(kSetupThreads) bwd_setup_kernel(DmaListShape s
   }
   const int64_t first = int64_t(blockIdx.x - rows) * kSetupThreads + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x - rows) * kSetupThreads;
+  if (prep.delta) prepare_rows_strided(prep, first, stride);
   for (int64_t i = first; i < z.sum_float4s; i += stride) z.sums[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   const int chunks = z.D * z.elem_bytes / 16;
   const int64_t n = s.keys() * chunks;
@@ -146,18 +151,20 @@ __global__ void __launch_bounds__(kSetupThreads) bwd_setup_kernel(DmaListShape s
 }  // namespace
 
 cudaError_t bwd_setup(const DmaListShape& s, const KeyInfo* info, const int32_t* kept, const int32_t* kept_count,
-                      int32_t* kept_by_end, const BwdZeroArgs& z, cudaStream_t stream, bool overlap) {
+                      int32_t* kept_by_end, const BwdZeroArgs& z, const BwdPrepareRows& prep, cudaStream_t stream,
+                      bool overlap) {
   const EndOrder o = end_order(s.Sq);
   const int rows = kept_by_end ? s.B * s.Hk : 0;
   const int64_t unkept = s.keys() * (z.D * z.elem_bytes / 16);
-  const int64_t work = z.sum_float4s > unkept ? z.sum_float4s : unkept;
+  const int64_t prep_lanes = prep.delta ? int64_t(prep.B) * prep.H * prep.Sq_pad * kPrepareLanes : 0;
+  const int64_t work = std::max({z.sum_float4s, unkept, prep_lanes});
   const int sms = device_sm_count();
   const int64_t most = int64_t(sms > 0 ? sms : 1) * kZeroCtasPerSm, wanted = (work + kSetupThreads - 1) / kSetupThreads;
   const int64_t grid = rows + (wanted < most ? wanted : most);
   if (grid == 0) return cudaSuccess;
   const size_t smem = rows ? size_t(o.warps) * o.bins * 4 : 0;
   return launch_kernel(overlap, bwd_setup_kernel, dim3(unsigned(grid)), dim3(kSetupThreads), smem, stream, s, o, info,
-                       kept, kept_count, kept_by_end, rows, z);
+                       kept, kept_count, kept_by_end, rows, z, prep);
 }
 
 }  // namespace fdma::cuda

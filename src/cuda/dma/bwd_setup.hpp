@@ -2,12 +2,14 @@
 //   the by-end order: a CTA per (batch, KV head) orders the row's kept keys by the tile of their
 //     interval end (latest first, then index: a stable counting sort in shared memory), which
 //     the warp-specialized kernel's plan and the dk/dv kernel cut into key groups;
-//   the zeroing, on every other CTA: the warp-specialized kernel's dq sums and counters, the
-//     kept keys' fp32 dk/dv rows and dscores it adds into, and the dk, dv and dscores of keys no
+//   the prepare and the zeroing, on every other CTA: each query row's delta and lse2
+//     (bwd_prepare_row.cuh), then the warp-specialized kernel's dq sums and counters, the kept
+//     keys' fp32 dk/dv rows and dscores it adds into, and the dk, dv and dscores of keys no
 //     query keeps (no backward kernel visits them).
-// The sort is a chain of short dependent steps on a few SMs, the zeroing bandwidth on all of
-// them, so in one launch the one hides under the other (docs/performance.md, "the passes around
-// the fused backward").
+// The sort is a chain of short dependent steps on a few SMs, the prepare and the zeroing
+// bandwidth on all of them, so in one launch the one hides under the other, and the prepare's
+// reads share the memory system with the zeroing's writes instead of following them in a launch
+// of their own (docs/performance.md, "the passes around the fused backward").
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +17,7 @@
 #include <cstdint>
 
 #include "cuda/attention/attention_fwd_params.hpp"  // KeyInfo
+#include "cuda/attention/bwd_prepare_row.cuh"       // BwdPrepareRows
 #include "cuda/dma/dma_lists.hpp"                   // DmaListShape
 
 namespace fdma::cuda {
@@ -54,9 +57,11 @@ struct BwdZeroArgs {
 };
 
 // kept_by_end ([B * Hk * Sk]; the first kept_count of each row are set; null: no order wanted)
-// from the kept list and its records, and the zeroing above. overlap: may start while the
-// list kernels finish (launch.cuh).
+// from the kept list and its records, the prepare's rows (none where prep.delta is null; the
+// backward kernels then need the prepare kernel) and the zeroing above. overlap: may start
+// while the list kernels finish (launch.cuh).
 cudaError_t bwd_setup(const DmaListShape& s, const KeyInfo* info, const int32_t* kept, const int32_t* kept_count,
-                      int32_t* kept_by_end, const BwdZeroArgs& z, cudaStream_t stream, bool overlap);
+                      int32_t* kept_by_end, const BwdZeroArgs& z, const BwdPrepareRows& prep, cudaStream_t stream,
+                      bool overlap);
 
 }  // namespace fdma::cuda
