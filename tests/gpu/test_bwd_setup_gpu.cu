@@ -13,15 +13,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <vector>
 
+#include "cpu/convert.hpp"
 #include "cuda/dma/bwd_setup.hpp"
 #include "fdma/fdma.hpp"
 
 namespace {
 
+using fdma::cpu::bf16_to_float;
+using fdma::cpu::float_to_bf16;
 using fdma::cuda::EndOrder;
 using fdma::cuda::KeyInfo;
 
@@ -30,18 +32,6 @@ struct SetupCase {
   bool sums;     // the fused backward's zeroing of sums and kept rows too
   int H = 0;     // query heads of the prepare's rows (0: no prepare)
 };
-
-uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return uint16_t(u >> 16);  // truncated: any bf16 value will do
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 template <class T>
 T* to_device(const std::vector<T>& h) {
@@ -123,8 +113,8 @@ void check(const SetupCase& c, uint64_t seed) {
   std::vector<uint16_t> o_h(qrows * c.D), do_h(qrows * c.D);
   std::vector<float> lse_h(qrows);
   std::normal_distribution<float> normal;
-  for (auto& x : o_h) x = to_bf16(normal(rng));
-  for (auto& x : do_h) x = to_bf16(normal(rng));
+  for (auto& x : o_h) x = float_to_bf16(normal(rng));
+  for (auto& x : do_h) x = float_to_bf16(normal(rng));
   for (auto& x : lse_h) x = 4.f * normal(rng);
   if (c.H) {
     lse_h[0] = -INFINITY;
@@ -163,7 +153,7 @@ void check(const SetupCase& c, uint64_t seed) {
         double want_delta = 0, scale = 0;
         bool do_zero = true;
         for (int d = 0; d < c.D; ++d) {
-          const double x = from_bf16(o_h[q * c.D + d]), y = from_bf16(do_h[q * c.D + d]);
+          const double x = bf16_to_float(o_h[q * c.D + d]), y = bf16_to_float(do_h[q * c.D + d]);
           want_delta += x * y, scale += std::fabs(x * y);
           do_zero = do_zero && y == 0;
         }

@@ -3,11 +3,12 @@
 
 #include <algorithm>
 
+#include <cub/block/block_scan.cuh>
+
 #include "cuda/attention/bwd_prepare_row.cuh"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
-#include "cuda/primitives/warp_scan.cuh"
 
 namespace fdma::cuda {
 namespace {
@@ -45,7 +46,8 @@ __device__ void load_bins(const EndOrder& o, const KeyInfo* info, const int32_t*
 // bin (__match_any_sync), 32 keys a step. counts: o.warps * o.bins ints of shared memory.
 __device__ void sort_row_by_end(const EndOrder& o, const KeyInfo* info, const int32_t* kept, int n, int32_t* out,
                                 int* counts) {
-  __shared__ int warp_sums[kSetupThreads / 32];
+  using Scan = cub::BlockScan<int, kSetupThreads, cub::BLOCK_SCAN_WARP_SCANS>;  // 96 bytes: within end_order's 256
+  __shared__ typename Scan::TempStorage scan;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   for (int i = threadIdx.x; i < o.warps * o.bins; i += blockDim.x) counts[i] = 0;
   __syncthreads();
@@ -72,11 +74,8 @@ __device__ void sort_row_by_end(const EndOrder& o, const KeyInfo* info, const in
   int total = 0;
   for (int b = b0; b < b1; ++b)
     for (int w = 0; w < o.warps; ++w) total += counts[w * o.bins + b];
-  const int inclusive = warp_inclusive_sum(total);
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  int run = inclusive - total;
-  for (int w = 0; w < warp; ++w) run += warp_sums[w];
+  int run;
+  Scan(scan).ExclusiveSum(total, run);
   for (int b = b0; b < b1; ++b)
     for (int w = 0; w < o.warps; ++w) {
       const int c = counts[w * o.bins + b];

@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cub/block/block_scan.cuh>
+
 #include "cuda/dma/dma_lists.hpp"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/packed_batch.cuh"
@@ -24,25 +26,7 @@ unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) 
 // not (docs/performance.md, "the kept list's scan"). A row's last block reads Sk / 1024 counts.
 constexpr int kListThreads = 256, kListKeysPerThread = 4, kListBlockKeys = kListThreads * kListKeysPerThread;
 __host__ __device__ int list_blocks_per_row(int Sk) { return Sk > kListBlockKeys ? (Sk + kListBlockKeys - 1) / kListBlockKeys : 1; }
-
-// v's exclusive sum over the CTA's threads (kListThreads), and the CTA's total; warp_sums:
-// kListThreads / 32 ints of shared memory, free again on return.
-__device__ int block_exclusive_sum(int v, int* warp_sums, int& total) {
-  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  const int inclusive = warp_inclusive_sum(v);
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  int before = 0;
-  total = 0;
-#pragma unroll
-  for (int w = 0; w < kListThreads / 32; ++w) {
-    const int x = warp_sums[w];
-    before += w < warp ? x : 0;
-    total += x;
-  }
-  __syncthreads();
-  return before + inclusive - v;
-}
+using ListScan = cub::BlockScan<int, kListThreads, cub::BLOCK_SCAN_WARP_SCANS>;  // 64 bytes of shared memory
 
 __device__ float load_score(const DmaListInputs& in, int64_t off) {
   switch (in.score_dtype) {
@@ -107,7 +91,7 @@ __device__ bool key_record(const DmaListShape& s, const DmaListInputs& in, KeyIn
 __global__ void __launch_bounds__(kListThreads) key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info,
                                                                    int32_t* block_counts, BiasChunk* chunks,
                                                                    int32_t* fold_off) {
-  __shared__ int warp_sums[kListThreads / 32];
+  __shared__ typename ListScan::TempStorage scan;
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int blocks = list_blocks_per_row(s.Sk);
@@ -120,8 +104,8 @@ __global__ void __launch_bounds__(kListThreads) key_records_kernel(DmaListShape 
     const int j = j0 + i * kListThreads + int(threadIdx.x);
     if (j < s.Sk) kept_here += key_record(s, in, info, chunks, bh, j);
   }
-  int total;
-  block_exclusive_sum(kept_here, warp_sums, total);
+  int unused, total;
+  ListScan(scan).ExclusiveSum(kept_here, unused, total);
   if (threadIdx.x == 0) block_counts[blockIdx.x] = total;
 }
 
@@ -131,15 +115,16 @@ __global__ void __launch_bounds__(kListThreads) kept_list_kernel(DmaListShape s,
                                                                  const int32_t* block_counts, int32_t* kept,
                                                                  int2* kept_span, int32_t* kept_count,
                                                                  int32_t* fold_off) {
-  __shared__ int warp_sums[kListThreads / 32];
+  __shared__ typename ListScan::TempStorage scan;
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int blocks = list_blocks_per_row(s.Sk);
   const int64_t bh = blockIdx.x / blocks, row0 = bh * s.Sk;
   const int block = int(blockIdx.x % blocks);
-  int partial = 0, before;
+  int partial = 0, unused, before;
   for (int i = threadIdx.x; i < block; i += kListThreads) partial += block_counts[bh * blocks + i];
-  block_exclusive_sum(partial, warp_sums, before);
+  ListScan(scan).ExclusiveSum(partial, unused, before);  // before: the row's kept keys in earlier blocks
+  __syncthreads();  // (the scan's storage, again below)
   const int j0 = block * kListBlockKeys + int(threadIdx.x) * kListKeysPerThread;
   int2 span[kListKeysPerThread];  // (begin, end): the record's first 8 bytes
   int mine = 0;
@@ -148,8 +133,9 @@ __global__ void __launch_bounds__(kListThreads) kept_list_kernel(DmaListShape s,
     span[i] = j0 + i < s.Sk ? *reinterpret_cast<const int2*>(&info[row0 + j0 + i]) : make_int2(0, 0);
     mine += span[i].y > span[i].x;
   }
-  int total;
-  int at = before + block_exclusive_sum(mine, warp_sums, total);
+  int at, total;
+  ListScan(scan).ExclusiveSum(mine, at, total);
+  at += before;
 #pragma unroll
   for (int i = 0; i < kListKeysPerThread; ++i) {
     if (span[i].y <= span[i].x) continue;
