@@ -4,7 +4,8 @@
  * fdma_status; on failure fdma_last_error() gives a message for the calling thread. The
  * library never allocates memory for the caller: outputs and workspace come from the
  * caller, and the workspace size comes from the *_workspace_size functions. A CUDA call's
- * workspace is device memory aligned to 16 bytes (cudaMalloc and PyTorch give 256).
+ * workspace is device memory aligned to 16 bytes (cudaMalloc and PyTorch give 256); what it
+ * holds on entry does not matter (a call writes every byte it reads first).
  *
  * Structs are zero-initialisable: a zeroed params struct means "no optional tensor, default
  * scale, no softcap, not causal, automatic backend".

@@ -61,11 +61,13 @@ inline ::testing::AssertionResult within_precision(const std::vector<double>& gp
   return res;
 }
 
-// A device workspace of `bytes` (none for 0), freed at scope end.
+// A device workspace of `bytes` (none for 0), freed at scope end; its bytes 0xFF (NaN floats,
+// -1 ints) on entry: the library must write what it reads first, whatever the caller's buffer
+// last held (fdma.h).
 struct DeviceWorkspace {
   void* ptr = nullptr;
   explicit DeviceWorkspace(size_t bytes) {
-    if (bytes) cudaMalloc(&ptr, bytes);
+    if (bytes && cudaMalloc(&ptr, bytes) == cudaSuccess) cudaMemset(ptr, 0xFF, bytes);
   }
   DeviceWorkspace(const DeviceWorkspace&) = delete;
   DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;

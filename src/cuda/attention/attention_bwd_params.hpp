@@ -74,6 +74,10 @@ struct BwdWsPlan {
   int *counts, *taken;                          // [ranges] each
   int *range_done, *finish_taken, *group_done;  // [ranges], [ranges], [n_groups]
   int tiles_per_range, ranges, groups_per_row, n_groups;
+  // The dq sums zeroed in the kernel (bwd_ws_dq_zero.cuh; null: zeroed before it): tiles
+  // zeroed per range [ranges], the next tile to claim; 64-row tiles a (batch, head), float4s a tile.
+  int *zero_done = nullptr, *zero_next = nullptr;
+  int dq_tiles = 0, dq_tile_float4s = 0;
 };
 
 // Who reduces dbias (the CPU backend makes the same split, attention_cpu.cpp).

@@ -63,6 +63,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_bwd_common.cuh"
+#include "cuda/attention/bwd_ws_dq_zero.cuh"
 #include "cuda/attention/bwd_ws_mask_over_bias.cuh"
 #include "cuda/attention/bwd_ws_scores.cuh"
 #include "cuda/attention/bwd_ws_walk.cuh"
@@ -611,7 +612,7 @@ __device__ __forceinline__ void bwd_ws_hand_out_items(const BwdTensorMaps& maps,
                                                       uint32_t base, unsigned char* smem) {
   tma::prefetch_map(&maps.q);
   tma::prefetch_map(&maps.dout);
-  int j0 = 0, range = 0, handout = -1;
+  int j0 = 0, range = 0, handout = -1, zeroed = -1;
   for (int n = 0;; ++n) {
     mbar::wait(Shape::item_empty(base, n), ((n >> 1) & 1) ^ 1);  // the first pass finds both slots free
     BwdWsWalk walk;
@@ -627,6 +628,7 @@ __device__ __forceinline__ void bwd_ws_hand_out_items(const BwdTensorMaps& maps,
       if (walk.it_end > walk.it_begin) break;
       bwd_ws_count_done(p.ws, handout / Shape::kItemParts);
     }
+    if (handout >= 0) bwd_ws_see_dq_zeroed(p, range, zeroed);  // before the consumers reduce into it
     *Shape::item_slot(smem, n) = handout;
     mbar::arrive(Shape::item_full(base, n));  // releases the slot's write to the consumers
     if (handout < 0) break;
@@ -662,6 +664,7 @@ __device__ __forceinline__ void bwd_ws_consume_items(const BwdTensorMaps& maps, 
           Shape::k_tile(base, group), k, f.k_stride[1], Shape::v_tile(base, group), v, f.v_stride[1],
           keys + group * Shape::kGroupKeys, max(0, min(Shape::kGroupKeys, n_keys - group * Shape::kGroupKeys)), f.D, tid);
     }, key, row_keys, dk, dv, db);
+    if (tid == 0 && p.ws.zero_done) tma::fence_proxy_async_global();  // the range's zeros, before its reductions
     bwd_ws_consume_steps<T, kHeadDim, Shape>(maps, p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
     bwd_ws_add_key_rows(p, walk, key, dk, dv, db, 0, t);
@@ -695,6 +698,7 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
       if (warp == 0 && lane == 0) bwd_ws_hand_out_items<Shape>(maps, p, base, smem);
+      if (warp > 0 && p.ws.zero_done) bwd_ws_zero_dq_sums(p, lane);
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       bwd_ws_consume_items<T, kHeadDim, Shape>(maps, p, base, smem, (tid - 128) / 128, tid % 128);

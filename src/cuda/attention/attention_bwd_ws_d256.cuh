@@ -297,6 +297,7 @@ __device__ __forceinline__ void bwd_ws256_consume_items(const AttentionBwdParams
           {base + Shape::kK, base + Shape::kV}, {k, v}, {f.k_stride[1], f.v_stride[1]}, keys, n_keys, f.D,
           group * kBwdThreads + tid);
     }, key, row_keys, dk, dv, db);
+    if (tid == 0 && p.ws.zero_done) tma::fence_proxy_async_global();  // the range's zeros, before its reductions
     bwd_ws256_consume_steps<T, Shape>(p, base, smem, walk, group, tid, j0, row_keys, dk, dv, db);
     j0 += walk.it_end - walk.it_begin;
     bwd_ws_add_key_rows(p, walk, key, dk, dv, db, Shape::kGroupCols * group, t);
@@ -327,6 +328,7 @@ __global__ void __launch_bounds__(BwdWs256Shape<T, kKind>::kThreads, 1)
     if (warp < 4) {
       wgmma::regs_shrink<Shape::kProducerRegs>();
       if (warp == 0 && lane == 0) bwd_ws_hand_out_items<Shape>(maps, p, base, smem);
+      if (warp > 0 && p.ws.zero_done) bwd_ws_zero_dq_sums(p, lane);
     } else {
       wgmma::regs_grow<Shape::kConsumerRegs>();
       bwd_ws256_consume_items<T, Shape>(p, base, smem, (tid - 128) / 128, tid % 128);

@@ -3,9 +3,9 @@
 //     interval end (latest first, then index: a stable counting sort in shared memory), which
 //     the warp-specialized kernel's plan and the dk/dv kernel cut into key groups;
 //   the prepare and the zeroing, on every other CTA: each query row's delta and lse2 where
-//     no plan launch takes them (bwd_prepare_row.cuh), then the warp-specialized kernel's dq
-//     sums and counters, the kept keys' fp32 dk/dv rows and dscores it adds into, and the dk,
-//     dv and dscores of keys no query keeps (no backward kernel visits them).
+//     no plan launch takes them (bwd_prepare_row.cuh), then the warp-specialized kernel's
+//     counters (its dq sums it zeroes itself), the kept keys' fp32 dk/dv rows and dscores it
+//     adds into, and the dk, dv and dscores of keys no query keeps (no backward kernel visits them).
 // The sort is a chain of short dependent steps on a few SMs, the prepare and the zeroing
 // bandwidth on all of them, so in one launch the one hides under the other, and the prepare's
 // reads share the memory system with the zeroing's writes instead of following them in a launch
@@ -43,7 +43,8 @@ inline __host__ __device__ EndOrder end_order(int64_t Sq) {
 // What the setup zeroes besides the by-end order. The unkept keys' dk and dv rows (and their
 // dscores entries, where dscores is set) in the caller's tensors; with kept_rows, the kept keys'
 // fp32 rows [B * Hk * Sk][2D] and kept_dscores [B * Hk * Sk] (the warp-specialized kernel adds
-// into those; the unkept keys' are never read); and `sums` (float4s), the dq sums and counters.
+// into those; the unkept keys' are never read); and `sums` (float4s), the plan's counters (the
+// kernel zeroes its dq sums itself, bwd_ws_dq_zero.cuh).
 struct BwdZeroArgs {
   void *dk, *dv;
   int64_t dk_stride[3], dv_stride[3];  // (batch, seq, head), elements

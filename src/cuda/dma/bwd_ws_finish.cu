@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "cuda/attention/bwd_ws_dq_zero.cuh"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
@@ -93,7 +94,10 @@ __global__ void __launch_bounds__(kFinishThreads) bwd_ws_finish_kernel(const Att
     const int dq_jobs = finish_dq_jobs(p, r);
     if (i < dq_jobs) {
       const int bhs = p.f.B * p.f.H;
-      if (threadIdx.x == 0) finish_wait(w.range_done + r, w.counts[r] * parts);
+      if (threadIdx.x == 0) {
+        finish_wait(w.range_done + r, w.counts[r] * parts);
+        if (w.zero_done) bwd_ws_wait_dq_zeroed(p, r);  // a range no item reduces into still reads zeros
+      }
       __syncthreads();
       finish_dq_tile<T>(p, r * w.tiles_per_range + i / bhs, i % bhs);
     } else {  // an item of range r: its group's keys, if r is the group's last range

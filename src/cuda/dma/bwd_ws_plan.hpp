@@ -22,8 +22,8 @@ struct BwdWsPlanShape {
   size_t groups_bytes() const { return size_t(groups) * sizeof(BwdWsGroup); }
   size_t halves_bytes() const { return 2 * groups_bytes(); }
   size_t items_bytes() const { return size_t(groups * max_ranges) * sizeof(BwdWsItem); }
-  // counts, taken, range_done, finish_taken, then group_done
-  size_t counters_bytes() const { return size_t(4 * max_ranges + groups) * 4; }
+  // counts, taken, range_done, finish_taken, group_done [groups], zero_done, zero_next [1]
+  size_t counters_bytes() const { return size_t(5 * max_ranges + groups + 1) * 4; }
 };
 BwdWsPlanShape bwd_ws_plan_shape(int64_t B, int64_t Hk, int64_t G, int64_t Sq, int64_t Sk);
 

@@ -31,7 +31,7 @@ namespace {
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 // Offsets of fused_temporaries_bytes' pieces after the dq sums (at 0); bwd_setup zeroes
-// [0, rows) and the kept keys' rows.
+// [counters, rows) and the kept keys' rows, the kernel the dq sums (bwd_ws_dq_zero.cuh).
 struct FusedLayout {
   BwdWsPlanShape plan;
   size_t counters, rows, dscores, plan_keys, plan_groups, plan_halves, plan_items, total;
@@ -67,6 +67,10 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   k.ws.range_done = k.ws.taken + l.plan.max_ranges;
   k.ws.finish_taken = k.ws.range_done + l.plan.max_ranges;
   k.ws.group_done = k.ws.finish_taken + l.plan.max_ranges;
+  k.ws.zero_done = k.ws.group_done + l.plan.groups;
+  k.ws.zero_next = k.ws.zero_done + l.plan.max_ranges;
+  k.ws.dq_tiles = int((f.Sq + 63) / 64);
+  k.ws.dq_tile_float4s = 64 * int(f.D) / 4;
   k.ws.keys = reinterpret_cast<int32_t*>(base + l.plan_keys);
   k.ws.groups = reinterpret_cast<BwdWsGroup*>(base + l.plan_groups);
   k.ws.halves = reinterpret_cast<BwdWsGroup*>(base + l.plan_halves);
@@ -92,10 +96,10 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   z.dscores = f.lists.dscores;
   for (int i = 0; i < 3; ++i) z.dscores_stride[i] = f.lists.dscores_stride[i];
   z.dscores_bytes = f.lists.dscores_f32 ? 4 : z.elem_bytes;
-  if (fused) {  // the dq sums and the plan's counters: one piece of the workspace (FusedLayout)
+  if (fused) {  // the plan's counters (FusedLayout); the kernel zeroes the dq sums itself
     z.kept_rows = k.dkdv_partial, z.kept_dscores = k.dscores_partial;
-    z.sums = reinterpret_cast<float4*>(k.dq_acc);
-    z.sum_float4s = int64_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.dq_acc)) / 16;
+    z.sums = reinterpret_cast<float4*>(k.ws.counts);
+    z.sum_float4s = int64_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.ws.counts)) / 16;
   }
   // The prepare's rows go with the last launch before the backward kernels (the plan's, else the
   // setup's): one launch fewer in the chain, its reads beside their latency-bound work.

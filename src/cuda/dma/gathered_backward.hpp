@@ -19,7 +19,8 @@ void set_gathered_rows(AttentionBwdParams& k, char* rows, size_t row_bytes);
 void set_split_partials(AttentionBwdParams& k, int splits, void* partial);
 
 // The warp-specialized backward's temporaries (dma_cuda.cu, fused_backward), in this order:
-// zeroed before each call, the fp32 dq sums [B, H, Sq_pad, D] (dq_acc) and the plan's counters;
+// the fp32 dq sums [B, H, Sq_pad, D] (dq_acc; zeroed by the kernel, bwd_ws_dq_zero.cuh) and the
+// plan's counters (zeroed before each call);
 // the fp32 dk/dv rows [B * Hk * Sk][2D] and dscores rows [B * Hk * Sk], whose kept keys' rows
 // are zeroed (no item adds to the others); then the plan's key groups, their
 // halves and the items (BwdWsPlan). Their bytes, and k pointed at them with the plan's
