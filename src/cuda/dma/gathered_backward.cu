@@ -69,7 +69,8 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   k.ws.group_done = k.ws.finish_taken + l.plan.max_ranges;
   k.ws.zero_done = k.ws.group_done + l.plan.groups;
   k.ws.zero_next = k.ws.zero_done + l.plan.max_ranges;
-  k.ws.dq_tiles = int((f.Sq + 63) / 64);
+  static_assert(kBwdBlockM == 64, "the zeroed tiles are Sq_pad's 64-row tiles");
+  k.ws.dq_tiles = int((f.Sq + kBwdBlockM - 1) / kBwdBlockM);
   k.ws.dq_tile_float4s = 64 * int(f.D) / 4;
   k.ws.keys = reinterpret_cast<int32_t*>(base + l.plan_keys);
   k.ws.groups = reinterpret_cast<BwdWsGroup*>(base + l.plan_groups);
