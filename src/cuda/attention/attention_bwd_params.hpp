@@ -80,6 +80,21 @@ struct BwdWsPlan {
   int dq_tiles = 0, dq_tile_float4s = 0;
 };
 
+// The dq sums' zeroing order (bwd_ws_dq_zero.cuh): range by range, within a range each of the
+// `rows` (batch, head) rows' tiles of it in turn. Tile c of that order, and how many a range has.
+struct DqZeroTile {
+  int range, row, tile;
+};
+constexpr int dq_zero_tiles_in_range(int r, int rows, int dq_tiles, int tiles_per_range) {
+  const int t0 = r * tiles_per_range, left = dq_tiles - t0;
+  return rows * (left < 0 ? 0 : left < tiles_per_range ? left : tiles_per_range);
+}
+constexpr DqZeroTile dq_zero_tile(int c, int rows, int dq_tiles, int tiles_per_range) {
+  const int per_range = rows * tiles_per_range, r = c / per_range, local = c - r * per_range;
+  const int in_range = dq_zero_tiles_in_range(r, rows, dq_tiles, tiles_per_range) / rows;
+  return DqZeroTile{r, local / in_range, r * tiles_per_range + local % in_range};
+}
+
 // Who reduces dbias (the CPU backend makes the same split, attention_cpu.cpp).
 enum class DbiasOwner : int { none = 0, rows = 1, columns = 2 };
 

@@ -18,39 +18,30 @@
 
 namespace fdma::cuda {
 
-// 64-row dq tiles of range r over every (batch, head): what zero_done[r] counts to.
-__device__ __forceinline__ int bwd_ws_dq_zero_target(const BwdWsPlan& w, int r, int bh) {
-  const int t0 = r * w.tiles_per_range;
-  return bh * max(0, min(w.dq_tiles, t0 + w.tiles_per_range) - t0);
-}
-
 // One warp's share: claims the next tile (lane 0, broadcast), zeroes its 64 x D floats in
 // 16-byte stores, fences them for the copy engine's reductions, then counts it for its range.
 __device__ __forceinline__ void bwd_ws_zero_dq_sums(const AttentionBwdParams& p, int lane) {
   const BwdWsPlan& w = p.ws;
-  const int bh = p.f.B * p.f.H, per_range = bh * w.tiles_per_range;
-  const int total = bh * w.dq_tiles;
+  const int bh = p.f.B * p.f.H, total = bh * w.dq_tiles;
   for (;;) {
     int c = 0;
     if (lane == 0) c = atomicAdd(w.zero_next, 1);
     c = __shfl_sync(0xffffffffu, c, 0);
     if (c >= total) break;
-    const int r = c / per_range, local = c - r * per_range;
-    const int in_range = min(w.tiles_per_range, w.dq_tiles - r * w.tiles_per_range);
-    const int row = local / in_range, tile = r * w.tiles_per_range + local % in_range;
-    float4* dst = reinterpret_cast<float4*>(p.dq_acc) + (int64_t(row) * w.dq_tiles + tile) * w.dq_tile_float4s;
+    const DqZeroTile z = dq_zero_tile(c, bh, w.dq_tiles, w.tiles_per_range);
+    float4* dst = reinterpret_cast<float4*>(p.dq_acc) + (int64_t(z.row) * w.dq_tiles + z.tile) * w.dq_tile_float4s;
     for (int i = lane; i < w.dq_tile_float4s; i += 32) dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     tma::fence_proxy_async_global();  // the stores, before other SMs' bulk reductions
     __threadfence();
     __syncwarp();
-    if (lane == 0) ptx::red_release_gpu_add(w.zero_done + r, 1);
+    if (lane == 0) ptx::red_release_gpu_add(w.zero_done + z.range, 1);
   }
 }
 
 // Until range r's sums are zeroed (one thread).
 __device__ __forceinline__ void bwd_ws_wait_dq_zeroed(const AttentionBwdParams& p, int r) {
   const BwdWsPlan& w = p.ws;
-  const int target = bwd_ws_dq_zero_target(w, r, p.f.B * p.f.H);
+  const int target = dq_zero_tiles_in_range(r, p.f.B * p.f.H, w.dq_tiles, w.tiles_per_range);
   while (ptx::ld_acquire_gpu(w.zero_done + r) < target) __nanosleep(128);
   tma::fence_proxy_async_global();  // the zeros, before bulk reductions after this
 }
