@@ -102,13 +102,12 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
     z.sums = reinterpret_cast<float4*>(k.ws.counts);
     z.sum_float4s = int64_t(reinterpret_cast<char*>(k.dkdv_partial) - reinterpret_cast<char*>(k.ws.counts)) / 16;
   }
-  // The prepare's rows go with the last launch before the backward kernels (the plan's, else the
-  // setup's): one launch fewer in the chain, its reads beside their latency-bound work.
+  // The prepare's rows go with the setup launch, beside its sort and its zeroing (the dq sums
+  // are the kernel's to zero): one launch fewer in the chain.
   const BwdPrepareRows prep = bwd_prepare_rows(k, dtype == DType::bf16);
-  check_cuda(bwd_setup(s, f.lists.info, f.lists.kept, f.lists.kept_count, f.lists.kept_by_end, z,
-                       fused ? BwdPrepareRows{} : prep, stream, overlap),
-             std::string(op) + " (CUDA): order kept keys, zero temporaries");
-  if (fused) check_cuda(bwd_ws_plan(f, k.ws, prep, stream), std::string(op) + " (CUDA): backward work list");
+  check_cuda(bwd_setup(s, f.lists.info, f.lists.kept, f.lists.kept_count, f.lists.kept_by_end, z, prep, stream, overlap),
+             std::string(op) + " (CUDA): order kept keys, prepare rows, zero temporaries");
+  if (fused) check_cuda(bwd_ws_plan(f, k.ws, BwdPrepareRows{}, stream), std::string(op) + " (CUDA): backward work list");
   run_backward_kernels(k, dtype, stream, /*prepared=*/true);
   if (k.dkdv_splits <= 1 && !fused) return;
   DkdvSplitSum a{};
