@@ -1,9 +1,8 @@
 // The backward's prepare, one query row at a time: delta = rowsum(dO * O) in fp32 and lse2 =
 // lse * log2(e) (+inf for a row that saw nothing and for the padding rows up to Sq_pad), so the
 // main kernels get P = exp2(s * log2(e) - lse2) with no special cases. Shared by the prepare
-// kernel (attention_bwd_aux.cu) and the dynamic-mask backward's launches before its kernels
-// (the plan's, bwd_ws_plan.cu, or else the setup's, bwd_setup.cu), which do it on CTAs of their
-// own beside their latency-bound work, one launch fewer in the chain.
+// kernel (attention_bwd_aux.cu) and the dynamic-mask backward's setup launch (bwd_setup.cu),
+// which does it on CTAs of its own beside its latency-bound sort, one launch fewer in the chain.
 #pragma once
 
 #include <cuda_bf16.h>

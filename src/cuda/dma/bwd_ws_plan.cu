@@ -4,7 +4,6 @@
 #include <climits>
 
 #include "cuda/attention/attention_fwd_params.hpp"
-#include "cuda/attention/bwd_prepare_row.cuh"
 #include "cuda/primitives/launch.cuh"
 #include "cuda/primitives/per_device.cuh"
 #include "cuda/primitives/ptx.cuh"
@@ -59,23 +58,13 @@ constexpr int kGroupsPerWindow = kBwdWsWindow / kBwdWsKeys, kHalvesPerWindow = 2
 // holds it at place rank % kBwdWsKeys; a 64-key half's query range is the min and max of its
 // keys' intervals, a group's the union of its halves'. (A CTA per group, each ranking the whole
 // window to keep a quarter of it, took 46 us at 16K, H16 Hk4 w2048.)
-//
-// CTAs past a row's windows (x >= windows, prep_ctas of them a row) do the prepare's rows,
-// whose reads take the time the windows' short dependent steps leave the memory idle.
-__global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const AttentionFwdParams f, const BwdWsPlan plan,
-                                                                   int windows, const BwdPrepareRows prep,
-                                                                   int prep_ctas) {
+__global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const AttentionFwdParams f, const BwdWsPlan plan) {
   ptx::griddep_wait();  // the key lists
   ptx::griddep_launch_dependents();
   __shared__ __align__(16) int32_t window[kBwdWsWindow];
   __shared__ int h_lo[kHalvesPerWindow], h_hi[kHalvesPerWindow];
   __shared__ BwdWsGroup groups[kGroupsPerWindow];
   const int t = threadIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  if (int(blockIdx.x) >= windows) {
-    const int64_t cta = (int64_t(b) * f.Hk + hk) * prep_ctas + (blockIdx.x - windows);
-    prepare_rows_strided(prep, cta * kBwdWsWindow + t, int64_t(f.B) * f.Hk * prep_ctas * kBwdWsWindow);
-    return;
-  }
   const int64_t bh = int64_t(b) * f.Hk + hk;
   const int64_t g0 = bh * plan.groups_per_row + int64_t(blockIdx.x) * kGroupsPerWindow;  // the window's first group
   const int w0 = blockIdx.x * kBwdWsWindow, n_window = max(0, min(kBwdWsWindow, f.lists.kept_count[bh] - w0));
@@ -119,19 +108,9 @@ __global__ void __launch_bounds__(kBwdWsWindow) bwd_ws_plan_kernel(const Attenti
 
 }  // namespace
 
-cudaError_t bwd_ws_plan(const AttentionFwdParams& f, const BwdWsPlan& plan, const BwdPrepareRows& prep,
-                        cudaStream_t stream) {
-  const int windows = plan.groups_per_row / kGroupsPerWindow;
-  int prep_ctas = 0;  // a row's: the rows' lanes over the row pairs, at most 4 CTAs an SM in all
-  if (prep.delta) {
-    const int64_t lanes = int64_t(prep.B) * prep.H * prep.Sq_pad * kPrepareLanes, pairs = int64_t(f.B) * f.Hk;
-    const int64_t most = int64_t(std::max(1, device_sm_count())) * 4;
-    const int64_t ctas = std::min(most, (lanes + kBwdWsWindow - 1) / kBwdWsWindow);
-    prep_ctas = int(std::max<int64_t>(1, (ctas + pairs - 1) / pairs));
-  }
-  const dim3 grid(unsigned(windows + prep_ctas), unsigned(f.Hk), unsigned(f.B));
-  return launch_kernel(f.overlap_previous, bwd_ws_plan_kernel, grid, kBwdWsWindow, 0, stream, f, plan, windows, prep,
-                       prep_ctas);
+cudaError_t bwd_ws_plan(const AttentionFwdParams& f, const BwdWsPlan& plan, cudaStream_t stream) {
+  const dim3 grid(unsigned(plan.groups_per_row / kGroupsPerWindow), unsigned(f.Hk), unsigned(f.B));
+  return launch_kernel(f.overlap_previous, bwd_ws_plan_kernel, grid, kBwdWsWindow, 0, stream, f, plan);
 }
 
 }  // namespace fdma::cuda

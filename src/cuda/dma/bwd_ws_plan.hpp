@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "cuda/attention/attention_bwd_params.hpp"
-#include "cuda/attention/bwd_prepare_row.cuh"
 
 namespace fdma::cuda {
 
@@ -34,8 +33,6 @@ int bwd_ws_tiles_per_range(const AttentionFwdParams& f, int64_t window);
 
 // Writes the list: one CTA per window of kept keys (its kBwdWsWindow / kBwdWsKeys groups).
 // Reads the key lists' kept_by_end, kept_count and info; plan.counts and plan.taken must be zero.
-// With prep.delta set, more CTAs do the backward's prepare rows (bwd_prepare_row.cuh).
-cudaError_t bwd_ws_plan(const AttentionFwdParams& f, const BwdWsPlan& plan, const BwdPrepareRows& prep,
-                        cudaStream_t stream);
+cudaError_t bwd_ws_plan(const AttentionFwdParams& f, const BwdWsPlan& plan, cudaStream_t stream);
 
 }  // namespace fdma::cuda

@@ -107,7 +107,7 @@ void run_gathered_backward(const char* op, const AttentionBwdParams& given, cons
   const BwdPrepareRows prep = bwd_prepare_rows(k, dtype == DType::bf16);
   check_cuda(bwd_setup(s, f.lists.info, f.lists.kept, f.lists.kept_count, f.lists.kept_by_end, z, prep, stream, overlap),
              std::string(op) + " (CUDA): order kept keys, prepare rows, zero temporaries");
-  if (fused) check_cuda(bwd_ws_plan(f, k.ws, BwdPrepareRows{}, stream), std::string(op) + " (CUDA): backward work list");
+  if (fused) check_cuda(bwd_ws_plan(f, k.ws, stream), std::string(op) + " (CUDA): backward work list");
   run_backward_kernels(k, dtype, stream, /*prepared=*/true);
   if (k.dkdv_splits <= 1 && !fused) return;
   DkdvSplitSum a{};
