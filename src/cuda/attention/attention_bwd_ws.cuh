@@ -688,8 +688,8 @@ __global__ void __launch_bounds__(BwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     mbar::fence_init();
   }
   __syncthreads();
-  // The prepare kernel's delta and lse2, the zeroed temporaries and (gathered) the plan, before
-  // any read.
+  // The prepare's delta and lse2 (gathered: the setup launch's), the zeroed temporaries and
+  // (gathered) the plan, before any read.
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 

@@ -320,8 +320,8 @@ __global__ void __launch_bounds__(BwdWs256Shape<T, kKind>::kThreads, 1)
     mbar::fence_init();
   }
   __syncthreads();
-  // The prepare kernel's delta and lse2, the zeroed temporaries and (gathered) the plan, before
-  // any read.
+  // The prepare's delta and lse2 (gathered: the setup launch's), the zeroed temporaries and
+  // (gathered) the plan, before any read.
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   if constexpr (Shape::kGather) {
