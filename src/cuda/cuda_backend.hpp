@@ -21,7 +21,7 @@ void attention_varlen_backward(const fdma_attention_params& p, const detail::Att
 
 // The kernels behind both operations, from prepared params (attention_cuda.cu). The
 // backward runs its prepare kernel (k.delta, k.lse2; not where `prepared`: the dynamic-mask
-// backward's plan or setup launch wrote them), dq and dk/dv, and the dbias finish.
+// backward's setup launch wrote them), dq and dk/dv, and the dbias finish.
 void run_forward_kernel(const AttentionFwdParams& k, DType dtype, void* stream);
 void run_backward_kernels(const AttentionBwdParams& k, DType dtype, void* stream, bool prepared = false);
 // Whether the backward of k runs on the warp-specialized kernel (attention_bwd_ws.cuh) on the

@@ -3,9 +3,9 @@
 //     interval end (latest first, then index: a stable counting sort in shared memory), which
 //     the warp-specialized kernel's plan and the dk/dv kernel cut into key groups;
 //   the prepare and the zeroing, on every other CTA: each query row's delta and lse2
-//     (bwd_prepare_row.cuh), then the warp-specialized kernel's
-//     counters (its dq sums it zeroes itself), the kept keys' fp32 dk/dv rows and dscores it
-//     adds into, and the dk, dv and dscores of keys no query keeps (no backward kernel visits them).
+//     (bwd_prepare_row.cuh), then the warp-specialized kernel's counters (its dq sums it zeroes
+//     itself), the kept keys' fp32 dk/dv rows and dscores it adds into, and the dk, dv and
+//     dscores of keys no query keeps (no backward kernel visits them).
 // The sort is a chain of short dependent steps on a few SMs, the prepare and the zeroing
 // bandwidth on all of them, so in one launch the one hides under the other, and the prepare's
 // reads share the memory system with the zeroing's writes instead of following them in a launch

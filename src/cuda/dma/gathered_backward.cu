@@ -71,7 +71,7 @@ void set_fused_temporaries(AttentionBwdParams& k, char* base, int64_t window) {
   k.ws.zero_next = k.ws.zero_done + l.plan.max_ranges;
   static_assert(kBwdBlockM == 64, "the zeroed tiles are Sq_pad's 64-row tiles");
   k.ws.dq_tiles = int((f.Sq + kBwdBlockM - 1) / kBwdBlockM);
-  k.ws.dq_tile_float4s = 64 * int(f.D) / 4;
+  k.ws.dq_tile_float4s = kBwdBlockM * int(f.D) / 4;
   k.ws.keys = reinterpret_cast<int32_t*>(base + l.plan_keys);
   k.ws.groups = reinterpret_cast<BwdWsGroup*>(base + l.plan_groups);
   k.ws.halves = reinterpret_cast<BwdWsGroup*>(base + l.plan_halves);
