@@ -734,10 +734,11 @@ TEST(DmaGpu, MadeUpIntervalsStayInBounds) {
 
 namespace {
 
-// Of the forward's query tiles (128 rows) with lists longer than one 128-key tile, how many
-// end in a tile of at most 32 and of 33-64 keys: the cases a narrow last tile runs.
-std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
-  constexpr int64_t kRows = 128, kKeys = 128;
+// Of the forward's query tiles (128 rows) with lists longer than one key tile of `tile_keys` (128,
+// or 64 for the warp-specialized kernel at D 256), how many end in a tile of at most 32 and of
+// 33-64 keys: the cases a narrow last tile runs.
+std::pair<int, int> narrow_tail_tiles(const DmaRun& r, int64_t tile_keys) {
+  constexpr int64_t kRows = 128;
   const DmaCase& c = r.c;
   const auto [begin, end] = r.cpu_selection();
   int n32 = 0, n64 = 0;
@@ -749,8 +750,8 @@ std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
         const double b = begin[row * c.Sk + j], e = end[row * c.Sk + j];
         listed += b < e && b < r1 && e > r0;
       }
-      if (listed <= kKeys) continue;
-      const int64_t tail = listed - (listed - 1) / kKeys * kKeys;  // keys in the last tile: 1..128
+      if (listed <= tile_keys) continue;
+      const int64_t tail = listed - (listed - 1) / tile_keys * tile_keys;  // keys in the last tile
       if (tail <= 32) ++n32;
       else if (tail <= 64) ++n64;
     }
@@ -759,41 +760,50 @@ std::pair<int, int> narrow_tail_tiles(const DmaRun& r) {
 
 }  // namespace
 
-// The narrow last tile of the cp.async wgmma forward (FDMA_FWD_WS=0 on Hopper: a list's last
-// key tile run 32 or 64 keys wide when it holds no more) against the CPU, and bitwise against
-// the full-width tile (FDMA_FWD_LAST_TILE=full): the keys it leaves out are the zero rows and
-// -inf scores that add exact zeros. Off Hopper both runs take the mma.sync kernel and the
-// comparison holds trivially. The cases are checked to contain lists ending in tiles of both
-// narrow widths.
+// The narrow last tile (a list's last key tile run 32 or 64 keys wide when it holds no more) of
+// the warp-specialized forward (D 64, 128 and 256) and of the cp.async wgmma forward
+// (FDMA_FWD_WS=0 on Hopper), each against the CPU and bitwise against the full-width tile
+// (FDMA_FWD_LAST_TILE=full): the keys it leaves out are the zero rows and -inf scores that add
+// exact zeros. Off Hopper every run takes the mma.sync kernel and the comparison holds
+// trivially. The cases are checked to contain lists ending in tiles of both narrow widths (of
+// 128-key tiles) and of at most 32 keys (of the 64-key tiles at D 256).
 TEST(DmaGpu, NarrowLastTileMatchesFullWidth) {
   REQUIRE_GPU();
   const ScopedEnv last_tile("FDMA_FWD_LAST_TILE"), ws("FDMA_FWD_WS");
-  ws.set("0");
   uint64_t seed = 1100;
-  int tails32 = 0, tails64 = 0;
-  for (auto [S, w] : {std::pair<int64_t, int64_t>{700, 150}, {1200, 200}, {2000, 500}, {2500, 1000}})
-    for (int variant = 0; variant < 2; ++variant) {
-      DmaCase c;
-      c.B = 1, c.Sq = S, c.Sk = S, c.H = 2, c.Hk = variant == 0 ? 2 : 1, c.w = w, c.causal = true, c.seed = seed++;
-      c.D = variant == 0 ? 128 : 64;
-      c.dtype = variant == 0 ? DType::bf16 : DType::f16;
-      c.padding = variant == 1, c.softcap = variant == 1 ? 5.0 : 0.0;
-      DmaRun r(c);
-      const auto [n32, n64] = narrow_tail_tiles(r);
-      tails32 += n32, tails64 += n64;
-      last_tile.set("narrow");
-      run_gpu_dma(r, false);  // GPU against the CPU; r.out now holds the GPU's
-      const auto out_narrow = r.out.bytes(), lse_narrow = r.lse.bytes();
-      last_tile.set("full");
-      GpuDma gpu(r);
-      gpu.run(Pass::forward);
-      gpu.out.download();
-      gpu.lse.download();
-      EXPECT_TRUE(r.out.bytes() == out_narrow) << c.str() << ": out differs from the full-width last tile";
-      EXPECT_TRUE(r.lse.bytes() == lse_narrow) << c.str() << ": lse differs from the full-width last tile";
-    }
+  int tails32 = 0, tails64 = 0, tails32_d256 = 0;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FDMA_FWD_WS=") + on);
+    ws.set(on);
+    for (auto [S, w] : {std::pair<int64_t, int64_t>{700, 150}, {1200, 200}, {2000, 500}, {2500, 1000}})
+      for (int variant = 0; variant < 3; ++variant) {
+        DmaCase c;
+        c.B = 1, c.Sq = S, c.Sk = S, c.H = 2, c.Hk = variant == 1 ? 1 : 2, c.w = w, c.causal = true, c.seed = seed++;
+        c.D = variant == 0 ? 128 : variant == 1 ? 64 : 256;
+        c.dtype = variant == 1 ? DType::f16 : DType::bf16;
+        c.padding = variant == 1, c.softcap = variant == 1 ? 5.0 : 0.0;
+        DmaRun r(c);
+        if (c.D == 256) {
+          tails32_d256 += narrow_tail_tiles(r, 64).first;
+        } else {
+          const auto [n32, n64] = narrow_tail_tiles(r, 128);
+          tails32 += n32, tails64 += n64;
+        }
+        last_tile.set("narrow");
+        run_gpu_dma(r, false);  // GPU against the CPU; r.out now holds the GPU's
+        const auto out_narrow = r.out.bytes(), lse_narrow = r.lse.bytes();
+        last_tile.set("full");
+        GpuDma gpu(r);
+        gpu.run(Pass::forward);
+        gpu.out.download();
+        gpu.lse.download();
+        EXPECT_TRUE(r.out.bytes() == out_narrow) << c.str() << ": out differs from the full-width last tile";
+        EXPECT_TRUE(r.lse.bytes() == lse_narrow) << c.str() << ": lse differs from the full-width last tile";
+      }
+  }
   EXPECT_GT(tails32, 0) << "no list ended in a tile of 32 keys or fewer";
   EXPECT_GT(tails64, 0) << "no list ended in a tile of 33-64 keys";
+  EXPECT_GT(tails32_d256, 0) << "no list ended in a 64-key tile of 32 keys or fewer";
 }
 
 // The gathered forward on the warp-specialized kernel (the default on Hopper at D 64, 128 and

@@ -190,13 +190,14 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
   // Row strides in bytes fit 32 bits (attention_fwd_ws_applies).
   const int32_t k_row_bytes = int32_t(p.k_stride[1] * int64_t(sizeof(T)));
   const int32_t v_row_bytes = int32_t(p.v_stride[1] * int64_t(sizeof(T)));
+  // The first tile's list entry before Q's copies, so that its load's latency runs under them;
+  // each later tile's once the tile before it is issued.
+  int32_t idx = has_row && row < n_listed ? list[row] : -1;
   load_rows_sw128_async<128, kHeadDim, Shape::kBlockM>(base + Shape::kQ, q, p.q_stride[1], row0, p.Sq, p.D, tid);
   mbar::arrive_on_cp_async(Shape::q_full(base));
   for (int j = 0; j < n_blocks; ++j) {
     const int s = j % Shape::kStages;
     const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;
-    const int key = j * kN + row;  // the list entry of this lane's row
-    const int32_t idx = has_row && key < n_listed ? list[key] : -1;
     mbar::wait(Shape::k_empty(base, s), free_parity);
     gather_rows_by_warp<kHeadDim, kN>(Shape::k_tile(base, s), k, k_row_bytes, idx, warp, lane, p.D);
     if (has_row)
@@ -209,6 +210,8 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
     mbar::wait(Shape::v_empty(base, s), free_parity);
     gather_rows_by_warp<kHeadDim, kN>(Shape::v_tile(base, s), v, v_row_bytes, idx, warp, lane, p.D);
     mbar::arrive_on_cp_async(Shape::v_full(base, s));
+    const int key = (j + 1) * kN + row;  // the next tile's list entry of this lane's row
+    idx = has_row && key < n_listed ? list[key] : -1;
   }
 }
 
