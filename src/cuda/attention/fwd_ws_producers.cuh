@@ -134,21 +134,29 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // Gathered rows into a swizzled tile of kRows rows (128, or 64 at D = 256), by one producer warp:
 // its quarter of them, rows kRows / 4 * block .. + kRows / 4 - 1, lane l holding the list index
 // of the quarter's row l (-1 past the list, and in lanes past the quarter), so that each index
-// is one coalesced load per tile, handed to the lanes copying its row by shuffles. A pass
-// copies 32 / (D / 8) rows, a lane a 16-byte chunk in a column of its own: its source column
-// and its place in the swizzle (the chunk XOR the row mod 8, where the row mod 8 is the pass's
-// constant XOR the lane's) are worked out once, so that a chunk costs a shuffle, one wide
-// multiply-add and its copy (the producer's issue slots bound the gathered forward; the
-// general row and swizzle arithmetic took about 19 instructions a chunk).
+// is one coalesced load per tile, handed to the lanes copying its row by shuffles. A row is
+// copied by 16 lanes or fewer (D / 8 at D = 64 and 128), a pass copying 2 or 4 rows: a lane
+// copies one 16-byte chunk of a row in a column of its own, two at D = 256 (columns c and
+// c + 16, in 128-byte column blocks two apart, with the same swizzle). Its source column and
+// its place in the swizzle (the chunk XOR the row mod 8, where the row mod 8 is the pass's
+// constant XOR the lane's) are worked out once, so that a row costs a lane a shuffle, one wide
+// multiply-add and its copies (the producer's issue slots bound the gathered forward; the
+// general row and swizzle arithmetic took about 19 instructions a chunk). At D = 256 a lane a
+// chunk, a row a pass, held eight destination addresses a swizzle phase and spilled.
 template <int kHeadDim, int kRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
   static_assert(kRows == 128 || kRows == 64, "four blocks of 32 or 16 rows");
-  constexpr int kWarpRows = kRows / 4, kChunks = kHeadDim / 8, kRowsPerPass = 32 / kChunks;
-  static_assert(kRowsPerPass <= 8 && 8 % kRowsPerPass == 0, "a pass's rows are one 8-row swizzle phase's");
-  const int ch = lane % kChunks, sub = lane / kChunks;  // the lane's chunk column, its row in a pass
+  constexpr int kWarpRows = kRows / 4, kChunks = kHeadDim / 8;
+  constexpr int kLaneChunks = kChunks > 16 ? kChunks / 16 : 1, kRowLanes = kChunks / kLaneChunks;
+  constexpr int kRowsPerPass = 32 / kRowLanes;
+  static_assert(kRowLanes <= 16 && kRowsPerPass <= 8 && 8 % kRowsPerPass == 0, "a pass's rows are one 8-row swizzle phase's");
+  const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's first chunk column, its row in a pass
   const char* src = reinterpret_cast<const char*>(base) + ch * 16;
-  const int src_bytes = ch * 8 < D ? 16 : 0;  // head-dim padding: zeros
+  // Head-dim padding: zeros. Chunk ch + 16 c of the row is the lane's copy c.
+  int src_bytes[kLaneChunks];
+#pragma unroll
+  for (int c = 0; c < kLaneChunks; ++c) src_bytes[c] = (ch + 16 * c) * 8 < D ? 16 : 0;
   // Row r = kWarpRows block + i kRowsPerPass + sub: r mod 8 = (i kRowsPerPass mod 8) XOR sub.
   const uint32_t dst = smem + (ch / 8) * kRows * 128 + (kWarpRows * block + sub) * 128;
   const uint32_t swz = uint32_t((ch % 8) ^ sub) << 4;
@@ -161,7 +169,10 @@ __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base
       const int32_t idx = __shfl_sync(0xffffffffu, row_idx, i * kRowsPerPass + sub);
       const uint32_t row_swz = swz ^ (uint32_t(u * kRowsPerPass) << 4);
       const uint64_t offset = uint64_t(uint32_t(max(idx, 0))) * uint32_t(row_bytes);  // one wide multiply-add
-      ptx::cp_async_16(dst + i * kRowsPerPass * 128 + row_swz, src + offset, idx >= 0 ? src_bytes : 0);
+#pragma unroll
+      for (int c = 0; c < kLaneChunks; ++c)  // chunk ch + 16 c: 256 bytes on in the row, two column blocks on in the tile
+        ptx::cp_async_16(dst + c * 2 * kRows * 128 + i * kRowsPerPass * 128 + row_swz, src + offset + c * 256,
+                         idx >= 0 ? src_bytes[c] : 0);
     }
   }
 }
