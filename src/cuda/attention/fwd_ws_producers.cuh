@@ -141,8 +141,9 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // its place in the swizzle (the chunk XOR the row mod 8, where the row mod 8 is the pass's
 // constant XOR the lane's) are worked out once, so that a row costs a lane a shuffle, one wide
 // multiply-add and its copies (the producer's issue slots bound the gathered forward; the
-// general row and swizzle arithmetic took about 19 instructions a chunk). At D = 256 a lane a
-// chunk, a row a pass, held eight destination addresses a swizzle phase and spilled.
+// general row and swizzle arithmetic took about 19 instructions a chunk). Two chunks a lane at
+// D = 256: with one, a pass was one row and a swizzle phase held eight destination addresses,
+// which spilled.
 template <int kHeadDim, int kRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
@@ -150,7 +151,8 @@ __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base
   constexpr int kWarpRows = kRows / 4, kChunks = kHeadDim / 8;
   constexpr int kLaneChunks = kChunks > 16 ? kChunks / 16 : 1, kRowLanes = kChunks / kLaneChunks;
   constexpr int kRowsPerPass = 32 / kRowLanes;
-  static_assert(kRowLanes <= 16 && kRowsPerPass <= 8 && 8 % kRowsPerPass == 0, "a pass's rows are one 8-row swizzle phase's");
+  static_assert(kRowLanes <= 16 && kRowsPerPass <= 8 && 8 % kRowsPerPass == 0,
+                "a pass's rows are one 8-row swizzle phase's");
   const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's first chunk column, its row in a pass
   const char* src = reinterpret_cast<const char*>(base) + ch * 16;
   // Head-dim padding: zeros. Chunk ch + 16 c of the row is the lane's copy c.
@@ -170,7 +172,7 @@ __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base
       const uint32_t row_swz = swz ^ (uint32_t(u * kRowsPerPass) << 4);
       const uint64_t offset = uint64_t(uint32_t(max(idx, 0))) * uint32_t(row_bytes);  // one wide multiply-add
 #pragma unroll
-      for (int c = 0; c < kLaneChunks; ++c)  // chunk ch + 16 c: 256 bytes on in the row, two column blocks on in the tile
+      for (int c = 0; c < kLaneChunks; ++c)  // chunk ch + 16 c: 256 bytes on in the row, two column blocks in the tile
         ptx::cp_async_16(dst + c * 2 * kRows * 128 + i * kRowsPerPass * 128 + row_swz, src + offset + c * 256,
                          idx >= 0 ? src_bytes[c] : 0);
     }
