@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention/attention_fwd_params.hpp"
 #include "cuda/attention/fwd_ws_shape.cuh"
@@ -144,7 +145,7 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // general row and swizzle arithmetic took about 19 instructions a chunk). Two chunks a lane at
 // D = 256: with one, a pass was one row and a swizzle phase held eight destination addresses,
 // which spilled.
-template <int kHeadDim, int kRows, class T>
+template <int kHeadDim, int kRows, bool kFullRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
   static_assert(kRows == 128 || kRows == 64, "four blocks of 32 or 16 rows");
@@ -158,7 +159,7 @@ __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base
   // Head-dim padding: zeros. Chunk ch + 16 c of the row is the lane's copy c.
   int src_bytes[kLaneChunks];
 #pragma unroll
-  for (int c = 0; c < kLaneChunks; ++c) src_bytes[c] = (ch + 16 * c) * 8 < D ? 16 : 0;
+  for (int c = 0; c < kLaneChunks; ++c) src_bytes[c] = kFullRows || (ch + 16 * c) * 8 < D ? 16 : 0;
   // Row r = kWarpRows block + i kRowsPerPass + sub: r mod 8 = (i kRowsPerPass mod 8) XOR sub.
   const uint32_t dst = smem + (ch / 8) * kRows * 128 + (kWarpRows * block + sub) * 128;
   const uint32_t swz = uint32_t((ch % 8) ^ sub) << 4;
@@ -208,24 +209,32 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
   int32_t idx = has_row && row < n_listed ? list[row] : -1;
   load_rows_sw128_async<128, kHeadDim, Shape::kBlockM>(base + Shape::kQ, q, p.q_stride[1], row0, p.Sq, p.D, tid);
   mbar::arrive_on_cp_async(Shape::q_full(base));
-  for (int j = 0; j < n_blocks; ++j) {
-    const int s = j % Shape::kStages;
-    const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;
-    mbar::wait(Shape::k_empty(base, s), free_parity);
-    gather_rows_by_warp<kHeadDim, kN>(Shape::k_tile(base, s), k, k_row_bytes, idx, warp, lane, p.D);
-    if (has_row)
-      ptx::cp_async_16(base + Shape::info_offset(s) + row * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
-    if (Shape::kFold && fold)  // the row's chunk 0 of the term slice (zeros past the list; every lane has a row)
-      ptx::cp_async_16(Shape::k_term_tile(base, s) + wgmma::sw128_offset(kN, row, 0),
-                       idx >= 0 ? static_cast<const void*>(chunks + idx) : static_cast<const void*>(info),
-                       idx >= 0 ? 16 : 0);
-    mbar::arrive_on_cp_async(Shape::k_full(base, s));
-    mbar::wait(Shape::v_empty(base, s), free_parity);
-    gather_rows_by_warp<kHeadDim, kN>(Shape::v_tile(base, s), v, v_row_bytes, idx, warp, lane, p.D);
-    mbar::arrive_on_cp_async(Shape::v_full(base, s));
-    const int key = (j + 1) * kN + row;  // the next tile's list entry of this lane's row
-    idx = has_row && key < n_listed ? list[key] : -1;
-  }
+  // Rows of exactly kHeadDim columns copy every chunk (no per-chunk padding test in the loop).
+  auto tiles = [&](auto full_rows) {
+    constexpr bool kFull = decltype(full_rows)::value;
+    for (int j = 0; j < n_blocks; ++j) {
+      const int s = j % Shape::kStages;
+      const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;
+      mbar::wait(Shape::k_empty(base, s), free_parity);
+      gather_rows_by_warp<kHeadDim, kN, kFull>(Shape::k_tile(base, s), k, k_row_bytes, idx, warp, lane, p.D);
+      if (has_row)
+        ptx::cp_async_16(base + Shape::info_offset(s) + row * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
+      if (Shape::kFold && fold)  // the row's chunk 0 of the term slice (zeros past the list; every lane has a row)
+        ptx::cp_async_16(Shape::k_term_tile(base, s) + wgmma::sw128_offset(kN, row, 0),
+                         idx >= 0 ? static_cast<const void*>(chunks + idx) : static_cast<const void*>(info),
+                         idx >= 0 ? 16 : 0);
+      mbar::arrive_on_cp_async(Shape::k_full(base, s));
+      mbar::wait(Shape::v_empty(base, s), free_parity);
+      gather_rows_by_warp<kHeadDim, kN, kFull>(Shape::v_tile(base, s), v, v_row_bytes, idx, warp, lane, p.D);
+      mbar::arrive_on_cp_async(Shape::v_full(base, s));
+      const int key = (j + 1) * kN + row;  // the next tile's list entry of this lane's row
+      idx = has_row && key < n_listed ? list[key] : -1;
+    }
+  };
+  if (p.D == kHeadDim)
+    tiles(std::true_type{});
+  else
+    tiles(std::false_type{});
 }
 
 }  // namespace fdma::cuda
