@@ -144,7 +144,7 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // multiply-add and its copies (the producer's issue slots bound the gathered forward; the
 // general row and swizzle arithmetic took about 19 instructions a chunk). Two chunks a lane at
 // D = 256: with one, a pass was one row and a swizzle phase held eight destination addresses,
-// which spilled.
+// which spilled. kFullRows: the call's D is kHeadDim, so no chunk is padding (no test per chunk).
 template <int kHeadDim, int kRows, bool kFullRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
