@@ -1,0 +1,40 @@
+"""The profiling tools that ship as patches and readers: the patch still applies to the kernels
+it instruments, and the reader's phases are the differences of the points it was given."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "tools", "profiling"))
+import fwd_ws_timeline  # noqa: E402
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")),
+                    reason="needs git and a checkout")
+def test_timeline_patch_applies():
+    r = subprocess.run(["git", "apply", "--check", "tools/profiling/fwd_ws_timeline.patch"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_timeline_reader_phases(capsys):
+    # One CTA of 5 tiles; group g's step j starts at 10000 j + 100 g and its points are 10 apart,
+    # but for the issue phase (point 3 -> 4), 500 long.
+    lines = ["CALL 0 1.0 ms"]
+    for g in range(2):
+        for j in range(24):
+            start = 10000 * j + 100 * g
+            pts = [start + 10 * k + (490 if k >= 4 else 0) for k in range(8)]
+            lines.append(f"T 0 {g} {j} 5 " + " ".join(str(p) for p in pts))
+    lines.append("CALL 1 1.0 ms")
+    fwd_ws_timeline.report("\n".join(lines))
+    out = capsys.readouterr().out
+    medians = {line[:32].strip(): line[32:].split()[0] for line in out.splitlines() if line.startswith("  ")
+               and not line.lstrip()[0].isdigit()}
+    assert medians["K wait"] == "10"
+    assert medians["issue"] == "500"
+    assert medians["group 1 issues after group 0"] == "100"
+    assert medians["group 0's period"] == "10000"
