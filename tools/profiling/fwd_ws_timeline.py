@@ -1,7 +1,7 @@
-"""Where a gathered forward step's time goes, per consumer group, on the SM's own clock.
+"""Where a warp-specialized forward step's time goes, per consumer group, on the SM's own clock.
 
 Needs a library built from a tree with `fwd_ws_timeline.patch` applied (the probe writes the
-clock at 8 points of each step of both consumer groups of every 32nd gathered CTA, and prints
+clock at 8 points of each step of both consumer groups of every 32nd CTA, and prints
 them when the CTA ends; device printf slows the whole call several-fold, but the points inside
 a CTA's steps are taken before any of its printing). On the GPU machine:
 
@@ -11,6 +11,9 @@ a CTA's steps are taken before any of its printing). On the GPU machine:
   python3 tools/profiling/fwd_ws_timeline.py --lib build-probe/libfdma.so --seqlen 16384
   python3 tools/profiling/fwd_ws_timeline.py --lib build-probe/libfdma.so --heads 2 --kv-heads 1 \\
       --headdim 64 --window 1024 --seqlen 32768          # the seed config
+
+`--dense-keys 2176` times a dense call instead (16K queries against the keys a dynamic-mask
+query tile lists at w 2048), on the dense kind's wider key tiles.
 
 Building with -DCMAKE_CUDA_FLAGS=-DFDMA_PROBE_NOCOPY as well leaves out the producer's K and V
 row copies (the outputs are then garbage): what the steps cost without the gather's traffic.
@@ -35,18 +38,35 @@ def run_calls(args):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     import torch
+    from bench_attention import view
     from dma_problem import attach_workspace, dma_problem
     from flash_dma import _abi
 
     torch.zeros(1, device="cuda")
     lib = _abi.load_library(args.lib)
-    prob = dma_problem(args.seqlen, H=args.heads, Hk=args.kv_heads, D=args.headdim, w=args.window)
-    p = prob.params
-    ws = attach_workspace([(lib, p)])
+    if args.dense_keys:  # a dense non-causal call: S queries against that many keys
+        torch.manual_seed(0)
+        q = torch.randn(1, args.seqlen, args.heads, args.headdim, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, args.dense_keys, args.kv_heads, args.headdim, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+        out, lse = torch.empty_like(q), torch.empty(1, args.heads, args.seqlen, device="cuda", dtype=torch.float32)
+        p = _abi.AttentionParams()
+        p.q, p.k, p.v, p.out, p.lse = view(q), view(k), view(v), view(out), view(lse)
+        p.stream = torch.cuda.current_stream().cuda_stream
+        n = ctypes.c_size_t(0)
+        assert lib.fdma_attention_workspace_size(ctypes.byref(p), _abi.PASS_FORWARD, ctypes.byref(n)) == 0
+        ws = torch.empty(max(1, n.value), device="cuda", dtype=torch.uint8)
+        p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+        forward = lib.fdma_attention_fwd
+    else:
+        prob = dma_problem(args.seqlen, H=args.heads, Hk=args.kv_heads, D=args.headdim, w=args.window)
+        p = prob.params
+        ws = attach_workspace([(lib, p)])
+        forward = lib.fdma_dma_fwd
     for i in range(args.calls):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        assert lib.fdma_dma_fwd(ctypes.byref(p)) == 0, lib.fdma_last_error()
+        assert forward(ctypes.byref(p)) == 0, lib.fdma_last_error()
         e1.record()
         torch.cuda.synchronize()
         print(f"CALL {i} {e0.elapsed_time(e1):.3f} ms", flush=True)
@@ -108,6 +128,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--dense-keys", type=int, default=0,
+                    help="time a dense non-causal call of --seqlen queries against this many keys instead")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
