@@ -33,41 +33,17 @@ enum Way { kOneGroup, kTwoGroups, kPingPong, kTwoChains };
 
 // Shared memory: A (64 rows x 128 columns, two 64-column swizzled blocks) at 0, B after it
 // (kN rows x 128 columns K-major for SS; 128 rows x kN columns N-major for RS), all zeros.
+// The chain's wgmma kk into acc.
 template <int kN, bool kRs>
-__device__ __forceinline__ void issue_chain(float (&acc)[kN / 8][4], const uint32_t (&p)[kChain][4], uint32_t a,
-                                            uint32_t b) {
+__device__ __forceinline__ void issue_one(float (&acc)[kN / 8][4], const uint32_t (&p)[kChain][4], uint32_t a,
+                                          uint32_t b, int kk) {
   if constexpr (kRs) {
     const uint64_t b_desc = wgmma::desc_n_major(b, 128 * wgmma::kSwizzleRowBytes);
-#pragma unroll
-    for (int kk = 0; kk < kChain; ++kk)
-      wgmma::mma_rs_n_major<T, kN>(acc, p[kk], wgmma::desc_advance(b_desc, kk * 16 * wgmma::kSwizzleRowBytes), 1);
+    wgmma::mma_rs_n_major<T, kN>(acc, p[kk], wgmma::desc_advance(b_desc, kk * 16 * wgmma::kSwizzleRowBytes), 1);
   } else {
-    const uint64_t b_desc = wgmma::desc_k_major(b);
-#pragma unroll
-    for (int kk = 0; kk < kChain; ++kk) {
-      const uint32_t col = (kk % 4) * 32;
-      wgmma::mma_ss<T, kN>(acc, wgmma::desc_k_major(a + (kk / 4) * 64 * 128 + col),
-                           wgmma::desc_advance(b_desc, (kk / 4) * kN * 128 + col), 1);
-    }
-  }
-}
-
-template <int kN, bool kRs>
-__device__ __forceinline__ void issue_two_chains(float (&x)[kN / 8][4], float (&y)[kN / 8][4],
-                                                 const uint32_t (&p)[kChain][4], uint32_t a, uint32_t b) {
-#pragma unroll
-  for (int kk = 0; kk < kChain; ++kk) {
-    if constexpr (kRs) {
-      const uint64_t b_desc = wgmma::desc_n_major(b, 128 * wgmma::kSwizzleRowBytes);
-      wgmma::mma_rs_n_major<T, kN>(x, p[kk], wgmma::desc_advance(b_desc, kk * 16 * wgmma::kSwizzleRowBytes), 1);
-      wgmma::mma_rs_n_major<T, kN>(y, p[kk], wgmma::desc_advance(b_desc, kk * 16 * wgmma::kSwizzleRowBytes), 1);
-    } else {
-      const uint64_t b_desc = wgmma::desc_k_major(b);
-      const uint32_t col = (kk % 4) * 32;
-      const uint64_t a_desc = wgmma::desc_k_major(a + (kk / 4) * 64 * 128 + col);
-      wgmma::mma_ss<T, kN>(x, a_desc, wgmma::desc_advance(b_desc, (kk / 4) * kN * 128 + col), 1);
-      wgmma::mma_ss<T, kN>(y, a_desc, wgmma::desc_advance(b_desc, (kk / 4) * kN * 128 + col), 1);
-    }
+    const uint32_t col = (kk % 4) * 32;
+    wgmma::mma_ss<T, kN>(acc, wgmma::desc_k_major(a + (kk / 4) * 64 * 128 + col),
+                         wgmma::desc_advance(wgmma::desc_k_major(b), (kk / 4) * kN * 128 + col), 1);
   }
 }
 
@@ -94,10 +70,11 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(int iters, unsigned*
         ptx::named_barrier_sync<2, 256>();
     }
     wgmma::fence();
-    if constexpr (kWay == kTwoChains)
-      issue_two_chains<kN, kRs>(x, y, p, a, b);
-    else
-      issue_chain<kN, kRs>(x, p, a, b);
+#pragma unroll
+    for (int kk = 0; kk < kChain; ++kk) {  // two chains: their wgmmas alternate
+      issue_one<kN, kRs>(x, p, a, b, kk);
+      if constexpr (kWay == kTwoChains) issue_one<kN, kRs>(y, p, a, b, kk);
+    }
     wgmma::commit_group();
     if constexpr (kWay == kPingPong) {
       if (group == 0)
