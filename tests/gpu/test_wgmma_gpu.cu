@@ -5,7 +5,9 @@
 // double-precision product on the host. Also with S over the first 32 or 64 rows of B only
 // (and P V over those keys), as the forward's narrow last tile reads its 128-row tiles. And
 // the fused backward's dq step (bwd_mma_sm90.cuh): dS^T from registers stored transposed, dS K
-// with K read N-major, staged and added into global memory by bulk reductions, twice. Skipped off Hopper.
+// with K read N-major, staged and added into global memory by bulk reductions, twice. And one
+// wgmma over 16-column slices in the 32-byte swizzle (sw32_offset, desc_k_major_sw32), A from
+// the second 64 rows of its block, as the gathered forward's folded terms. Skipped off Hopper.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -111,6 +113,29 @@ __global__ void ds_k_probe(const float* dst_in, const T* k, float* dq) {
   }
 }
 
+// S = A[64:128] B^T over 16-column slices: A [128 x 16] and B [128 x 16] written chunk by chunk
+// at sw32_offset, one m64n128k16 with both descriptors in the 32-byte swizzle.
+__global__ void sw32_probe(const T* a, const T* b, float* s_out) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_a = fdma::cuda::ptx::smem_addr(smem), s_b = s_a + 128 * wg::kSw32RowBytes;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  for (int i = tid; i < 2 * 128 * 2; i += 128) {  // (operand, row, chunk)
+    const int op = i / 256, row = i / 2 % 128, chunk = i % 2;
+    const uint4 v = reinterpret_cast<const uint4*>(op == 0 ? a : b)[row * 2 + chunk];
+    fdma::cuda::ptx::st_shared_v4((op == 0 ? s_a : s_b) + wg::sw32_offset(row, chunk), v);
+  }
+  wg::fence_proxy_async_smem();
+  __syncthreads();
+  float s[kN / 8][4];
+  wg::fence();
+  wg::mma_ss<T, kN>(s, wg::desc_k_major_sw32(s_a + 64 * wg::kSw32RowBytes), wg::desc_k_major_sw32(s_b), 0);
+  wg::commit_group();
+  wg::wait_group<0>();
+  wg::fence_operands(s);
+  for (int nt = 0; nt < kN / 8; ++nt)
+    for (int e = 0; e < 4; ++e) s_out[(16 * warp + g + 8 * (e >> 1)) * kN + 8 * nt + 2 * t + (e & 1)] = s[nt][e];
+}
+
 bool hopper_available() {
   int n = 0, major = 0, minor = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
@@ -214,6 +239,36 @@ TEST(WgmmaGpu, FusedDqStepStoresDsAndReducesDsK) {
       bad += std::fabs(dq[fdma::cuda::dq_acc_offset(0, q, d, 64, kD)] - 2 * ref) > 1e-3 * (1 + std::fabs(2 * ref));
     }
   EXPECT_EQ(bad, 0) << "dq = 2 dS K elements off";
+}
+
+TEST(WgmmaGpu, ThirtyTwoByteSwizzledSlices) {
+  if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU with sm_90a code: wgmma tests skipped";
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<T> a(128 * 16), b(128 * 16);
+  for (auto& x : a) x = __float2bfloat16(dist(rng));
+  for (auto& x : b) x = __float2bfloat16(dist(rng));
+  T *d_a, *d_b;
+  float* d_s;
+  ASSERT_EQ(cudaMalloc(&d_a, a.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_b, b.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_s, 64 * kN * 4), cudaSuccess);
+  cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_b, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+  sw32_probe<<<1, 128, 2 * 128 * wg::kSw32RowBytes>>>(d_a, d_b, d_s);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> s(64 * kN);
+  cudaMemcpy(s.data(), d_s, s.size() * 4, cudaMemcpyDeviceToHost);
+  cudaFree(d_a), cudaFree(d_b), cudaFree(d_s);
+  int bad = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < kN; ++j) {
+      double ref = 0;
+      for (int c = 0; c < 16; ++c)
+        ref += double(__bfloat162float(a[(64 + i) * 16 + c])) * __bfloat162float(b[j * 16 + c]);
+      bad += std::fabs(s[i * kN + j] - ref) > 1e-3 * (1 + std::fabs(ref));
+    }
+  EXPECT_EQ(bad, 0) << "S over 32-byte swizzled slices: elements off";
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 //
 // Three warp groups per CTA of 128 query rows; key tiles of 128 keys for gathered calls (64 at
 // D = 256) and wider ones for dense calls (fwd_ws_key_tile). The producer group gives most of its registers
-// away (setmaxnreg) and fills a ring of kStages K and V buffers, each with a "full" mbarrier the
+// away (setmaxnreg) and fills rings of K and V buffers (FwdWsShape), each with a "full" mbarrier the
 // copies complete and an "empty" one the consumers arrive on. Dense and scored calls: one
 // thread issues every copy with the bulk tensor copy engine (TMA), a key tile's bias row, or
 // its mask and bias tiles, with its K; scored calls skip the key tiles the mask summary rules
@@ -257,10 +257,10 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
     // (one in flight across a branch makes ptxas serialise them all, warning C7514).
     auto step = [&](auto keys_tag, int j, int nb, bool last) {
       constexpr int kKeys = decltype(keys_tag)::value;
-      const int s_now = j % Shape::kStages, s_prev = (j - 1) % Shape::kStages;
+      const int s_now = j % Shape::kStages, s_prev = (j - 1) % Shape::kVStages;  // K(j)'s, V(j-1)'s
       float s[1][kKeys / 8][4], alpha[2];
       wait_full(Shape::k_full(base, s_now), (j / Shape::kStages) & 1);
-      wait_full(Shape::v_full(base, s_prev), ((j - 1) / Shape::kStages) & 1);
+      wait_full(Shape::v_full(base, s_prev), ((j - 1) / Shape::kVStages) & 1);
       take_turn();
       Mma::template qk_issue<kKeys, kFolded>(s, s_q, Shape::k_tile(base, s_now), warp, base + Shape::kQTerm,
                                                   Shape::k_term_tile(base, s_now));
@@ -271,24 +271,26 @@ __device__ __forceinline__ void fwd_ws_consume(const AttentionFwdParams& p, cons
       if constexpr (Shape::kMaskOverBias) mbar::wait(Shape::ready(base, s_now), (j / Shape::kStages) & 1);
       fwd_ws_scores<T, kKind, Shape, kFolded>(s[0], p, smem, base, s_now, nb * Shape::kBlockN, b, h, warp_row0, lane, raw,
                                      tile_row, mask_all(nb), key_terms);
-      // Gathered steps free V before the softmax: its branches (the exact exponent's vote) kept
-      // ptxas from hoisting this wait and release above it as it had, and the later release
-      // cost 3-4% at 16K and 32K keys (docs/performance.md). Dense kinds gain by the overlap.
+      // With two V buffers gathered steps free V before the softmax: its branches (the exact
+      // exponent's vote) kept ptxas from hoisting this wait and release above it as it had, and
+      // the later release cost 3-4% at 16K and 32K keys (docs/performance.md). With three, and
+      // in the dense kinds, the softmax runs under P V.
       auto free_v = [&] {
         Mma::wait_pv(o, pf);
         release(Shape::v_empty(base, s_prev));
       };
-      if constexpr (kGather) free_v();
+      constexpr bool kFreeVFirst = kGather && Shape::kVStages == 2;
+      if constexpr (kFreeVFirst) free_v();
       softmax.scale_scores_log2(s[0], alpha, log2_scale);
-      if constexpr (!kGather) free_v();
+      if constexpr (!kFreeVFirst) free_v();
       softmax.rescale(o[0], alpha);
       Mma::pack_p(pf, s);
     };
     // The P V of the last step, `last`, over its kKeys keys.
     auto last_pv = [&](auto keys_tag, int last) {
       constexpr int kKeys = decltype(keys_tag)::value;
-      wait_full(Shape::v_full(base, last % Shape::kStages), (last / Shape::kStages) & 1);
-      Mma::template pv_issue<kKeys>(o, pf, Shape::v_tile(base, last % Shape::kStages));
+      wait_full(Shape::v_full(base, last % Shape::kVStages), (last / Shape::kVStages) & 1);
+      Mma::template pv_issue<kKeys>(o, pf, Shape::v_tile(base, last % Shape::kVStages));
       Mma::wait_pv(o, pf);
     };
     using Full = std::integral_constant<int, Shape::kBlockN>;
@@ -372,23 +374,24 @@ __global__ void __launch_bounds__(FwdWsShape<T, kHeadDim, kKind>::kThreads, 1)
     mbar::init(Shape::q_full(base), Shape::kFillArrivals);
     for (int s = 0; s < Shape::kStages; ++s) {
       mbar::init(Shape::k_full(base, s), Shape::kFillArrivals);
-      mbar::init(Shape::v_full(base, s), Shape::kFillArrivals);
       mbar::init(Shape::k_empty(base, s), 128 * Shape::kConsumers);
-      mbar::init(Shape::v_empty(base, s), 128 * Shape::kConsumers);
       if constexpr (Shape::kMaskOverBias) mbar::init(Shape::ready(base, s), kMaskHelperThreads);
+    }
+    for (int s = 0; s < Shape::kVStages; ++s) {
+      mbar::init(Shape::v_full(base, s), Shape::kFillArrivals);
+      mbar::init(Shape::v_empty(base, s), 128 * Shape::kConsumers);
     }
     mbar::fence_init();
   }
   if constexpr (Shape::kFold) {
     // The term slices: Q's row r chunk 0 holds (1, 1, 1, 0, ...), everything else zero until the
     // producer copies a key's chunk over its row's chunk 0. Fenced for the tensor core's reads.
-    constexpr int kChunks = (1 + Shape::kStages) * Shape::kBlockM * 8;
+    constexpr int kChunks = (1 + Shape::kStages) * Shape::kBlockM * 2;  // two 16-byte chunks a row
     for (int i = tid; i < kChunks; i += Shape::kThreads) {
-      const int block = i / (Shape::kBlockM * 8), r = i / 8 % Shape::kBlockM, c = i % 8;
+      const int block = i / (Shape::kBlockM * 2), r = i / 2 % Shape::kBlockM, c = i % 2;
       const uint32_t one = 0x3F80u;  // bf16 1.0
       const uint4 v = block == 0 && c == 0 ? make_uint4(one | one << 16, one, 0u, 0u) : make_uint4(0u, 0u, 0u, 0u);
-      ptx::st_shared_v4(base + Shape::kQTerm + block * Shape::kTermBlockBytes + wgmma::sw128_offset(Shape::kBlockM, r, c),
-                        v);
+      ptx::st_shared_v4(base + Shape::kQTerm + block * Shape::kTermBlockBytes + wgmma::sw32_offset(r, c), v);
     }
     wgmma::fence_proxy_async_smem();
   }

@@ -51,7 +51,7 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
 
   // Issues S = Q K^T: this warpgroup's 64 rows x kKeys keys, D / 16 chained wgmmas. kTermSlice:
   // one more, over a 16-column slice of its own for Q (q_term: kBlockM rows) and for K (k_term),
-  // each a 128-byte swizzled block (the gathered forward's folded key terms).
+  // each a 32-byte swizzled block (wgmma::sw32_offset; the gathered forward's folded key terms).
   template <int kKeys = kBlockN, bool kTermSlice = false>
   __device__ static void qk_issue(float (&s)[1][kKeys / 8][4], uint32_t s_q, uint32_t k_tile, int warp,
                                   uint32_t q_term = 0, uint32_t k_term = 0) {
@@ -68,8 +68,8 @@ struct FwdMmaSm90 : TileIoSm90<T, kHeadDim, 256> {
                               wgmma::desc_advance(k_desc, (kk / 4) * kBlockBytesKV + col), kk > 0);
     }
     if constexpr (kTermSlice)
-      wgmma::mma_ss<T, kKeys>(s[0], wgmma::desc_k_major(q_term + (warp / 4) * 64 * wgmma::kSwizzleRowBytes),
-                              wgmma::desc_k_major(k_term), 1);
+      wgmma::mma_ss<T, kKeys>(s[0], wgmma::desc_k_major_sw32(q_term + (warp / 4) * 64 * wgmma::kSw32RowBytes),
+                              wgmma::desc_k_major_sw32(k_term), 1);
     wgmma::commit_group();
   }
 

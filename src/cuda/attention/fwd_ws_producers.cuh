@@ -36,6 +36,7 @@ template <class Shape, class LoadTerms>
 __device__ __forceinline__ void fwd_ws_load_kv(const FwdTensorMaps& maps, uint32_t base, int j, int key0, int hk,
                                                int b, int term_bytes, LoadTerms&& load_terms) {
   using Mma = typename Shape::Mma;
+  static_assert(Shape::kVStages == Shape::kStages, "copy-engine calls keep K and V in one ring");
   const int s = j % Shape::kStages;
   const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;  // the first pass finds every stage free
   const uint32_t k_full = Shape::k_full(base, s), v_full = Shape::v_full(base, s);
@@ -216,20 +217,20 @@ __device__ __forceinline__ void fwd_ws_produce_gather(const AttentionFwdParams& 
   auto tiles = [&](auto full_rows) {
     constexpr bool kFull = decltype(full_rows)::value;
     for (int j = 0; j < n_blocks; ++j) {
-      const int s = j % Shape::kStages;
-      const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1;
+      const int s = j % Shape::kStages, sv = j % Shape::kVStages;
+      const uint32_t free_parity = ((j / Shape::kStages) & 1) ^ 1, v_free_parity = ((j / Shape::kVStages) & 1) ^ 1;
       mbar::wait(Shape::k_empty(base, s), free_parity);
       gather_rows_by_warp<kHeadDim, kN, kFull>(Shape::k_tile(base, s), k, k_row_bytes, idx, warp, lane, p.D);
       if (has_row)
         ptx::cp_async_16(base + Shape::info_offset(s) + row * 16, idx >= 0 ? info + idx : info, idx >= 0 ? 16 : 0);
       if (Shape::kFold && fold)  // the row's chunk 0 of the term slice (zeros past the list; every lane has a row)
-        ptx::cp_async_16(Shape::k_term_tile(base, s) + wgmma::sw128_offset(kN, row, 0),
+        ptx::cp_async_16(Shape::k_term_tile(base, s) + wgmma::sw32_offset(row, 0),
                          idx >= 0 ? static_cast<const void*>(chunks + idx) : static_cast<const void*>(info),
                          idx >= 0 ? 16 : 0);
       mbar::arrive_on_cp_async(Shape::k_full(base, s));
-      mbar::wait(Shape::v_empty(base, s), free_parity);
-      gather_rows_by_warp<kHeadDim, kN, kFull>(Shape::v_tile(base, s), v, v_row_bytes, idx, warp, lane, p.D);
-      mbar::arrive_on_cp_async(Shape::v_full(base, s));
+      mbar::wait(Shape::v_empty(base, sv), v_free_parity);
+      gather_rows_by_warp<kHeadDim, kN, kFull>(Shape::v_tile(base, sv), v, v_row_bytes, idx, warp, lane, p.D);
+      mbar::arrive_on_cp_async(Shape::v_full(base, sv));
       const int key = (j + 1) * kN + row;  // the next tile's list entry of this lane's row
       idx = has_row && key < n_listed ? list[key] : -1;
     }

@@ -55,7 +55,7 @@ constexpr int fwd_ws_key_tile(int head_dim, FwdWsKind kind) {
   return head_dim == 64 ? 192 : head_dim == 128 ? 176 : 80;
 }
 
-// The CTA's shape and shared memory: Q, then kStages K buffers, kStages V buffers (each
+// The CTA's shape and shared memory: Q, then kStages K buffers, kVStages V buffers (each
 // 1024-byte aligned for the swizzle), per stage the gathered keys' KeyInfo records (gathered
 // calls) or the key tile's bias row (dense calls), then the mbarriers; scored calls then their
 // terms (FwdWsTerms), sized per call.
@@ -67,6 +67,10 @@ struct FwdWsShape {
   using Mma = FwdMmaSm90<T, kHeadDim, fwd_ws_key_tile(kHeadDim, kKind)>;
   static constexpr int kBlockM = Mma::kBlockM, kBlockN = Mma::kBlockN;
   static constexpr int kStages = 2;
+  // Gathered calls up to D 128 keep a third V buffer: their producer gathers V rows only into a
+  // buffer both groups have released, and with three the groups release V after the softmax
+  // (the dense kinds' order) without the producer waiting on it. At D 256 it does not fit.
+  static constexpr int kVStages = kGather && kHeadDim <= 128 ? 3 : kStages;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows
   static constexpr int kGroupRows = kBlockM / kConsumers;  // (the box of out's tensor map)
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -81,17 +85,17 @@ struct FwdWsShape {
   static constexpr int kInfoUsed = kGather ? kBlockN * int(sizeof(KeyInfo)) : kScored ? 0 : kBlockN * 4;
   static constexpr int kInfoBytes = (kInfoUsed + 127) / 128 * 128;
   // Gathered bf16 calls fold each key's term into S (KeyLists::bias_chunks): one more 16-column
-  // slice of Q and of each K stage, in 128-byte swizzled blocks of their own (Q's holds ones,
+  // slice of Q and of each K stage, in 32-byte swizzled blocks of their own (Q's holds ones,
   // written once; a K stage's the listed keys' chunks, copied with their rows).
   static constexpr bool kFold = kGather && std::is_same_v<T, __nv_bfloat16> && kHeadDim <= 128;  // lists_fold_bias
-  static constexpr int kTermBlockBytes = kFold ? kBlockM * wgmma::kSwizzleRowBytes : 0;  // kBlockN == kBlockM
+  static constexpr int kTermBlockBytes = kFold ? kBlockM * wgmma::kSw32RowBytes : 0;  // kBlockN == kBlockM
   static constexpr int kQ = 0, kK = kQ + Mma::kQBytes, kV = kK + kStages * Mma::kKVBytes;
-  static constexpr int kQTerm = kV + kStages * Mma::kKVBytes, kKTerm = kQTerm + kTermBlockBytes;
+  static constexpr int kQTerm = kV + kVStages * Mma::kKVBytes, kKTerm = kQTerm + kTermBlockBytes;
   static constexpr int kInfo = kKTerm + kStages * kTermBlockBytes;
   static constexpr int kBars = kInfo + kStages * kInfoBytes;
-  // q_full, then per stage k_full, k_empty, v_full, v_empty; mask over bias, per stage ready (the
-  // mask laid over the stage's bias tile)
-  static constexpr int kNumBars = 1 + 4 * kStages + (kMaskOverBias ? kStages : 0);
+  // q_full, then per K stage k_full, k_empty, per V stage v_full, v_empty; mask over bias, per
+  // K stage ready (the mask laid over the stage's bias tile)
+  static constexpr int kNumBars = 1 + 2 * kStages + 2 * kVStages + (kMaskOverBias ? kStages : 0);
   static constexpr int kSmemBytes = align_slack<1024>() + kBars + kNumBars * 8;  // without a scored call's terms
   static_assert(kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static constexpr int kTerms = (kBars + kNumBars * 8 + 1023) / 1024 * 1024;  // scored calls' terms (1024-aligned)
@@ -107,8 +111,12 @@ struct FwdWsShape {
   __device__ static uint32_t k_full(uint32_t base, int s) { return base + kBars + 8 * (1 + s); }
   __device__ static uint32_t k_empty(uint32_t base, int s) { return base + kBars + 8 * (1 + kStages + s); }
   __device__ static uint32_t v_full(uint32_t base, int s) { return base + kBars + 8 * (1 + 2 * kStages + s); }
-  __device__ static uint32_t v_empty(uint32_t base, int s) { return base + kBars + 8 * (1 + 3 * kStages + s); }
-  __device__ static uint32_t ready(uint32_t base, int s) { return base + kBars + 8 * (1 + 4 * kStages + s); }
+  __device__ static uint32_t v_empty(uint32_t base, int s) {
+    return base + kBars + 8 * (1 + 2 * kStages + kVStages + s);
+  }
+  __device__ static uint32_t ready(uint32_t base, int s) {
+    return base + kBars + 8 * (1 + 2 * kStages + 2 * kVStages + s);
+  }
   __device__ static uint32_t k_tile(uint32_t base, int s) { return base + kK + s * Mma::kKVBytes; }
   __device__ static uint32_t v_tile(uint32_t base, int s) { return base + kV + s * Mma::kKVBytes; }
   __device__ static uint32_t k_term_tile(uint32_t base, int s) { return base + kKTerm + s * kTermBlockBytes; }

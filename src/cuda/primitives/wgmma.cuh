@@ -37,17 +37,30 @@ __device__ __forceinline__ uint32_t sw128_offset(int rows, int row, int chunk) {
   const uint32_t r = row, c = chunk;
   return (c / 8) * rows * kSwizzleRowBytes + r * kSwizzleRowBytes + (((c % 8) ^ (r % 8)) << 4);
 }
+// A 16-column slice (one wgmma's K) of 16-bit elements in the 32-byte swizzle: rows of 32
+// bytes, the two chunks of row r swapped where r % 8 >= 4 (address bit 4 ^= bit 7; blocks
+// 256-byte aligned). A quarter of a 128-byte swizzled block's bytes for the same rows.
+constexpr int kSw32RowBytes = 32;
+__device__ __forceinline__ uint32_t sw32_offset(int row, int chunk) {
+  const uint32_t r = row, c = chunk;
+  return r * kSw32RowBytes + ((c ^ ((r / 4) % 2)) << 4);
+}
 
 // --- descriptors --------------------------------------------------------------------------
 // Bits 0-13: start address >> 4; 16-29: leading byte offset >> 4; 32-45: stride byte offset
-// >> 4; 62-63: swizzle mode (1 = 128 bytes).
-__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+// >> 4; 62-63: swizzle mode (1 = 128 bytes, 3 = 32 bytes).
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lead_bytes, uint32_t stride_bytes,
+                                              uint32_t swizzle_mode = 1) {
   return uint64_t((smem_addr & 0x3FFFF) >> 4) | uint64_t((lead_bytes >> 4) & 0x3FFF) << 16 |
-         uint64_t((stride_bytes >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
+         uint64_t((stride_bytes >> 4) & 0x3FFF) << 32 | uint64_t(swizzle_mode) << 62;
 }
 // K-major operand (rows = M or N, 16 elements of K from `addr`): consecutive 8-row groups are
 // 1024 bytes apart; the leading offset is unused under swizzling.
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) { return make_desc(addr, 16, 8 * kSwizzleRowBytes); }
+// A K-major 16-column slice in the 32-byte swizzle (sw32_offset): 8-row groups 256 bytes apart.
+__device__ __forceinline__ uint64_t desc_k_major_sw32(uint32_t addr) {
+  return make_desc(addr, 16, 8 * kSw32RowBytes, 3);
+}
 // N-major operand (K = tile rows, N = columns): 64-column blocks are `block_bytes` apart (the
 // leading offset), 8-row groups of K 1024 bytes apart (the stride offset).
 __device__ __forceinline__ uint64_t desc_n_major(uint32_t addr, uint32_t block_bytes) {
