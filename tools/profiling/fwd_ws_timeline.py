@@ -1,9 +1,10 @@
 """Where a warp-specialized forward step's time goes, per consumer group, on the SM's own clock.
 
 Needs a library built from a tree with `fwd_ws_timeline.patch` applied (the probe writes the
-clock at 8 points of each step of both consumer groups of every 32nd CTA, and prints
-them when the CTA ends; device printf slows the whole call several-fold, but the points inside
-a CTA's steps are taken before any of its printing). On the GPU machine:
+clock at 8 points of each step of both consumer groups of every 32nd CTA into a device array,
+and a kernel of its own prints them after each forward: a printf inside the forward would make
+ptxas serialize every wgmma of it, warning C7510, and time a different kernel). On the GPU
+machine:
 
   git apply tools/profiling/fwd_ws_timeline.patch
   BUILD_DIR=build-probe BUILD_ARGS="-DFDMA_CUDA_HEAD_DIMS=64;128 -DFDMA_CUDA_DTYPES=bf16" \\
