@@ -1,5 +1,6 @@
 """The profiling tools that ship as patches and readers: the patch still applies to the kernels
-it instruments, and the reader's phases are the differences of the points it was given."""
+it instruments and leaves their wgmmas pipelined, and the reader's phases are the differences of
+the points it was given."""
 import os
 import shutil
 import subprocess
@@ -18,6 +19,29 @@ def test_timeline_patch_applies():
     r = subprocess.run(["git", "apply", "--check", "tools/profiling/fwd_ws_timeline.patch"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("nvcc") is None
+                    or not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs git, nvcc and a checkout")
+def test_timeline_patch_keeps_the_wgmmas_pipelined(tmp_path):
+    # A printf (any call) inside a wgmma kernel makes ptxas serialize all its wgmmas (C7510):
+    # the probe would then time another kernel. The patched D 128 bf16 forward must compile
+    # without that warning.
+    tree = tmp_path / "tree"
+    archive = subprocess.run(["git", "archive", "HEAD", "src", "include"], cwd=ROOT, capture_output=True, check=True)
+    tree.mkdir()
+    subprocess.run(["tar", "-x"], cwd=tree, input=archive.stdout, check=True)
+    subprocess.run(["git", "apply", os.path.abspath(os.path.join(ROOT, "tools", "profiling",
+                                                                               "fwd_ws_timeline.patch"))],
+                   cwd=tree, check=True)
+    unit = tree / "fwd128.cu"
+    unit.write_text('#include "cuda/attention/attention_fwd.cuh"\n'
+                    "FDMA_INSTANTIATE_ATTENTION_FWD(__nv_bfloat16, 128)\n")
+    r = subprocess.run(["nvcc", "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DFDMA_BUILDING_LIBRARY",
+                        "-DFDMA_HAVE_CUDA=1", "-Iinclude", "-Isrc", "-gencode", "arch=compute_90a,code=sm_90a",
+                        "-cubin", "-o", "fwd128.cubin", "fwd128.cu"], cwd=tree, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "C7510" not in r.stdout + r.stderr, "the probe serializes the forward's wgmmas"
 
 
 def test_timeline_reader_phases(capsys):
