@@ -31,9 +31,8 @@ def test_timeline_patch_keeps_the_wgmmas_pipelined(tmp_path):
     archive = subprocess.run(["git", "archive", "HEAD", "src", "include"], cwd=ROOT, capture_output=True, check=True)
     tree.mkdir()
     subprocess.run(["tar", "-x"], cwd=tree, input=archive.stdout, check=True)
-    subprocess.run(["git", "apply", os.path.abspath(os.path.join(ROOT, "tools", "profiling",
-                                                                               "fwd_ws_timeline.patch"))],
-                   cwd=tree, check=True)
+    patch = os.path.abspath(os.path.join(ROOT, "tools", "profiling", "fwd_ws_timeline.patch"))
+    subprocess.run(["git", "apply", patch], cwd=tree, check=True)
     unit = tree / "fwd128.cu"
     unit.write_text('#include "cuda/attention/attention_fwd.cuh"\n'
                     "FDMA_INSTANTIATE_ATTENTION_FWD(__nv_bfloat16, 128)\n")
