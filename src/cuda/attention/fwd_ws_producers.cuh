@@ -137,33 +137,30 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // its quarter of them, rows kRows / 4 * block .. + kRows / 4 - 1, lane l holding the list index
 // of the quarter's row l (-1 past the list, and in lanes past the quarter), so that each index
 // is one coalesced load per tile, handed to the lanes copying its row by shuffles. A row is
-// copied by 16 lanes or fewer (D / 8 at D = 64 and 128), a pass copying 2 or 4 rows: a lane
-// copies one 16-byte chunk of a row in a column of its own, two at D = 256 (columns c and
-// c + 16, in 128-byte column blocks two apart, with the same swizzle). Its source column and
-// its place in the swizzle (the chunk XOR the row mod 8, where the row mod 8 is the pass's
-// constant XOR the lane's) are worked out once, so that a row costs a lane a shuffle, one wide
-// multiply-add and its copies (the producer's issue slots bound the gathered forward; the
-// general row and swizzle arithmetic took about 19 instructions a chunk). Two chunks a lane at
-// D = 256: with one, a pass was one row and a swizzle phase held eight destination addresses,
-// which spilled. kFullRows: the call's D is kHeadDim, so no chunk is padding (no test per chunk).
+// copied by 8 lanes, a pass copying 4 rows: a lane copies chunk ch of the row in each 128-byte
+// column block (D / 64 chunks, one per block, all at the same place in the swizzle: the chunk
+// XOR the row mod 8, where the row mod 8 is the pass's constant XOR the lane's). Its source
+// column and its place in the swizzle are worked out once, so that a row costs a lane a
+// shuffle, one wide multiply-add and D / 64 copies: the producer's issue slots are shared with
+// the consumers' softmax on every scheduler, and the row's index work is paid once for all of
+// the lane's chunks. kFullRows: the call's D is kHeadDim, so no chunk is padding (no test per
+// chunk).
 template <int kHeadDim, int kRows, bool kFullRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
   static_assert(kRows == 128 || kRows == 64, "four blocks of 32 or 16 rows");
-  constexpr int kWarpRows = kRows / 4, kChunks = kHeadDim / 8;
-  constexpr int kLaneChunks = kChunks > 16 ? kChunks / 16 : 1, kRowLanes = kChunks / kLaneChunks;
+  constexpr int kWarpRows = kRows / 4, kRowLanes = 8, kLaneChunks = kHeadDim / 64;
   constexpr int kRowsPerPass = 32 / kRowLanes;
-  static_assert(kRowLanes <= 16 && kRowsPerPass <= 8 && 8 % kRowsPerPass == 0,
-                "a pass's rows are one 8-row swizzle phase's");
-  const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's first chunk column, its row in a pass
+  static_assert(kHeadDim % 64 == 0, "whole 128-byte column blocks");
+  const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's chunk in each column block, its row in a pass
   const char* src = reinterpret_cast<const char*>(base) + ch * 16;
-  // Head-dim padding: zeros. Chunk ch + 16 c of the row is the lane's copy c.
-  int src_bytes[kLaneChunks];
+  // Head-dim padding: zeros. Column block c holds the lane's copy c (chunk ch + 8 c of the row).
+  bool in_row[kLaneChunks];
 #pragma unroll
-  for (int c = 0; c < kLaneChunks; ++c) src_bytes[c] = kFullRows || (ch + 16 * c) * 8 < D ? 16 : 0;
+  for (int c = 0; c < kLaneChunks; ++c) in_row[c] = kFullRows || (ch + 8 * c) * 8 < D;
   // Row r = kWarpRows block + i kRowsPerPass + sub: r mod 8 = (i kRowsPerPass mod 8) XOR sub.
-  const uint32_t dst = smem + (ch / 8) * kRows * 128 + (kWarpRows * block + sub) * 128;
-  const uint32_t swz = uint32_t((ch % 8) ^ sub) << 4;
+  const uint32_t dst = smem + (kWarpRows * block + sub) * 128;
+  const uint32_t swz = uint32_t(ch ^ sub) << 4;
   constexpr int kPhase = 8 / kRowsPerPass;  // passes a swizzle phase (8 rows): their XORs are constants
 #pragma unroll 1
   for (int i0 = 0; i0 < kWarpRows / kRowsPerPass; i0 += kPhase) {
@@ -174,9 +171,9 @@ __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base
       const uint32_t row_swz = swz ^ (uint32_t(u * kRowsPerPass) << 4);
       const uint64_t offset = uint64_t(uint32_t(max(idx, 0))) * uint32_t(row_bytes);  // one wide multiply-add
 #pragma unroll
-      for (int c = 0; c < kLaneChunks; ++c)  // chunk ch + 16 c: 256 bytes on in the row, two column blocks in the tile
-        ptx::cp_async_16(dst + c * 2 * kRows * 128 + i * kRowsPerPass * 128 + row_swz, src + offset + c * 256,
-                         idx >= 0 ? src_bytes[c] : 0);
+      for (int c = 0; c < kLaneChunks; ++c)  // 128 bytes on in the row, one column block on in the tile
+        ptx::cp_async_16(dst + c * kRows * 128 + i * kRowsPerPass * 128 + row_swz, src + offset + c * 128,
+                         idx >= 0 && in_row[c] ? 16 : 0);
     }
   }
 }
