@@ -137,43 +137,48 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // its quarter of them, rows kRows / 4 * block .. + kRows / 4 - 1, lane l holding the list index
 // of the quarter's row l (-1 past the list, and in lanes past the quarter), so that each index
 // is one coalesced load per tile, handed to the lanes copying its row by shuffles. A row is
-// copied by 8 lanes, a pass copying 4 rows: a lane copies chunk ch of the row in each 128-byte
-// column block (D / 64 chunks, one per block, all at the same place in the swizzle: the chunk
-// XOR the row mod 8, where the row mod 8 is the pass's constant XOR the lane's). Its source
-// column and its place in the swizzle are worked out once, so that a row costs a lane a
-// shuffle, one wide multiply-add and D / 64 copies: the producer's issue slots are shared with
-// the consumers' softmax on every scheduler, and the row's index work is paid once for all of
-// the lane's chunks. kFullRows: the call's D is kHeadDim, so no chunk is padding (no test per
-// chunk).
+// copied by kRowLanes lanes (4 up to D = 128, 8 at 256), a pass copying 32 / kRowLanes rows:
+// lane (ch, sub) copies the row's 16-byte chunks ch, ch + kRowLanes, ch + 2 kRowLanes, ...
+// Each chunk's place in the 128-byte swizzle is its column mod 8 XOR the row mod 8, where the
+// row mod 8 is the pass's constant XOR sub: so the lane works out its source column and swizzle
+// once, and a row costs it one shuffle, one wide multiply-add and its D / 8 / kRowLanes copies
+// (the producer's issue slots are shared with the consumers' softmax on every scheduler).
+// Four lanes a row pay that row's work over more copies; at D = 256 they were slower than 8
+// (docs/performance.md, "eight lanes a gathered row"). kFullRows: the call's D is kHeadDim, so
+// no chunk is padding (no test per chunk).
 template <int kHeadDim, int kRows, bool kFullRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
   static_assert(kRows == 128 || kRows == 64, "four blocks of 32 or 16 rows");
-  constexpr int kWarpRows = kRows / 4, kRowLanes = 8, kLaneChunks = kHeadDim / 64;
-  constexpr int kRowsPerPass = 32 / kRowLanes;
   static_assert(kHeadDim % 64 == 0, "whole 128-byte column blocks");
-  const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's chunk in each column block, its row in a pass
+  constexpr int kRowLanes = kHeadDim == 256 ? 8 : 4, kLaneChunks = kHeadDim / 8 / kRowLanes;
+  constexpr int kWarpRows = kRows / 4, kRowsPerPass = 32 / kRowLanes, kPasses = kWarpRows / kRowsPerPass;
+  constexpr int kPhase = 8 / kRowsPerPass;  // passes a swizzle phase (8 rows): their XORs are constants
+  constexpr int kUnroll = kRowLanes == 8 ? 1 : kPasses / kPhase;  // whole at 4 lanes; 8 lanes spill more so
+  const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's first chunk, its row in a pass
   const char* src = reinterpret_cast<const char*>(base) + ch * 16;
-  // Head-dim padding: zeros. Column block c holds the lane's copy c (chunk ch + 8 c of the row).
+  // Head-dim padding: zeros. The lane's copy c is chunk ch + kRowLanes c of the row.
   bool in_row[kLaneChunks];
 #pragma unroll
-  for (int c = 0; c < kLaneChunks; ++c) in_row[c] = kFullRows || (ch + 8 * c) * 8 < D;
-  // Row r = kWarpRows block + i kRowsPerPass + sub: r mod 8 = (i kRowsPerPass mod 8) XOR sub.
+  for (int c = 0; c < kLaneChunks; ++c) in_row[c] = kFullRows || (ch + kRowLanes * c) * 8 < D;
   const uint32_t dst = smem + (kWarpRows * block + sub) * 128;
   const uint32_t swz = uint32_t(ch ^ sub) << 4;
-  constexpr int kPhase = 8 / kRowsPerPass;  // passes a swizzle phase (8 rows): their XORs are constants
-#pragma unroll 1
-  for (int i0 = 0; i0 < kWarpRows / kRowsPerPass; i0 += kPhase) {
+#pragma unroll kUnroll
+  for (int i0 = 0; i0 < kPasses; i0 += kPhase) {
 #pragma unroll
     for (int u = 0; u < kPhase; ++u) {
       const int i = i0 + u;
       const int32_t idx = __shfl_sync(0xffffffffu, row_idx, i * kRowsPerPass + sub);
-      const uint32_t row_swz = swz ^ (uint32_t(u * kRowsPerPass) << 4);
       const uint64_t offset = uint64_t(uint32_t(max(idx, 0))) * uint32_t(row_bytes);  // one wide multiply-add
 #pragma unroll
-      for (int c = 0; c < kLaneChunks; ++c)  // 128 bytes on in the row, one column block on in the tile
-        ptx::cp_async_16(dst + c * kRows * 128 + i * kRowsPerPass * 128 + row_swz, src + offset + c * 128,
+      for (int c = 0; c < kLaneChunks; ++c) {
+        // ch < kRowLanes divides col, so the chunk ch + col = ch XOR col: col / 8 names its column
+        // block, col % 8 flips its place in the swizzle as the pass's row mod 8 does.
+        const int col = kRowLanes * c;
+        const uint32_t row_swz = swz ^ (uint32_t((col % 8) ^ ((u * kRowsPerPass) % 8)) << 4);
+        ptx::cp_async_16(dst + (col / 8) * kRows * 128 + i * kRowsPerPass * 128 + row_swz, src + offset + col * 16,
                          idx >= 0 && in_row[c] ? 16 : 0);
+      }
     }
   }
 }
