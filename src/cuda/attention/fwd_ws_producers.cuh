@@ -144,7 +144,7 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // once, and a row costs it one shuffle, one wide multiply-add and its D / 8 / kRowLanes copies
 // (the producer's issue slots are shared with the consumers' softmax on every scheduler).
 // Four lanes a row pay that row's work over more copies; at D = 256 they were slower than 8
-// (docs/performance.md, "eight lanes a gathered row"). kFullRows: the call's D is kHeadDim, so
+// (docs/performance.md, "four lanes a gathered row"). kFullRows: the call's D is kHeadDim, so
 // no chunk is padding (no test per chunk).
 template <int kHeadDim, int kRows, bool kFullRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
@@ -154,7 +154,7 @@ __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base
   constexpr int kRowLanes = kHeadDim == 256 ? 8 : 4, kLaneChunks = kHeadDim / 8 / kRowLanes;
   constexpr int kWarpRows = kRows / 4, kRowsPerPass = 32 / kRowLanes, kPasses = kWarpRows / kRowsPerPass;
   constexpr int kPhase = 8 / kRowsPerPass;  // passes a swizzle phase (8 rows): their XORs are constants
-  constexpr int kUnroll = kRowLanes == 8 ? 1 : kPasses / kPhase;  // whole at 4 lanes; 8 lanes spill more so
+  constexpr int kUnroll = kRowLanes == 8 ? 1 : kPasses / kPhase;  // as measured: unrolled at 4 lanes, not at 8
   const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's first chunk, its row in a pass
   const char* src = reinterpret_cast<const char*>(base) + ch * 16;
   // Head-dim padding: zeros. The lane's copy c is chunk ch + kRowLanes c of the row.
