@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_fwd_params.hpp"
+#include "cuda/attention/fwd_ws_gather_lanes.cuh"
 #include "cuda/attention/fwd_ws_shape.cuh"
 #include "cuda/attention/mask_over_bias_sm90.cuh"
 #include "cuda/attention/score_mod_sm80.cuh"
@@ -136,49 +137,34 @@ __device__ __forceinline__ void fwd_ws_lay_masks(const AttentionFwdParams& p, ui
 // Gathered rows into a swizzled tile of kRows rows (128, or 64 at D = 256), by one producer warp:
 // its quarter of them, rows kRows / 4 * block .. + kRows / 4 - 1, lane l holding the list index
 // of the quarter's row l (-1 past the list, and in lanes past the quarter), so that each index
-// is one coalesced load per tile, handed to the lanes copying its row by shuffles. A row is
-// copied by kRowLanes lanes (4 up to D = 128, 8 at 256), a pass copying 32 / kRowLanes rows:
-// lane (ch, sub) copies the row's 16-byte chunks ch, ch + kRowLanes, ch + 2 kRowLanes, ...
-// Each chunk's place in the 128-byte swizzle is its column mod 8 XOR the row mod 8, where the
-// row mod 8 is the pass's constant XOR sub: so the lane works out its source column and swizzle
-// once, and a row costs it one shuffle, one wide multiply-add and its D / 8 / kRowLanes copies
-// (the producer's issue slots are shared with the consumers' softmax on every scheduler).
-// Four lanes a row pay that row's work over more copies; at D = 256 they were slower than 8
-// (docs/performance.md, "four lanes a gathered row"). kFullRows: the call's D is kHeadDim, so
-// no chunk is padding (no test per chunk).
+// is one coalesced load per tile, handed to the lanes copying its row by shuffles. Which lane
+// copies which chunk of which row, and where it goes: GatherLanes (fwd_ws_gather_lanes.cuh).
+// A row costs a lane one shuffle, one wide multiply-add and its copies: the producer's issue
+// slots are shared with the consumers' softmax on every scheduler. kFullRows: the call's D is
+// kHeadDim, so no chunk is padding (no test per chunk).
 template <int kHeadDim, int kRows, bool kFullRows, class T>
 __device__ __forceinline__ void gather_rows_by_warp(uint32_t smem, const T* base, int32_t row_bytes, int32_t row_idx,
                                                     int block, int lane, int D) {
-  static_assert(kRows == 128 || kRows == 64, "four blocks of 32 or 16 rows");
-  static_assert(kHeadDim % 64 == 0, "whole 128-byte column blocks");
-  constexpr int kRowLanes = kHeadDim == 256 ? 8 : 4, kLaneChunks = kHeadDim / 8 / kRowLanes;
-  constexpr int kWarpRows = kRows / 4, kRowsPerPass = 32 / kRowLanes, kPasses = kWarpRows / kRowsPerPass;
-  constexpr int kPhase = 8 / kRowsPerPass;  // passes a swizzle phase (8 rows): their XORs are constants
-  constexpr int kUnroll = kRowLanes == 8 ? 1 : kPasses / kPhase;  // as measured: unrolled at 4 lanes, not at 8
-  const int ch = lane % kRowLanes, sub = lane / kRowLanes;  // the lane's first chunk, its row in a pass
-  const char* src = reinterpret_cast<const char*>(base) + ch * 16;
-  // Head-dim padding: zeros. The lane's copy c is chunk ch + kRowLanes c of the row.
-  bool in_row[kLaneChunks];
+  using L = GatherLanes<kHeadDim, kRows>;
+  constexpr int kUnroll = L::kRowLanes == 8 ? 1 : L::kPasses / L::kPhase;  // as measured: unrolled at 4 lanes, not 8
+  const int ch = L::first_chunk(lane), sub = L::pass_row(lane);
+  const char* src = reinterpret_cast<const char*>(base) + L::chunk(ch, 0) * 16;
+  // Head-dim padding: zeros.
+  bool in_row[L::kLaneChunks];
 #pragma unroll
-  for (int c = 0; c < kLaneChunks; ++c) in_row[c] = kFullRows || (ch + kRowLanes * c) * 8 < D;
-  const uint32_t dst = smem + (kWarpRows * block + sub) * 128;
-  const uint32_t swz = uint32_t(ch ^ sub) << 4;
+  for (int c = 0; c < L::kLaneChunks; ++c) in_row[c] = kFullRows || L::chunk(ch, c) * 8 < D;
+  const uint32_t dst = smem + L::lane_base(block, sub), swz = L::lane_swizzle(ch, sub);
 #pragma unroll kUnroll
-  for (int i0 = 0; i0 < kPasses; i0 += kPhase) {
+  for (int i0 = 0; i0 < L::kPasses; i0 += L::kPhase) {
 #pragma unroll
-    for (int u = 0; u < kPhase; ++u) {
+    for (int u = 0; u < L::kPhase; ++u) {
       const int i = i0 + u;
-      const int32_t idx = __shfl_sync(0xffffffffu, row_idx, i * kRowsPerPass + sub);
+      const int32_t idx = __shfl_sync(0xffffffffu, row_idx, L::source_lane(sub, i));
       const uint64_t offset = uint64_t(uint32_t(max(idx, 0))) * uint32_t(row_bytes);  // one wide multiply-add
 #pragma unroll
-      for (int c = 0; c < kLaneChunks; ++c) {
-        // ch < kRowLanes divides col, so the chunk ch + col = ch XOR col: col / 8 names its column
-        // block, col % 8 flips its place in the swizzle as the pass's row mod 8 does.
-        const int col = kRowLanes * c;
-        const uint32_t row_swz = swz ^ (uint32_t((col % 8) ^ ((u * kRowsPerPass) % 8)) << 4);
-        ptx::cp_async_16(dst + (col / 8) * kRows * 128 + i * kRowsPerPass * 128 + row_swz, src + offset + col * 16,
+      for (int c = 0; c < L::kLaneChunks; ++c)
+        ptx::cp_async_16(L::offset(dst, swz, i, u, c), src + offset + L::copy_step_bytes(c),
                          idx >= 0 && in_row[c] ? 16 : 0);
-      }
     }
   }
 }

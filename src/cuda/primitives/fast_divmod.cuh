@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FDMA_HOST_DEVICE __host__ __device__
-#else
-#define FDMA_HOST_DEVICE
-#endif
+#include "cuda/primitives/host_device.cuh"
 
 namespace fdma::cuda {
 
