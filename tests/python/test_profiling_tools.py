@@ -1,6 +1,6 @@
 """The profiling tools that ship as patches and readers: the patch still applies to the kernels
-it instruments and leaves their wgmmas pipelined, and the reader's phases are the differences of
-the points it was given."""
+it instruments and leaves their wgmmas pipelined, the reader's phases are the differences of
+the points it was given, and the stall reader's regions and opcodes add up what it read."""
 import os
 import shutil
 import subprocess
@@ -11,6 +11,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "tools", "profiling"))
 import fwd_ws_timeline  # noqa: E402
+import sass_stalls  # noqa: E402
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")),
@@ -61,3 +62,30 @@ def test_timeline_reader_phases(capsys):
     assert medians["issue"] == "500"
     assert medians["group 1 issues after group 0"] == "100"
     assert medians["group 0's period"] == "10000"
+
+
+def test_stall_reader_regions_and_opcodes(tmp_path, capsys):
+    # Nsight Compute's source page as CSV: two runs of executed instructions split by one that
+    # never ran, with predicated and modified mnemonics.
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_wait",
+            "stall_short_sb", "stall_wait (Not Issued)"]
+    body = [["0x0", "FMNMX R1, R2, R3", "30", "8", "10", "20", "9"],
+            ["0x10", "@!P0 FMNMX.FTZ R4, R1, R5", "10", "8", "10", "0", "9"],
+            ["0x20", "MUFU.EX2 R6, R4", "5", "8", "5", "0", "9"],
+            ["0x30", "EXIT", "0", "0", "0", "0", "0"],
+            ["0x40", "@P1 BRA 0x0", "55", "100", "0", "55", "0"]]
+    path = tmp_path / "src.csv"
+    path.write_text("\n".join(",".join(f'"{c}"' for c in rec) for rec in
+                              [["Kernel Name", "k"], head] + body) + "\n")
+    (name, rows), = sass_stalls.read_kernels(str(path))
+    assert name == "k" and len(rows) == 5
+    assert sass_stalls.regions(rows) == [[0, 2], [4, 4]]
+    ops = sass_stalls.by_opcode(rows, 0, 2)
+    assert [(op, n) for op, n, _ in ops] == [("FMNMX", 40), ("MUFU", 5)]
+    assert ops[0][2] == {"wait": 20, "short_sb": 20}  # the Not Issued columns are not counted again
+    sass_stalls.report("k", rows, top=2, ops=1)
+    out = capsys.readouterr().out
+    assert "[4-4]" in out.splitlines()[2] and "55.0%" in out.splitlines()[2]
+    assert out.splitlines()[3].split()[:2] == ["BRA", "55.0%"]
+    assert out.splitlines()[4].startswith("  [0-2]") and "45.0%" in out.splitlines()[4]
+    assert out.splitlines()[5].split()[:2] == ["FMNMX", "40.0%"]

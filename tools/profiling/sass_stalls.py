@@ -8,8 +8,11 @@ Then anywhere: python3 tools/profiling/sass_stalls.py dq.csv [other.csv]
 
 A region is a run of consecutive executed instructions; each line gives its instruction range,
 its share of the stall samples, how often its busiest instruction ran, and its top stall
-reasons. With two files (the same kernel binary profiled on two inputs, say dense and with a
-bias), regions are also compared by address: the largest differences in samples come last.
+reasons; `--ops N` adds, under each region, its N opcodes with the most samples (the mnemonic
+before its first '.', the predicate dropped) and their top stall reasons: which instructions a
+region waits in, and on what (short_sb after a shuffle, wait after a fixed-latency op, ...).
+With two files (the same kernel binary profiled on two inputs, say dense and with a bias),
+regions are also compared by address: the largest differences in samples come last.
 A file with several kernels (several launches profiled) is split at each "Kernel Name" line.
 """
 import argparse
@@ -63,7 +66,27 @@ def summarize(rows, first, last):
     return sum(r["samples"] for r in seg), max(r["executed"] for r in seg), stalls
 
 
-def report(name, rows, top):
+def opcode(source):
+    """The mnemonic of one SASS line without predicate or modifiers: '@!P0 FMNMX.FTZ R1, ..' -> 'FMNMX'."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def by_opcode(rows, first, last):
+    """[(opcode, samples, {stall: samples})] over rows first..last, most samples first."""
+    acc = {}
+    for r in rows[first:last + 1]:
+        op = opcode(r["source"])
+        samples, stalls = acc.setdefault(op, [0, {}])
+        acc[op][0] = samples + r["samples"]
+        for k, v in r["stalls"].items():
+            stalls[k] = stalls.get(k, 0) + v
+    return sorted(((op, n, st) for op, (n, st) in acc.items()), key=lambda x: -x[1])
+
+
+def report(name, rows, top, ops=0):
     total = sum(r["samples"] for r in rows) or 1
     executed = sum(r["executed"] for r in rows)
     print(f"{name[:120]}\n  {len(rows)} instructions, {executed} executed (warp level), {total} stall samples")
@@ -73,6 +96,9 @@ def report(name, rows, top):
         reasons = sorted(stalls.items(), key=lambda kv: -kv[1])[:4]
         print(f"  [{a}-{b}] {b - a + 1:4d} instr  {100 * samples / total:5.1f}%  runs {most:9d}  " +
               " ".join(f"{k}={v}" for k, v in reasons))
+        for op, n, st in by_opcode(rows, a, b)[:ops]:
+            why = sorted(st.items(), key=lambda kv: -kv[1])[:3]
+            print(f"      {op:<12} {100 * n / total:5.1f}%  " + " ".join(f"{k}={v}" for k, v in why))
 
 
 def compare(rows_a, rows_b, top):
@@ -93,6 +119,7 @@ def main():
     ap.add_argument("csv", nargs="+", help="one or two ncu source-page CSV files")
     ap.add_argument("--top", type=int, default=12, help="regions to print")
     ap.add_argument("--kernel", type=int, default=0, help="which kernel of each file (0 = the first)")
+    ap.add_argument("--ops", type=int, default=0, help="opcodes to list under each region (0: none)")
     args = ap.parse_args()
     picked = []
     for path in args.csv[:2]:
@@ -100,7 +127,7 @@ def main():
         if args.kernel >= len(kernels):
             ap.error(f"{path}: {len(kernels)} kernel(s), no index {args.kernel}")
         name, rows = kernels[args.kernel]
-        report(f"{path}: {name}", rows, args.top)
+        report(f"{path}: {name}", rows, args.top, args.ops)
         picked.append(rows)
     if len(picked) == 2:
         compare(picked[0], picked[1], args.top)
