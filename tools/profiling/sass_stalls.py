@@ -78,11 +78,10 @@ def by_opcode(rows, first, last):
     """[(opcode, samples, {stall: samples})] over rows first..last, most samples first."""
     acc = {}
     for r in rows[first:last + 1]:
-        op = opcode(r["source"])
-        samples, stalls = acc.setdefault(op, [0, {}])
-        acc[op][0] = samples + r["samples"]
+        entry = acc.setdefault(opcode(r["source"]), [0, {}])
+        entry[0] += r["samples"]
         for k, v in r["stalls"].items():
-            stalls[k] = stalls.get(k, 0) + v
+            entry[1][k] = entry[1].get(k, 0) + v
     return sorted(((op, n, st) for op, (n, st) in acc.items()), key=lambda x: -x[1])
 
 
