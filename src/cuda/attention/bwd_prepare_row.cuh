@@ -60,31 +60,58 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   return sum;
 }
 
-// Row i of (b, h), by the kPrepareLanes lanes of `group` (a warp's mask of them; sub: this
-// lane's place among them). Every lane of the group calls it for the same row.
-template <class T>
-__device__ __forceinline__ void prepare_row(const BwdPrepareRows& p, int b, int h, int i, int sub, uint32_t group) {
+// A row's loads for one lane of its group: its kPieces 16-byte pieces of O and dO (one up to
+// D = 128, two up to 256) and, on the group's first lane, the row's lse. Issued apart from their
+// use, so that a lane can have several rows' loads in flight (prepare_rows_strided).
+template <int kPieces>
+struct PrepareLoads {
+  uint4 o[kPieces], g[kPieces];
+  float lse;
+};
+constexpr int kPrepareRowElems = kPrepareLanes * 8;  // the elements a group's pieces cover
+
+template <class T, int kPieces>
+__device__ __forceinline__ void prepare_load(const BwdPrepareRows& p, int b, int h, int i, int sub,
+                                             PrepareLoads<kPieces>& x) {
+  if (i >= p.Sq) return;
+  const T* o = static_cast<const T*>(p.out) + b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
+  const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + i * p.dout_stride[1] + h * p.dout_stride[2];
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) {
+    const int d = sub * 8 + k * kPrepareRowElems;
+    if (d < p.D) {
+      x.o[k] = *reinterpret_cast<const uint4*>(o + d);
+      x.g[k] = *reinterpret_cast<const uint4*>(d_o + d);
+    }
+  }
+  if (sub == 0) x.lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+}
+
+// Row i of (b, h) from its loads, by the kPrepareLanes lanes of `group` (a warp's mask of
+// them; sub: this lane's place among them). Every lane of the group calls it for the same row.
+template <class T, int kPieces>
+__device__ __forceinline__ void prepare_finish(const BwdPrepareRows& p, int b, int h, int i, int sub, uint32_t group,
+                                               const PrepareLoads<kPieces>& x) {
   const int64_t row = (int64_t(b) * p.H + h) * p.Sq_pad + i;
   if (i >= p.Sq) {
     if (sub == 0) p.delta[row] = 0.f, p.lse2[row] = INFINITY;
     return;
   }
-  const T* o = static_cast<const T*>(p.out) + b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
-  const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + i * p.dout_stride[1] + h * p.dout_stride[2];
   float sum = 0.f;
   uint32_t d_o_bits = 0;  // dO's bits but the signs: 0 iff the row's dO is all zeros
-  for (int d = sub * 8; d < p.D; d += kPrepareLanes * 8) {
-    const uint4 g = *reinterpret_cast<const uint4*>(d_o + d);
-    sum += dot8<T>(*reinterpret_cast<const uint4*>(o + d), g);
-    d_o_bits |= (g.x | g.y | g.z | g.w) & 0x7fff7fffu;
-  }
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k)
+    if (sub * 8 + k * kPrepareRowElems < p.D) {
+      sum += dot8<T>(x.o[k], x.g[k]);
+      d_o_bits |= (x.g[k].x | x.g[k].y | x.g[k].z | x.g[k].w) & 0x7fff7fffu;
+    }
 #pragma unroll
   for (int off = kPrepareLanes / 2; off >= 1; off /= 2) {
     sum += __shfl_xor_sync(group, sum, off);
     d_o_bits |= __shfl_xor_sync(group, d_o_bits, off);
   }
   if (sub == 0) {
-    const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+    const float lse = x.lse;
     p.delta[row] = sum;
     // Past kFusedExponentLimit the float lse cannot carry the row's probabilities (its own
     // rounding moves them by a factor of e^(ulp / 2) or more, on every backend) and the fused
@@ -99,20 +126,68 @@ __device__ __forceinline__ void prepare_row(const BwdPrepareRows& p, int b, int 
   }
 }
 
+// The whole row (D <= 256, validated with the call).
+template <class T>
+__device__ __forceinline__ void prepare_row(const BwdPrepareRows& p, int b, int h, int i, int sub, uint32_t group) {
+  PrepareLoads<2> x;
+  prepare_load<T>(p, b, h, i, sub, x);
+  prepare_finish<T>(p, b, h, i, sub, group, x);
+}
+
 // Rows of every (batch, head), kPrepareLanes lanes each, grid-strided: this thread's first lane
 // index and the stride, multiples of kPrepareLanes apart so that a row's lanes stay together.
-__device__ __forceinline__ void prepare_rows_strided(const BwdPrepareRows& p, int64_t first, int64_t stride) {
-  const int64_t n_rows = int64_t(p.B) * p.H * p.Sq_pad;
+// A few CTAs an SM walk every row here (the setup launch), so each lane keeps two rows' loads
+// in flight up to D = 128 (one past it: the same bytes), each row's lse loaded with its O and
+// dO: one row at a time waited a memory round trip per row, twice (O and dO, then the lse
+// after the sums). A row's (b, h, i) advances by the stride in mixed radix, no division a row;
+// so the setup launch keeps 64 registers a thread, two CTAs an SM as before (two rows past
+// D = 128 took it to 80, four rows up to D = 128 with a division a row to 96).
+template <class T, int kPieces>
+__device__ __forceinline__ void prepare_rows_strided_as(const BwdPrepareRows& p, int64_t first, int64_t stride) {
+  constexpr int kRowsInFlight = 2 / kPieces;
+  const int64_t n_rows = int64_t(p.B) * p.H * p.Sq_pad, r_first = first / kPrepareLanes;
+  if (r_first >= n_rows) return;
+  const int64_t step = stride / kPrepareLanes;
+  const int step_i = int(step % p.Sq_pad), step_h = int(step / p.Sq_pad % p.H);
+  const int64_t step_b = step / p.Sq_pad / p.H;
   const int sub = int(threadIdx.x) % kPrepareLanes;
   const uint32_t group = 0xffffu << (int(threadIdx.x) % 32 / kPrepareLanes * kPrepareLanes);
-  for (int64_t r = first / kPrepareLanes; r < n_rows; r += stride / kPrepareLanes) {
-    const int64_t bh = r / p.Sq_pad;
-    const int i = int(r - bh * p.Sq_pad), b = int(bh / p.H), h = int(bh - int64_t(b) * p.H);
-    if (p.bf16)
-      prepare_row<__nv_bfloat16>(p, b, h, i, sub, group);
-    else
-      prepare_row<__half>(p, b, h, i, sub, group);
+  int64_t b = r_first / p.Sq_pad / p.H;
+  int h = int(r_first / p.Sq_pad % p.H), i = int(r_first % p.Sq_pad);
+  auto advance = [&](int64_t& bb, int& hh, int& ii) {
+    ii += step_i;
+    const bool ci = ii >= p.Sq_pad;
+    ii -= ci ? p.Sq_pad : 0;
+    hh += step_h + ci;
+    const bool ch = hh >= p.H;
+    hh -= ch ? p.H : 0;
+    bb += step_b + ch;
+  };
+  while (b < p.B) {
+    PrepareLoads<kPieces> x[kRowsInFlight];
+    int64_t rb[kRowsInFlight];
+    int rh[kRowsInFlight], ri[kRowsInFlight];
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; ++k) {
+      rb[k] = b, rh[k] = h, ri[k] = i;
+      if (b < p.B) prepare_load<T, kPieces>(p, int(b), h, i, sub, x[k]);
+      advance(b, h, i);
+    }
+#pragma unroll
+    for (int k = 0; k < kRowsInFlight; ++k)
+      if (rb[k] < p.B) prepare_finish<T, kPieces>(p, int(rb[k]), rh[k], ri[k], sub, group, x[k]);
   }
+}
+__device__ __forceinline__ void prepare_rows_strided(const BwdPrepareRows& p, int64_t first, int64_t stride) {
+  const bool wide = p.D > kPrepareRowElems;  // a second piece a lane, and its registers, only where D needs it
+  if (p.bf16 && wide)
+    prepare_rows_strided_as<__nv_bfloat16, 2>(p, first, stride);
+  else if (p.bf16)
+    prepare_rows_strided_as<__nv_bfloat16, 1>(p, first, stride);
+  else if (wide)
+    prepare_rows_strided_as<__half, 2>(p, first, stride);
+  else
+    prepare_rows_strided_as<__half, 1>(p, first, stride);
 }
 
 }  // namespace fdma::cuda
