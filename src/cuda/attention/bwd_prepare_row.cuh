@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_bwd_params.hpp"
+#include "cuda/primitives/mixed_radix_walk.cuh"
 #include "cuda/primitives/softmax_sm80.cuh"  // kFusedExponentLimit
 
 namespace fdma::cuda {
@@ -139,43 +140,27 @@ __device__ __forceinline__ void prepare_row(const BwdPrepareRows& p, int b, int 
 // A few CTAs an SM walk every row here (the setup launch), so each lane keeps two rows' loads
 // in flight up to D = 128 (one past it: the same bytes), each row's lse loaded with its O and
 // dO: one row at a time waited a memory round trip per row, twice (O and dO, then the lse
-// after the sums). A row's (b, h, i) advances by the stride in mixed radix, no division a row;
-// so the setup launch keeps 64 registers a thread, two CTAs an SM as before (two rows past
-// D = 128 took it to 80, four rows up to D = 128 with a division a row to 96).
+// after the sums). A row's (b, h, i) advances by the stride with no division a row
+// (MixedRadixWalk), so the setup launch keeps 64 registers a thread, two CTAs an SM as before
+// (two rows past D = 128 took it to 80, four rows up to D = 128 with a division a row to 96).
 template <class T, int kPieces>
 __device__ __forceinline__ void prepare_rows_strided_as(const BwdPrepareRows& p, int64_t first, int64_t stride) {
   constexpr int kRowsInFlight = 2 / kPieces;
-  const int64_t n_rows = int64_t(p.B) * p.H * p.Sq_pad, r_first = first / kPrepareLanes;
-  if (r_first >= n_rows) return;
-  const int64_t step = stride / kPrepareLanes;
-  const int step_i = int(step % p.Sq_pad), step_h = int(step / p.Sq_pad % p.H);
-  const int64_t step_b = step / p.Sq_pad / p.H;
   const int sub = int(threadIdx.x) % kPrepareLanes;
   const uint32_t group = 0xffffu << (int(threadIdx.x) % 32 / kPrepareLanes * kPrepareLanes);
-  int64_t b = r_first / p.Sq_pad / p.H;
-  int h = int(r_first / p.Sq_pad % p.H), i = int(r_first % p.Sq_pad);
-  auto advance = [&](int64_t& bb, int& hh, int& ii) {
-    ii += step_i;
-    const bool ci = ii >= p.Sq_pad;
-    ii -= ci ? p.Sq_pad : 0;
-    hh += step_h + ci;
-    const bool ch = hh >= p.H;
-    hh -= ch ? p.H : 0;
-    bb += step_b + ch;
-  };
-  while (b < p.B) {
+  MixedRadixWalk row(first / kPrepareLanes, stride / kPrepareLanes, p.H, p.Sq_pad);  // (b, h, i)
+  while (row.outer < p.B) {
     PrepareLoads<kPieces> x[kRowsInFlight];
-    int64_t rb[kRowsInFlight];
-    int rh[kRowsInFlight], ri[kRowsInFlight];
+    MixedRadixWalk at[kRowsInFlight];
 #pragma unroll
     for (int k = 0; k < kRowsInFlight; ++k) {
-      rb[k] = b, rh[k] = h, ri[k] = i;
-      if (b < p.B) prepare_load<T, kPieces>(p, int(b), h, i, sub, x[k]);
-      advance(b, h, i);
+      at[k] = row;
+      if (row.outer < p.B) prepare_load<T, kPieces>(p, int(row.outer), row.mid, row.inner, sub, x[k]);
+      row.advance();
     }
 #pragma unroll
     for (int k = 0; k < kRowsInFlight; ++k)
-      if (rb[k] < p.B) prepare_finish<T, kPieces>(p, int(rb[k]), rh[k], ri[k], sub, group, x[k]);
+      if (at[k].outer < p.B) prepare_finish<T, kPieces>(p, int(at[k].outer), at[k].mid, at[k].inner, sub, group, x[k]);
   }
 }
 __device__ __forceinline__ void prepare_rows_strided(const BwdPrepareRows& p, int64_t first, int64_t stride) {
