@@ -1,6 +1,7 @@
 """The profiling tools that ship as patches and readers: the patch still applies to the kernels
 it instruments and leaves their wgmmas pipelined, the reader's phases are the differences of
-the points it was given, and the stall reader's regions and opcodes add up what it read."""
+the points it was given, the stall reader's regions and opcodes add up what it read, and the
+launch table shows the pipe columns of the metrics a run asked for."""
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "tools", "profiling"))
 import fwd_ws_timeline  # noqa: E402
+import ncu_table  # noqa: E402
 import sass_stalls  # noqa: E402
 
 
@@ -89,3 +91,31 @@ def test_stall_reader_regions_and_opcodes(tmp_path, capsys):
     assert out.splitlines()[3].split()[:2] == ["BRA", "55.0%"]
     assert out.splitlines()[4].startswith("  [0-2]") and "45.0%" in out.splitlines()[4]
     assert out.splitlines()[5].split()[:2] == ["FMNMX", "40.0%"]
+
+
+def test_launch_table_pipes(tmp_path, capsys, monkeypatch):
+    # Nsight Compute's details page as CSV, the profiled program's own output between its lines:
+    # two launches, the second with the pipe metrics asked for. A file without them keeps the
+    # columns it had; with them, each pipe's use sits in its own column.
+    def page(records):
+        head = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+        return "\n".join(",".join(f'"{c}"' for c in rec) for rec in [head] + records) + "\n"
+    base = [["0", "k0(int)", "SOL", "Duration", "us", "10.00"], ["1", "k1(int)", "SOL", "Duration", "ns", "2,000"]]
+    pipes = [["1", "k1(int)", "", metric, "%", value]
+             for (_, metric), value in zip(ncu_table.PIPES, ["60.1", "29.3", "28.4", "11.9"])]
+    plain, piped = tmp_path / "plain.csv", tmp_path / "piped.csv"
+    plain.write_text(page(base))
+    piped.write_text("program output\n" + page(base + pipes))
+    monkeypatch.setattr(sys, "argv", ["ncu_table.py", str(plain), str(piped)])
+    ncu_table.main()
+    out = capsys.readouterr().out.splitlines()
+    assert "tensor %" not in out[1] and out[1].count("|") == len(ncu_table.COLUMNS) + 3
+    assert out[3].startswith("| k0 | 10.0 |")
+    header = out[6].split(" | ")
+    assert header[-5:-1] == ["tensor %", "XU %", "ALU %", "FMA %"]
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in out[8:]}
+    assert rows["| k1"][1] == "2.0" and rows["| k1"][-5:-1] == ["60.1", "29.3", "28.4", "11.9"]
+    assert rows["| k0"][-5:-1] == ["", "", "", ""]
+    monkeypatch.setattr(sys, "argv", ["ncu_table.py", "--pipe-metrics"])
+    ncu_table.main()
+    assert capsys.readouterr().out.strip().split(",") == [m for _, m in ncu_table.PIPES]

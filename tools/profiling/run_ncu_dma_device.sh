@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute over the dynamic-mask kernels on a GPU machine: build for Hopper, then per
-# kernel launch the speed-of-light, scheduler and occupancy figures and the bf16 tensor ops of
+# kernel launch the speed-of-light, scheduler, occupancy and pipe figures and the bf16 tensor ops of
 # the causal top-w forward and backward (B1 H16 Hk4 D128 w2048 at 16K, and the seed config
 # H2 Hk1 D64 w1024 at 32K), the dense forward beside them (profile_fwd.py, 16K), and the
 # gathered forward's stall samples by SASS region. CSVs go to $OUT; tables print last.
@@ -9,7 +9,7 @@ device_build fdma
 export FDMA_LIBRARY=$PWD/build/libfdma.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 NCU=${NCU:-/usr/local/cuda/bin/ncu}
 SECTIONS=(--section SpeedOfLight --section SchedulerStats --section Occupancy --section LaunchStats
-  --metrics sm__ops_path_tensor_src_bf16_dst_fp32.sum)
+  --metrics "sm__ops_path_tensor_src_bf16_dst_fp32.sum,$(python3 tools/profiling/ncu_table.py --pipe-metrics)")
 profile() {  # name, then the profiled program's arguments
   local name=$1
   shift
