@@ -70,6 +70,8 @@ def main():
     if args.pipe_metrics:
         print(",".join(metric for _, metric in PIPES))
         return
+    if not args.csv:
+        ap.error("give one or more details-page CSV files (or --pipe-metrics)")
     for path in args.csv:
         launches = read_launches(path)
         pipes = [(h, m) for h, m in PIPES if any(m in metrics for _, metrics in launches)]
