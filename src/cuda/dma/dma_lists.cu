@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
+
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/dma/dma_lists.hpp"
@@ -200,23 +202,37 @@ __global__ void __launch_bounds__(kTileThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // One pass; with split, partial keys go to shared memory. Each thread takes 4 consecutive
   // candidates per step (4 loads in flight; the scan was latency-bound at one), and one warp
-  // scan of the two classes' counts, packed in 16-bit halves, places them in order.
-  constexpr int kPer = 4;
+  // scan of the two classes' counts, packed in 16-bit halves, places them in order. The next
+  // step's candidates and its first key (the uniform exit test) are loaded before this step's
+  // scan and stores, so that a step waits for about one L2 round trip, not two.
+  constexpr int kPer = 4, kStep = kPer * kTileThreads;
+  struct Step {
+    int head;  // the step's first key (INT_MAX past the list): every later key is past it too
+    int j[kPer];
+    int2 span[kPer];
+  };
+  auto load = [&](int base, Step& x) {
+    x.head = base < n ? keys[base] : INT_MAX;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int i = base + kPer * threadIdx.x + u;
+      x.j[u] = i < n ? keys[i] : INT_MAX;
+      x.span[u] = i < n ? spans[i] : make_int2(0, 0);
+    }
+  };
   auto compact = [&](bool split, int& n_cover, int& n_partial) {
     n_cover = n_partial = 0;
-    for (int base = first; base < n; base += kPer * kTileThreads) {
-      if (keys[base] > last_key) break;  // uniform: every later key is past the tile too
-      int j[kPer], cls[kPer], packed = 0;  // class 0 covers the tile, 1 partial, -1 not taken
+    Step x, next;
+    load(first, x);
+    for (int base = first; x.head <= last_key; base += kStep) {  // uniform
+      load(base + kStep, next);
+      int cls[kPer], packed = 0;  // class 0 covers the tile, 1 partial, -1 not taken
 #pragma unroll
       for (int u = 0; u < kPer; ++u) {
-        const int i = base + kPer * threadIdx.x + u;
+        const int2 span = x.span[u];
         cls[u] = -1;
-        if (i < n) {
-          j[u] = keys[i];
-          const int2 span = spans[i];
-          if (j[u] <= last_key && span.x < row_hi && span.y > row_lo)
-            cls[u] = !split || (span.x <= row_lo && span.y >= row_hi) ? 0 : 1;
-        }
+        if (x.j[u] <= last_key && span.x < row_hi && span.y > row_lo)
+          cls[u] = !split || (span.x <= row_lo && span.y >= row_hi) ? 0 : 1;
         packed += cls[u] == 0 ? 1 : cls[u] == 1 ? 1 << 16 : 0;
       }
       const int inclusive = warp_inclusive_sum(packed);  // both 16-bit halves at once
@@ -230,13 +246,14 @@ __global__ void __launch_bounds__(kTileThreads)
       int pos[2] = {n_cover + (before & 0xffff), n_partial + (before >> 16)};
 #pragma unroll
       for (int u = 0; u < kPer; ++u) {
-        if (cls[u] == 0 && pos[0] < cap) out[pos[0]] = j[u];
-        if (cls[u] == 1 && pos[1] < kMaxPartialKeys) partial[pos[1]] = j[u];
+        if (cls[u] == 0 && pos[0] < cap) out[pos[0]] = x.j[u];
+        if (cls[u] == 1 && pos[1] < kMaxPartialKeys) partial[pos[1]] = x.j[u];
         if (cls[u] >= 0) ++pos[cls[u]];
       }
       n_cover += total & 0xffff;
       n_partial += total >> 16;
       __syncthreads();
+      x = next;
     }
   };
   int n_cover = 0, n_partial = 0;
