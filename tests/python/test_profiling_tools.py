@@ -119,3 +119,35 @@ def test_launch_table_pipes(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["ncu_table.py", "--pipe-metrics"])
     ncu_table.main()
     assert capsys.readouterr().out.strip().split(",") == [m for _, m in ncu_table.PIPES]
+
+
+def test_tile_list_checkpoints_hold_every_listed_key():
+    # The simulators' causal top-w intervals keep exactly min(w, i + 1) keys at each query i,
+    # and a checkpoint list (the kept keys before the checkpoint's row still alive there) with
+    # the kept keys from that row on holds every key a tile after it lists, as
+    # simulate_tile_lists.scanned_candidates counts them.
+    np = pytest.importorskip("numpy")
+    import simulate_dkdv_groups
+    import simulate_tile_lists
+    S, w, block_m, every = 700, 40, 16, 2
+    begin, end = simulate_dkdv_groups.causal_intervals(np.random.default_rng(5).standard_normal(S), w)
+    for i in range(S):
+        assert int(((begin <= i) & (i < end)).sum()) == min(w, i + 1)
+    kept = [j for j in range(S) if end[j] > begin[j]]
+    now = tiles = ckpts = largest = 0
+    for t in range(-(-S // block_m)):
+        lo, hi = t * block_m, min(S, (t + 1) * block_m)
+        c = t // every * every * block_m
+        listed = {j for j in kept if begin[j] < hi and end[j] > lo}
+        ckpt = {j for j in kept if j < c and end[j] > c}
+        since = {j for j in kept if c <= j < hi}
+        assert listed <= ckpt | since
+        now += sum(j < hi for j in kept)
+        tiles += len(ckpt) + len(since)
+        ckpts += sum(j < c for j in kept) if t % every == 0 else 0
+        largest = max(largest, len(ckpt))
+    assert simulate_tile_lists.scanned_candidates(begin, end, block_m, every) == (now, tiles, ckpts, largest)
+    assert largest <= w and tiles + ckpts < now
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "profiling", "simulate_tile_lists.py"),
+                        "--seqlens", "600", "--w", "40", "--checkpoints", "2"], capture_output=True, text=True)
+    assert r.returncode == 0 and "x fewer" in r.stdout, r.stderr

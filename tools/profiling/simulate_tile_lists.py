@@ -4,7 +4,13 @@ of random scores: kept pairs over computed (query, key) pairs with every tile fu
 the last tile of a list 32 or 64 keys wide where it holds no more (FDMA_FWD_LAST_TILE=narrow in
 the forward), and over the lists' exact lengths (docs/performance.md, "key lists").
 
-Usage: python3 tools/profiling/simulate_tile_lists.py [--seqlens 16384,32768,131072]
+With --checkpoints C, also the candidates the tile-lists kernel scans: now, every kept key
+below a tile's last row; with checkpoint lists (not built), every C tiles the kept keys still
+alive at the checkpoint's first row, so that a tile scans its checkpoint's list and the kept
+keys from the checkpoint's row on, plus each checkpoint's own scan of the kept keys below it.
+
+Usage: python3 tools/profiling/simulate_tile_lists.py [--seqlens 16384,32768,131072] [--w 2048]
+       [--checkpoints 8]  (the seed config: --seqlens 32768 --w 1024)
 """
 import argparse
 import os
@@ -13,16 +19,38 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from simulate_dkdv_groups import W, causal_intervals  # noqa: E402
+from simulate_dkdv_groups import causal_intervals  # noqa: E402
+
+
+def scanned_candidates(begin, end, block_m, every):
+    """Candidates the tile lists scan for causal intervals [begin, end) (empty: not kept), one
+    tile a block_m rows: (now, with checkpoint lists every `every` tiles, the checkpoints' own
+    scans, the largest checkpoint list)."""
+    S = len(begin)
+    kept = np.nonzero(end > begin)[0]  # index order, as the kept list
+    now = tiles_scan = ckpt_scan = largest = 0
+    for t in range(-(-S // block_m)):
+        below = int(np.searchsorted(kept, min(S, (t + 1) * block_m)))  # kept keys before the tile's end
+        now += below
+        c = t // every * every * block_m  # the tile's checkpoint row
+        since = int(np.searchsorted(kept, c))  # kept keys before it
+        alive = int((end[kept[:since]] > c).sum())  # its list
+        largest = max(largest, alive)
+        tiles_scan += alive + below - since
+        if t % every == 0:
+            ckpt_scan += since
+    return now, tiles_scan, ckpt_scan, largest
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlens", default="16384,32768,131072")
+    ap.add_argument("--w", type=int, default=2048)
+    ap.add_argument("--checkpoints", type=int, default=0, help="tiles a checkpoint list (0: none)")
     args = ap.parse_args()
     for S in map(int, args.seqlens.split(",")):
         scores = np.random.default_rng(0).standard_normal(S).astype(np.float32)
-        begin, end = causal_intervals(scores, W)
+        begin, end = causal_intervals(scores, args.w)
         kept = end > begin
         b, e = begin[kept], end[kept]
         useful = int((e - b).sum())
@@ -41,6 +69,11 @@ def main():
             cells = [f"{useful / (rows * keys).sum():.3f}" for keys in (full, narrow, listed)]
             print(f"S {S}, {name}: kept / computed pairs: full tiles {cells[0]}, narrow last tile {cells[1]}, "
                   f"exact lists {cells[2]}")
+        if args.checkpoints:
+            now, tiles, ckpts, largest = scanned_candidates(begin, end, 128, args.checkpoints)
+            print(f"S {S}, tile lists' candidates scanned: now {now}; with a checkpoint list every "
+                  f"{args.checkpoints} tiles {tiles} + {ckpts} for the checkpoints = {tiles + ckpts} "
+                  f"({now / (tiles + ckpts):.2f}x fewer), the largest list {largest} keys")
 
 
 if __name__ == "__main__":
