@@ -204,7 +204,8 @@ __global__ void __launch_bounds__(kTileThreads)
   // candidates per step (4 loads in flight; the scan was latency-bound at one), and one warp
   // scan of the two classes' counts, packed in 16-bit halves, places them in order. The next
   // step's candidates and its first key (the uniform exit test) are loaded before this step's
-  // scan and stores, so that a step waits for about one L2 round trip, not two.
+  // scan and stores, under them (a small gain: a step is bound by its instructions more than by
+  // its loads; docs/performance.md, "key lists").
   constexpr int kPer = 4, kStep = kPer * kTileThreads;
   struct Step {
     int head;  // the step's first key (INT_MAX past the list): every later key is past it too
