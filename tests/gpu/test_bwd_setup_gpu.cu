@@ -213,6 +213,9 @@ TEST(BwdSetupGpu, OrdersByEndTilePreparesAndZeroes) {
       {1, 6, 3000, 16384, 64, false, 6},   // no fused temporaries (the dq and dk/dv kernels' path)
       {1, 3, 5000, 131072, 64, true},   // 2048 bins: 5 warps
       {1, 3, 4000, 300000, 32, true},   // 128-row tiles (past kMaxEndBins)
+      {1, 4, 500, 700, 96, true, 7},    // 8 lanes a row, the second pieces of half of them
+      {2, 2, 700, 900, 256, true, 5},   // 16 lanes a row (past D = 128), two pieces each
+      {1, 2, 400, 500, 192, false, 4},  // 16 lanes, the second pieces of half of them
   };
   uint64_t seed = 11;
   for (const SetupCase& c : cases) {

@@ -38,8 +38,8 @@ inline BwdPrepareRows bwd_prepare_rows(const AttentionBwdParams& p, bool bf16) {
   return r;
 }
 
-// kPrepareLanes lanes a row, each taking 16-byte pieces of O and dO (rows are 16-byte aligned
-// and D % 8 == 0: validated).
+// The prepare kernel's lanes a row (prepare_row), each taking 16-byte pieces of O and dO (rows
+// are 16-byte aligned and D % 8 == 0: validated).
 constexpr int kPrepareLanes = 16;
 
 // Sum of the 8 products of two 16-byte vectors of bf16/fp16, in fp32.
@@ -61,17 +61,14 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   return sum;
 }
 
-// A row's loads for one lane of its group: its kPieces 16-byte pieces of O and dO (one up to
-// D = 128, two up to 256) and, on the group's first lane, the row's lse. Issued apart from their
-// use, so that a lane can have several rows' loads in flight (prepare_rows_strided).
+// A row's loads for one lane of its group of kLanes: its kPieces 16-byte pieces of O and dO,
+// kLanes * 8 elements apart, and, on the group's first lane, the row's lse.
 template <int kPieces>
 struct PrepareLoads {
   uint4 o[kPieces], g[kPieces];
   float lse;
 };
-constexpr int kPrepareRowElems = kPrepareLanes * 8;  // the elements a group's pieces cover
-
-template <class T, int kPieces>
+template <class T, int kPieces, int kLanes = kPrepareLanes>
 __device__ __forceinline__ void prepare_load(const BwdPrepareRows& p, int b, int h, int i, int sub,
                                              PrepareLoads<kPieces>& x) {
   if (i >= p.Sq) return;
@@ -79,7 +76,7 @@ __device__ __forceinline__ void prepare_load(const BwdPrepareRows& p, int b, int
   const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + i * p.dout_stride[1] + h * p.dout_stride[2];
 #pragma unroll
   for (int k = 0; k < kPieces; ++k) {
-    const int d = sub * 8 + k * kPrepareRowElems;
+    const int d = sub * 8 + k * kLanes * 8;
     if (d < p.D) {
       x.o[k] = *reinterpret_cast<const uint4*>(o + d);
       x.g[k] = *reinterpret_cast<const uint4*>(d_o + d);
@@ -88,9 +85,9 @@ __device__ __forceinline__ void prepare_load(const BwdPrepareRows& p, int b, int
   if (sub == 0) x.lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
 }
 
-// Row i of (b, h) from its loads, by the kPrepareLanes lanes of `group` (a warp's mask of
-// them; sub: this lane's place among them). Every lane of the group calls it for the same row.
-template <class T, int kPieces>
+// Row i of (b, h) from its loads, by the kLanes lanes of `group` (a warp's mask of them;
+// sub: this lane's place among them). Every lane of the group calls it for the same row.
+template <class T, int kPieces, int kLanes = kPrepareLanes>
 __device__ __forceinline__ void prepare_finish(const BwdPrepareRows& p, int b, int h, int i, int sub, uint32_t group,
                                                const PrepareLoads<kPieces>& x) {
   const int64_t row = (int64_t(b) * p.H + h) * p.Sq_pad + i;
@@ -102,12 +99,12 @@ __device__ __forceinline__ void prepare_finish(const BwdPrepareRows& p, int b, i
   uint32_t d_o_bits = 0;  // dO's bits but the signs: 0 iff the row's dO is all zeros
 #pragma unroll
   for (int k = 0; k < kPieces; ++k)
-    if (sub * 8 + k * kPrepareRowElems < p.D) {
+    if (sub * 8 + k * kLanes * 8 < p.D) {
       sum += dot8<T>(x.o[k], x.g[k]);
       d_o_bits |= (x.g[k].x | x.g[k].y | x.g[k].z | x.g[k].w) & 0x7fff7fffu;
     }
 #pragma unroll
-  for (int off = kPrepareLanes / 2; off >= 1; off /= 2) {
+  for (int off = kLanes / 2; off >= 1; off /= 2) {
     sum += __shfl_xor_sync(group, sum, off);
     d_o_bits |= __shfl_xor_sync(group, d_o_bits, off);
   }
@@ -135,44 +132,36 @@ __device__ __forceinline__ void prepare_row(const BwdPrepareRows& p, int b, int 
   prepare_finish<T>(p, b, h, i, sub, group, x);
 }
 
-// Rows of every (batch, head), kPrepareLanes lanes each, grid-strided: this thread's first lane
-// index and the stride, multiples of kPrepareLanes apart so that a row's lanes stay together.
-// A few CTAs an SM walk every row here (the setup launch), so each lane keeps two rows' loads
-// in flight up to D = 128 (one past it: the same bytes), each row's lse loaded with its O and
-// dO: one row at a time waited a memory round trip per row, twice (O and dO, then the lse
-// after the sums). A row's (b, h, i) advances by the stride with no division a row
-// (MixedRadixWalk), so the setup launch keeps 64 registers a thread, two CTAs an SM as before
-// (two rows past D = 128 took it to 80, four rows up to D = 128 with a division a row to 96).
-template <class T, int kPieces>
+// Rows of every (batch, head), grid-strided: this thread's first lane index and the stride,
+// multiples of the lanes a row apart so that a row's lanes stay together. A few CTAs an SM walk
+// every row here (the setup launch), which is bound by the instructions it issues, not by
+// memory (docs/performance.md, "setup launch"): so each lane takes two 16-byte pieces of a row
+// (8 lanes a row up to D = 128, 16 past it), half the lanes paying a row's fixed cost (its
+// address, lse, shuffles and stores) of sixteen lanes with a piece each. A row's (b, h, i)
+// advances by the stride with no division a row (MixedRadixWalk).
+__host__ __device__ constexpr int strided_prepare_lanes(int D) { return D > 16 * 8 ? 16 : 8; }
+
+template <class T, int kLanes>
 __device__ __forceinline__ void prepare_rows_strided_as(const BwdPrepareRows& p, int64_t first, int64_t stride) {
-  constexpr int kRowsInFlight = 2 / kPieces;
-  const int sub = int(threadIdx.x) % kPrepareLanes;
-  const uint32_t group = 0xffffu << (int(threadIdx.x) % 32 / kPrepareLanes * kPrepareLanes);
-  MixedRadixWalk row(first / kPrepareLanes, stride / kPrepareLanes, p.H, p.Sq_pad);  // (b, h, i)
-  while (row.outer < p.B) {
-    PrepareLoads<kPieces> x[kRowsInFlight];
-    MixedRadixWalk at[kRowsInFlight];
-#pragma unroll
-    for (int k = 0; k < kRowsInFlight; ++k) {
-      at[k] = row;
-      if (row.outer < p.B) prepare_load<T, kPieces>(p, int(row.outer), row.mid, row.inner, sub, x[k]);
-      row.advance();
-    }
-#pragma unroll
-    for (int k = 0; k < kRowsInFlight; ++k)
-      if (at[k].outer < p.B) prepare_finish<T, kPieces>(p, int(at[k].outer), at[k].mid, at[k].inner, sub, group, x[k]);
+  const int sub = int(threadIdx.x) % kLanes;
+  const uint32_t group = ((1u << kLanes) - 1) << (int(threadIdx.x) % 32 / kLanes * kLanes);
+  MixedRadixWalk row(first / kLanes, stride / kLanes, p.H, p.Sq_pad);  // (b, h, i)
+  for (; row.outer < p.B; row.advance()) {
+    PrepareLoads<2> x;
+    prepare_load<T, 2, kLanes>(p, int(row.outer), row.mid, row.inner, sub, x);
+    prepare_finish<T, 2, kLanes>(p, int(row.outer), row.mid, row.inner, sub, group, x);
   }
 }
 __device__ __forceinline__ void prepare_rows_strided(const BwdPrepareRows& p, int64_t first, int64_t stride) {
-  const bool wide = p.D > kPrepareRowElems;  // a second piece a lane, and its registers, only where D needs it
+  const bool wide = strided_prepare_lanes(p.D) == 16;
   if (p.bf16 && wide)
-    prepare_rows_strided_as<__nv_bfloat16, 2>(p, first, stride);
+    prepare_rows_strided_as<__nv_bfloat16, 16>(p, first, stride);
   else if (p.bf16)
-    prepare_rows_strided_as<__nv_bfloat16, 1>(p, first, stride);
+    prepare_rows_strided_as<__nv_bfloat16, 8>(p, first, stride);
   else if (wide)
-    prepare_rows_strided_as<__half, 2>(p, first, stride);
+    prepare_rows_strided_as<__half, 16>(p, first, stride);
   else
-    prepare_rows_strided_as<__half, 1>(p, first, stride);
+    prepare_rows_strided_as<__half, 8>(p, first, stride);
 }
 
 }  // namespace fdma::cuda

@@ -97,14 +97,15 @@ __device__ void sort_row_by_end(const EndOrder& o, const KeyInfo* info, const in
   }
 }
 
-// Chunk e of the unkept-key zeroing: one thread per 16-byte chunk of a key's dk and dv rows
-// (D * elem_bytes is a multiple of 16), the key's first chunk also its dscores entry. A warp per
+// A chunk of the unkept-key zeroing, at = (b * Hk + hk, key j, chunk): one thread per 16-byte
+// chunk of a key's dk and dv rows (D * elem_bytes is a multiple of 16), the key's first chunk
+// also its dscores entry; walked with no 64-bit division an element (MixedRadixWalk). A warp per
 // key left half its lanes idle at D = 128 (16 chunks), and about 60% of keys are unkept at 16K
 // (docs/performance.md, "key lists"). Kept keys: their fp32 rows, where the kernel adds into them.
 __device__ void zero_key_chunk(const DmaListShape& s, const KeyInfo* info, const BwdZeroArgs& z, int chunks,
-                               int64_t e) {
-  const int64_t key = e / chunks;
-  const int c = int(e % chunks);
+                               const MixedRadixWalk& at) {
+  const int64_t key = at.outer * s.Sk + at.mid;
+  const int c = at.inner;
   const KeyInfo r = info[key];
   if (r.end > r.begin) {
     if (!z.kept_rows) return;
@@ -113,7 +114,7 @@ __device__ void zero_key_chunk(const DmaListShape& s, const KeyInfo* info, const
     if (c == 0) z.kept_dscores[key] = 0.f;
     return;
   }
-  const int j = int(key % s.Sk), hk = int(key / s.Sk % s.Hk), b = int(key / s.Sk / s.Hk);
+  const int j = at.mid, bh = int(at.outer), hk = bh % s.Hk, b = bh / s.Hk;
   char* dk = static_cast<char*>(z.dk) + (b * z.dk_stride[0] + j * z.dk_stride[1] + hk * z.dk_stride[2]) * z.elem_bytes;
   char* dv = static_cast<char*>(z.dv) + (b * z.dv_stride[0] + j * z.dv_stride[1] + hk * z.dv_stride[2]) * z.elem_bytes;
   reinterpret_cast<int4*>(dk)[c] = make_int4(0, 0, 0, 0);
@@ -125,8 +126,9 @@ __device__ void zero_key_chunk(const DmaListShape& s, const KeyInfo* info, const
   }
 }
 
-// CTAs [0, rows) sort a row each; the rest prepare and zero, grid-strided.
-__global__ void __launch_bounds__(kSetupThreads) bwd_setup_kernel(DmaListShape s, EndOrder o, const KeyInfo* info,
+// CTAs [0, rows) sort a row each; the rest prepare and zero, grid-strided. Two CTAs an SM
+// bound the registers at 64 (the walks' carried digits fit; no spills).
+__global__ void __launch_bounds__(kSetupThreads, 2) bwd_setup_kernel(DmaListShape s, EndOrder o, const KeyInfo* info,
                                                                   const int32_t* kept, const int32_t* kept_count,
                                                                   int32_t* kept_by_end, int rows, BwdZeroArgs z,
                                                                   BwdPrepareRows prep) {
@@ -143,8 +145,9 @@ __global__ void __launch_bounds__(kSetupThreads) bwd_setup_kernel(DmaListShape s
   if (prep.delta) prepare_rows_strided(prep, first, stride);
   for (int64_t i = first; i < z.sum_float4s; i += stride) z.sums[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   const int chunks = z.D * z.elem_bytes / 16;
-  const int64_t n = s.keys() * chunks;
-  for (int64_t e = first; e < n; e += stride) zero_key_chunk(s, info, z, chunks, e);
+  const int64_t rows_bh = s.keys() / s.Sk;
+  for (MixedRadixWalk at(first, stride, s.Sk, chunks); at.outer < rows_bh; at.advance())
+    zero_key_chunk(s, info, z, chunks, at);
 }
 
 }  // namespace
@@ -155,7 +158,7 @@ cudaError_t bwd_setup(const DmaListShape& s, const KeyInfo* info, const int32_t*
   const EndOrder o = end_order(s.Sq);
   const int rows = kept_by_end ? s.B * s.Hk : 0;
   const int64_t unkept = s.keys() * (z.D * z.elem_bytes / 16);
-  const int64_t prep_lanes = prep.delta ? int64_t(prep.B) * prep.H * prep.Sq_pad * kPrepareLanes : 0;
+  const int64_t prep_lanes = prep.delta ? int64_t(prep.B) * prep.H * prep.Sq_pad * strided_prepare_lanes(prep.D) : 0;
   const int64_t work = std::max({z.sum_float4s, unkept, prep_lanes});
   const int sms = device_sm_count();
   const int64_t most = int64_t(sms > 0 ? sms : 1) * kZeroCtasPerSm, wanted = (work + kSetupThreads - 1) / kSetupThreads;
