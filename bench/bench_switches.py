@@ -21,6 +21,8 @@ Configurations (environment switches, read by the library per call):
                             dk, dv, dkey_scores differ bitwise)
   wavelet                   FDMA_SELECT_ENDS=wavelet: the causal selection's interval ends through
                             the wavelet matrix instead of the walk (the same intervals)
+  ckpt0, ckpt4, ckpt16      FDMA_TILE_CHECKPOINTS=0, 4 or 16: the causal tile lists with no
+                            checkpoint lists, or one every 4 or 16 tiles (the default: 8)
   det                       deterministic=1 (a call parameter): the dq and dk/dv kernels, where
                             the default on Hopper at D 64 and 128 is the warp-specialized backward
                             with fused dq (its gradients differ in the last bits: atomics)
@@ -57,6 +59,9 @@ CONFIGS = {
     "dkdv2": {"FDMA_DKDV_GROUPS": "2"},
     "split1": {"FDMA_DKDV_SPLITS": "1"},
     "wavelet": {"FDMA_SELECT_ENDS": "wavelet"},
+    "ckpt0": {"FDMA_TILE_CHECKPOINTS": "0"},
+    "ckpt4": {"FDMA_TILE_CHECKPOINTS": "4"},
+    "ckpt16": {"FDMA_TILE_CHECKPOINTS": "16"},
     "sort-global": {"FDMA_SELECT_PATH": "global"},
     "sort-shared": {"FDMA_SELECT_PATH": "shared"},
     "det": {"deterministic": 1},
@@ -65,7 +70,7 @@ CONFIGS = {
 
 def set_config(name, params):
     for var in ("FDMA_FWD_WS", "FDMA_FWD_LAST_TILE", "FDMA_OVERLAP_LAUNCHES", "FDMA_DKDV_GROUPS", "FDMA_DKDV_SPLITS",
-                "FDMA_SELECT_ENDS", "FDMA_SELECT_PATH"):
+                "FDMA_SELECT_ENDS", "FDMA_SELECT_PATH", "FDMA_TILE_CHECKPOINTS"):
         os.environ.pop(var, None)
     config = dict(CONFIGS[name])
     params.deterministic = config.pop("deterministic", 0)
@@ -104,15 +109,17 @@ def main():
         out, p = prob.out, prob.params
         kept = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
         p.keep_begin, p.keep_end = view(kept[0]), view(kept[1])
-        # Sized for both backwards: the deterministic one may need more (split partials) or less.
-        p.deterministic = 1
-        ws_det = attach_workspace([(lib, p) for lib in libs])
-        p.deterministic = 0
-        ws = attach_workspace([(lib, p) for lib in libs])
-        if ws_det.numel() > ws.numel():
-            ws = ws_det
-            p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-        del ws_det
+        # Sized for every configuration (the deterministic backward may need more or less: split
+        # partials; the checkpoint lists' count changes the lists' room).
+        ws = None
+        for name in names + ["det"]:
+            set_config(name, p)
+            cand = attach_workspace([(lib, p) for lib in libs])
+            if ws is None or cand.numel() > ws.numel():
+                ws = cand
+            del cand
+        p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+        set_config("default", p)
 
         def fwd(lib):
             ok(lib, lib.fdma_dma_fwd(ctypes.byref(p)))

@@ -414,6 +414,22 @@ TEST(DmaGpu, CausalKeptKeysSpanSeveralWindows) {
   run_gpu_dma(r);
 }
 
+// Tile lists built through checkpoint lists (every 2 tiles, FDMA_TILE_CHECKPOINTS; calls of
+// fewer than 1024 tiles take none by default), the forward's and the deterministic backward's,
+// against the CPU: as many keys as queries, and 600 more.
+TEST(DmaGpu, CheckpointedTileListsMatchTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv checkpoints("FDMA_TILE_CHECKPOINTS");
+  checkpoints.set("2");
+  for (int64_t extra : {int64_t(0), int64_t(600)}) {
+    DmaCase c;
+    c.B = 1, c.Sq = 1900, c.Sk = 1900 + extra, c.H = 2, c.Hk = 1, c.D = 64, c.w = 300, c.causal = true;
+    c.seed = 1003 + uint64_t(extra), c.dtype = DType::bf16, c.deterministic = true;
+    DmaRun r(c);
+    run_gpu_dma(r);
+  }
+}
+
 TEST(DmaGpu, KeptListsOfSeveralLongRows) {
   // Several rows (batch, KV head) of 2500 keys, each row's kept list placed from one scan over
   // all rows (dma_lists.cu), causal (tile lists) and not (the kept list itself), key padding

@@ -156,6 +156,7 @@ DmaLayout dma_layout(const fdma_dma_params& p, const detail::DmaProblem& prob, c
   // alone. (Were it to turn the call down after all, the dq and dk/dv kernels would read the
   // whole kept list for every tile, hiding the rest by the intervals: slower, not wrong.)
   if (l.fused && !prob.varlen.on) l.shape.tile_lists = false;
+  l.shape.checkpoint_tiles = tile_checkpoints(l.shape);
   l.lists = align_up(dma_lists_workspace(l.shape));
   const int64_t sq_pad = (d.Sq + kBwdBlockM - 1) / kBwdBlockM * kBwdBlockM;
   l.rows = pass == Pass::backward ? align_up(size_t(d.B * d.H * sq_pad) * 4) : 0;

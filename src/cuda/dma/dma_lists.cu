@@ -162,10 +162,97 @@ __device__ int first_kept_at_or_after(const int32_t* keys, int n, int key) {
   return lo;
 }
 
+// Candidates a list kernel scans: keys in index order, each with its (begin, end).
+struct Candidates {
+  const int32_t* keys;
+  const int2* spans;
+  int n;
+};
+
+// A CTA scans its candidates kScanPer a thread a step (4 loads in flight; the scan was
+// latency-bound at one). The next step's candidates and its first key (the uniform exit test)
+// are loaded before a step's placement and stores, under them (a small gain: a step is bound by
+// its instructions more than by its loads; docs/performance.md, "key lists").
+constexpr int kTileThreads = 256;
+constexpr int kScanPer = 4, kScanStep = kScanPer * kTileThreads;
+struct ScanStep {
+  int head;  // the step's first key (INT_MAX past the candidates): every later key is past it too
+  int j[kScanPer];
+  int2 span[kScanPer];
+};
+__device__ __forceinline__ void load_step(const Candidates& c, int base, ScanStep& x) {
+  x.head = base < c.n ? c.keys[base] : INT_MAX;
+#pragma unroll
+  for (int u = 0; u < kScanPer; ++u) {
+    const int i = base + kScanPer * int(threadIdx.x) + u;
+    x.j[u] = i < c.n ? c.keys[i] : INT_MAX;
+    x.span[u] = i < c.n ? c.spans[i] : make_int2(0, 0);
+  }
+}
+// A step's exclusive prefix (.x) and total (.y) over the CTA of each thread's packed counts (two
+// 16-bit counts: a step's stay below 2^16), by one warp scan. The caller syncs before the next.
+__device__ __forceinline__ int2 step_prefix(int packed, int* warp_totals) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int inclusive = warp_inclusive_sum(packed);  // both 16-bit halves at once
+  if (lane == 31) warp_totals[warp] = inclusive;
+  __syncthreads();
+  int before = inclusive - packed, total = 0;
+  for (int w = 0; w < kTileThreads / 32; ++w) {
+    before += w < warp ? warp_totals[w] : 0;
+    total += warp_totals[w];
+  }
+  return make_int2(before, total);
+}
+
+// One CTA per (checkpoint, batch * KV head): checkpoint k's row c is the first of its tiles,
+// k * checkpoint_tiles * block_m; its list holds the kept keys below c's causal limit (in index
+// order) whose interval ends past c, which every later row's list draws from for such keys.
+// meta: (the list's keys, or -1 where they pass checkpoint_cap; the kept keys below the limit,
+// where its tiles resume the kept list).
+__global__ void __launch_bounds__(kTileThreads)
+    tile_checkpoints_kernel(DmaListShape s, const int32_t* kept, const int2* kept_span, const int32_t* kept_count,
+                            int32_t* ck_keys, int2* ck_spans, int2* ck_meta) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const int k = blockIdx.x;
+  const int64_t bh = blockIdx.y;
+  const int c = k * s.checkpoint_tiles * s.block_m;
+  const int64_t limit = int64_t(c) + (s.Sk - s.Sq);
+  const int bound = int(limit < 0 ? 0 : limit < s.Sk ? limit : s.Sk);  // keys below it: the list's part
+  const Candidates src{kept + bh * s.Sk, kept_span + bh * s.Sk, kept_count[bh]};
+  const int64_t cap = s.checkpoint_cap(), at = bh * s.checkpoints() + k;
+  int32_t* out = ck_keys + at * cap;
+  int2* out_span = ck_spans + at * cap;
+  __shared__ int warp_totals[kTileThreads / 32];
+  int alive = 0, below = 0;
+  ScanStep x, next;
+  load_step(src, 0, x);
+  for (int base = 0; x.head < bound; base += kScanStep) {  // uniform
+    load_step(src, base + kScanStep, next);
+    int packed = 0;  // low half: alive at c; high half: below the limit
+#pragma unroll
+    for (int u = 0; u < kScanPer; ++u)
+      packed += x.j[u] < bound ? (x.span[u].y > c ? 1 : 0) + (1 << 16) : 0;
+    const int2 p = step_prefix(packed, warp_totals);
+    int pos = alive + (p.x & 0xffff);
+#pragma unroll
+    for (int u = 0; u < kScanPer; ++u)
+      if (x.j[u] < bound && x.span[u].y > c) {
+        if (pos < cap) out[pos] = x.j[u], out_span[pos] = x.span[u];
+        ++pos;
+      }
+    alive += p.y & 0xffff;
+    below += p.y >> 16;
+    __syncthreads();
+    x = next;
+  }
+  if (threadIdx.x == 0) ck_meta[at] = make_int2(alive <= cap ? alive : -1, below);
+}
+
 // One CTA per (query tile, batch * KV head): the kept keys whose interval meets the tile's
 // rows. Kept keys start their interval at their own causal position, so the candidates are a
-// prefix of the kept list; an order-preserving compaction keeps those still alive at the
-// tile's first row.
+// prefix of the kept list (with checkpoints: the checkpoint's list, then the kept keys from its
+// limit on); an order-preserving compaction keeps those still alive at the tile's first row.
 //
 // The keys that cover every row of the tile come first, then the partial ones (an interval
 // that begins or ends among the rows), each part in index order. The attention kernels skip
@@ -174,11 +261,16 @@ __device__ int first_kept_at_or_after(const int32_t* keys, int n, int key) {
 // the (warp, key tile) pairs of a 16K causal forward take the test (24% at 128K), now only the
 // list's last tile or two do. Each query row adds one visible key and drops at most one, so a
 // tile has fewer than 2 * block_m partial keys: they wait in shared memory.
-constexpr int kTileThreads = 256;
+// kCheckpointed: the lists are built with checkpoints. A template flag, not a runtime one: the
+// second part's state takes 48 registers a thread against 40 (five CTAs an SM rather than six),
+// and lists built without checkpoints (packed batches, calls of a wave or less) should not pay
+// for it: one kernel for both at 56 registers took them from 128 to 156 us at 128K.
 constexpr int kMaxPartialKeys = 2 * 128;  // 2 * the largest block_m of the kernels (128)
+template <bool kCheckpointed>
 __global__ void __launch_bounds__(kTileThreads)
     tile_lists_kernel(DmaListShape s, const int32_t* kept, const int2* kept_span, const int32_t* kept_count,
-                      int32_t* tile_keys, int32_t* tile_count) {
+                      const int32_t* ck_keys, const int2* ck_spans, const int2* ck_meta, int32_t* tile_keys,
+                      int32_t* tile_count) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int t = blockIdx.x;
@@ -188,74 +280,61 @@ __global__ void __launch_bounds__(kTileThreads)
   const int32_t* keys = kept + bh * s.Sk;
   const int2* spans = kept_span + bh * s.Sk;  // (begin, end) in kept order: coalesced, no record lookup
   const int n = kept_count[bh];
-  int first = 0;  // the first candidate
+  int first = 0;  // the kept list's first candidate
   if (s.cu_k) {   // a packed batch: the keys of the sequences the tile's rows belong to
     const int s_lo = sequence_of(s.cu_q, s.num_seqs, row_lo), s_hi = sequence_of(s.cu_q, s.num_seqs, row_hi - 1);
     const int key_lo = min(max(s.cu_k[s_lo], 0), s.Sk);
     last_key = min(max(s.cu_k[s_hi + 1], key_lo), s.Sk) - 1;
     first = first_kept_at_or_after(keys, n, key_lo);
   }
+  // The candidates in two parts, each scanned in whole steps: the checkpoint's list (none where
+  // it overflowed), then the kept list from `first`.
+  Candidates parts[2] = {{nullptr, nullptr, 0}, {}};
+  if constexpr (kCheckpointed) {
+    const int64_t at = bh * s.checkpoints() + t / s.checkpoint_tiles;
+    const int2 meta = ck_meta[at];
+    if (meta.x >= 0)
+      parts[0] = {ck_keys + at * s.checkpoint_cap(), ck_spans + at * s.checkpoint_cap(), meta.x}, first = meta.y;
+  }
+  parts[1] = {keys, spans, n};
   const int64_t cap = s.cap();
   int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
   __shared__ int warp_totals[kTileThreads / 32];
   __shared__ int32_t partial[kMaxPartialKeys];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // One pass; with split, partial keys go to shared memory. Each thread takes 4 consecutive
-  // candidates per step (4 loads in flight; the scan was latency-bound at one), and one warp
-  // scan of the two classes' counts, packed in 16-bit halves, places them in order. The next
-  // step's candidates and its first key (the uniform exit test) are loaded before this step's
-  // scan and stores, under them (a small gain: a step is bound by its instructions more than by
-  // its loads; docs/performance.md, "key lists").
-  constexpr int kPer = 4, kStep = kPer * kTileThreads;
-  struct Step {
-    int head;  // the step's first key (INT_MAX past the list): every later key is past it too
-    int j[kPer];
-    int2 span[kPer];
-  };
-  auto load = [&](int base, Step& x) {
-    x.head = base < n ? keys[base] : INT_MAX;
+  // One pass; with split, partial keys go to shared memory. The two classes' counts share one
+  // packed scan.
+  auto scan = [&](const Candidates& src, int from, bool split, int& n_cover, int& n_partial) {
+    ScanStep x, next;
+    load_step(src, from, x);
+    for (int base = from; x.head <= last_key; base += kScanStep) {  // uniform
+      load_step(src, base + kScanStep, next);
+      int cls[kScanPer], packed = 0;  // class 0 covers the tile, 1 partial, -1 not taken
 #pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const int i = base + kPer * threadIdx.x + u;
-      x.j[u] = i < n ? keys[i] : INT_MAX;
-      x.span[u] = i < n ? spans[i] : make_int2(0, 0);
-    }
-  };
-  auto compact = [&](bool split, int& n_cover, int& n_partial) {
-    n_cover = n_partial = 0;
-    Step x, next;
-    load(first, x);
-    for (int base = first; x.head <= last_key; base += kStep) {  // uniform
-      load(base + kStep, next);
-      int cls[kPer], packed = 0;  // class 0 covers the tile, 1 partial, -1 not taken
-#pragma unroll
-      for (int u = 0; u < kPer; ++u) {
+      for (int u = 0; u < kScanPer; ++u) {
         const int2 span = x.span[u];
         cls[u] = -1;
         if (x.j[u] <= last_key && span.x < row_hi && span.y > row_lo)
           cls[u] = !split || (span.x <= row_lo && span.y >= row_hi) ? 0 : 1;
         packed += cls[u] == 0 ? 1 : cls[u] == 1 ? 1 << 16 : 0;
       }
-      const int inclusive = warp_inclusive_sum(packed);  // both 16-bit halves at once
-      if (lane == 31) warp_totals[warp] = inclusive;
-      __syncthreads();
-      int before = inclusive - packed, total = 0;
-      for (int w = 0; w < kTileThreads / 32; ++w) {
-        before += w < warp ? warp_totals[w] : 0;
-        total += warp_totals[w];
-      }
-      int pos[2] = {n_cover + (before & 0xffff), n_partial + (before >> 16)};
+      const int2 p = step_prefix(packed, warp_totals);
+      int pos[2] = {n_cover + (p.x & 0xffff), n_partial + (p.x >> 16)};
 #pragma unroll
-      for (int u = 0; u < kPer; ++u) {
+      for (int u = 0; u < kScanPer; ++u) {
         if (cls[u] == 0 && pos[0] < cap) out[pos[0]] = x.j[u];
         if (cls[u] == 1 && pos[1] < kMaxPartialKeys) partial[pos[1]] = x.j[u];
         if (cls[u] >= 0) ++pos[cls[u]];
       }
-      n_cover += total & 0xffff;
-      n_partial += total >> 16;
+      n_cover += p.y & 0xffff;
+      n_partial += p.y >> 16;
       __syncthreads();
       x = next;
     }
+  };
+  auto compact = [&](bool split, int& n_cover, int& n_partial) {
+    n_cover = n_partial = 0;
+    if (kCheckpointed && parts[0].n > 0) scan(parts[0], 0, split, n_cover, n_partial);  // uniform
+    scan(parts[1], first, split, n_cover, n_partial);
   };
   int n_cover = 0, n_partial = 0;
   compact(true, n_cover, n_partial);
@@ -302,11 +381,29 @@ __global__ void tile_ranges_kernel(DmaListShape s, const int32_t* kept, const in
 
 }  // namespace
 
+constexpr int kCheckpointTiles = 8;
+
+// Tile lists of fewer tiles take one wave of the tile-list kernel, as long as its longest
+// tile's scan, which a checkpoint kernel's longest scan (as long) only delays.
+constexpr int64_t kCheckpointMinTiles = 1024;
+
+int tile_checkpoints(const DmaListShape& s) {
+  if (!s.tile_lists || s.cu_k) return 0;
+  const int forced = forced_tile_checkpoints();
+  if (forced == 0 || s.q_tiles() <= (forced > 0 ? forced : kCheckpointTiles)) return 0;
+  if (forced > 0) return forced;
+  return int64_t(s.B) * s.Hk * s.q_tiles() >= kCheckpointMinTiles ? kCheckpointTiles : 0;
+}
+
 size_t dma_lists_workspace(const DmaListShape& s) {
   const int64_t n = s.keys(), bh = int64_t(s.B) * s.Hk;
   size_t bytes = align_up(n * sizeof(KeyInfo)) + align_up(bh * list_blocks_per_row(s.Sk) * 4) + align_up(n * 4) +
                  align_up(bh * 4);
   if (s.tile_lists) bytes += align_up(n * 8) + align_up(bh * s.q_tiles() * s.cap() * 4) + align_up(bh * s.q_tiles() * 4);
+  if (s.tile_lists && s.checkpoint_tiles > 0) {
+    const int64_t lists = bh * s.checkpoints();
+    bytes += align_up(lists * s.checkpoint_cap() * 4) + align_up(lists * s.checkpoint_cap() * 8) + align_up(lists * 8);
+  }
   if (s.tile_ranges) bytes += 2 * align_up(bh * s.q_tiles() * 4);
   if (s.fold_bias) bytes += align_up(n * sizeof(BiasChunk)) + align_up(4);
   if (s.by_end) bytes += align_up(n * 4);
@@ -330,6 +427,12 @@ DmaListScratch carve_dma_lists(void* base, const DmaListShape& s) {
     c.kept_span = reinterpret_cast<int2*>(take(n * 8));
     c.tile_keys = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * s.cap() * 4));
     c.tile_count = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
+  }
+  if (s.tile_lists && s.checkpoint_tiles > 0) {
+    const int64_t lists = bh * s.checkpoints();
+    c.checkpoint_keys = reinterpret_cast<int32_t*>(take(lists * s.checkpoint_cap() * 4));
+    c.checkpoint_spans = reinterpret_cast<int2*>(take(lists * s.checkpoint_cap() * 8));
+    c.checkpoint_meta = reinterpret_cast<int2*>(take(lists * 8));
   }
   if (s.tile_ranges) {
     c.tile_first = reinterpret_cast<int32_t*>(take(bh * s.q_tiles() * 4));
@@ -365,9 +468,16 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   lists.kept_count = c.kept_count;
   lists.kept_by_end = c.kept_by_end;  // by_end: filled by bwd_setup (bwd_setup.hpp)
   if (s.tile_lists) {
+    if (s.checkpoint_tiles > 0) {
+      err = launch_kernel(overlap, tile_checkpoints_kernel, dim3(s.checkpoints(), s.B * s.Hk), kTileThreads, 0, stream,
+                          s, c.kept, c.kept_span, c.kept_count, c.checkpoint_keys, c.checkpoint_spans,
+                          c.checkpoint_meta);
+      if (err != cudaSuccess) return err;
+    }
     const dim3 grid(s.q_tiles(), s.B * s.Hk);
-    err = launch_kernel(overlap, tile_lists_kernel, grid, kTileThreads, 0, stream, s, c.kept, c.kept_span, c.kept_count,
-                        c.tile_keys, c.tile_count);
+    err = launch_kernel(overlap, s.checkpoint_tiles > 0 ? tile_lists_kernel<true> : tile_lists_kernel<false>, grid,
+                        kTileThreads, 0, stream, s, c.kept, c.kept_span, c.kept_count, c.checkpoint_keys,
+                        c.checkpoint_spans, c.checkpoint_meta, c.tile_keys, c.tile_count);
     if (err != cudaSuccess) return err;
     lists.keys = c.tile_keys;
     lists.keys_bh_stride = int64_t(s.q_tiles()) * s.cap();

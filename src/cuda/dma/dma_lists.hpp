@@ -5,6 +5,11 @@
 //   tile lists:  causal calls and packed batches, per query tile of block_m rows the kept keys some row of the tile
 //                keeps (at most min(w, Sk) + block_m of them; docs/design.md, "Per-tile key lists"): those kept by
 //                every row of the tile first, then the others, each part in index order.
+//                With checkpoints (DmaListShape::checkpoint_tiles), every C tiles a checkpoint
+//                list first: the kept keys below the checkpoint row's causal limit still kept
+//                at that row (at most min(w, Sk) in a selection's intervals), so that a tile
+//                scans its checkpoint's list and the kept keys from that limit on, not every
+//                kept key below its rows;
 //                Non-causal selections keep the same keys for every query, so every tile
 //                reads the kept list itself;
 //   tile ranges: dense packed batches (attention_varlen.cu), in place of tile lists: a query tile
@@ -40,7 +45,15 @@ struct DmaListShape {
   // min(w, max_k) keys (plus one a row, causal), and at most min(num_seqs, block_m) of them.
   const int32_t *cu_q = nullptr, *cu_k = nullptr;
   int num_seqs = 0, max_k = 0;
+  // Tiles a checkpoint list (0: none; tile lists of one sequence only, tile_checkpoints).
+  int checkpoint_tiles = 0;
   __host__ __device__ int q_tiles() const { return (Sq + block_m - 1) / block_m; }
+  __host__ __device__ int checkpoints() const {
+    return checkpoint_tiles > 0 ? (q_tiles() + checkpoint_tiles - 1) / checkpoint_tiles : 0;
+  }
+  // A checkpoint list's room: the keys one query row keeps. A list that would hold more (the
+  // caller's own intervals) is marked overflowed and its tiles scan the whole kept list.
+  __host__ __device__ int64_t checkpoint_cap() const { return window < Sk ? window : Sk; }
   __host__ __device__ int64_t cap() const {
     const int64_t w = window < Sk ? window : Sk;
     if (!cu_k) return w + block_m;
@@ -67,12 +80,21 @@ inline bool lists_fold_bias(bool forward, bool bf16, double softcap, double scal
 // depend on the kernel that reads them.
 constexpr int kFwdListBlockM = 128;
 
+// The tiles a checkpoint list serves for a call's tile lists (DmaListShape::checkpoint_tiles):
+// FDMA_TILE_CHECKPOINTS where set, else 8; none for packed batches (their tiles start their
+// scans at their sequences' keys) or where the lists have a single checkpoint's worth of tiles.
+int tile_checkpoints(const DmaListShape& s);
+
 struct DmaListScratch {
   KeyInfo* info;                 // [B * Hk * Sk]
   int32_t* block_counts;         // [B * Hk * blocks a row]: kept keys of each block of a row (dma_lists.cu)
   int32_t *kept, *kept_count;    // [B * Hk * Sk], [B * Hk]
   int2* kept_span;                  // tile lists: [B * Hk * Sk], (begin, end) of each kept key, kept order
   int32_t *tile_keys, *tile_count;  // tile lists: [B * Hk * q_tiles * cap], [B * Hk * q_tiles]
+  int32_t* checkpoint_keys;         // checkpoints: [B * Hk * checkpoints * checkpoint_cap]
+  int2* checkpoint_spans;           //   and each key's (begin, end)
+  int2* checkpoint_meta;            //   [B * Hk * checkpoints]: (keys listed or -1: overflowed,
+                                    //   kept keys below the checkpoint's limit)
   int32_t* tile_first;              // tile ranges: [B * Hk * q_tiles] (and tile_count)
   BiasChunk* bias_chunks;           // fold_bias: [B * Hk * Sk]
   int32_t* fold_off;                // fold_bias: one word

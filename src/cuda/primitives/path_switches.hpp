@@ -51,6 +51,13 @@ inline bool select_walk_allowed() { return !env_is("FDMA_SELECT_ENDS", "wavelet"
 // FDMA_FWD_LAST_TILE=full: a list's last key tile as wide as the others.
 inline bool narrow_last_tile() { return !env_is("FDMA_FWD_LAST_TILE", "full"); }
 
+// FDMA_TILE_CHECKPOINTS=n: tiles a checkpoint list of the causal tile lists (0: none; unset:
+// the default, dma_lists.cu).
+inline int forced_tile_checkpoints() {
+  const char* env = std::getenv("FDMA_TILE_CHECKPOINTS");
+  return env ? std::max(0, std::atoi(env)) : -1;
+}
+
 // FDMA_OVERLAP_LAUNCHES=0: no programmatic dependent launch.
 inline bool overlap_launches_allowed() { return !env_is("FDMA_OVERLAP_LAUNCHES", "0"); }
 

@@ -1,0 +1,175 @@
+// The key lists' builder alone (dma_lists.cu), compiled into this binary from the library's
+// source: causal tile lists with checkpoint lists (every C tiles) against the same lists built
+// without them and against a host construction of each tile's list (the keys that cover the
+// tile first, then the partial ones, each part in index order, cut at the list's room). Inputs:
+// a causal top-w selection's intervals (key j kept from its own row until w later keys outrank
+// it), with as many keys as queries and with more (the causal diagonal offset), and a caller's
+// intervals that keep far more keys than w at a row, so that checkpoint lists overflow and
+// their tiles scan the whole kept list. Skipped where no GPU is usable.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "cuda/dma/dma_lists.hpp"
+#include "fdma/fdma.hpp"
+
+namespace {
+
+using fdma::cuda::DmaListShape;
+
+struct Intervals {
+  std::vector<int32_t> begin, end;  // [B * Hk, Sk]
+};
+
+// Causal top-w of random scores, row by row: key j becomes visible at row j - (Sk - Sq) (row 0
+// for the keys before), and leaves at the row where w keys visible with it outrank it.
+Intervals causal_top_w(int rows, int Sq, int Sk, int w, std::mt19937_64& rng) {
+  Intervals iv{std::vector<int32_t>(size_t(rows) * Sk, 0), std::vector<int32_t>(size_t(rows) * Sk, 0)};
+  std::uniform_real_distribution<float> uni;
+  for (int r = 0; r < rows; ++r) {
+    std::vector<float> score(Sk);
+    for (float& x : score) x = uni(rng);
+    std::set<std::pair<float, int>> kept;  // (score, key): the lowest first
+    int next = 0;
+    for (int i = 0; i < Sq; ++i) {
+      for (; next < Sk && next - (Sk - Sq) <= i; ++next) {
+        iv.begin[size_t(r) * Sk + next] = i;
+        kept.insert({score[next], next});
+        if (int(kept.size()) > w) {
+          const int out = kept.begin()->second;
+          kept.erase(kept.begin());
+          iv.end[size_t(r) * Sk + out] = i;  // begin == end where it never stayed
+        }
+      }
+    }
+    for (const auto& e : kept) iv.end[size_t(r) * Sk + e.second] = Sq;
+  }
+  return iv;
+}
+
+// Intervals a caller might pass: most keys kept over long random stretches.
+Intervals caller_intervals(int rows, int Sq, int Sk, std::mt19937_64& rng) {
+  Intervals iv{std::vector<int32_t>(size_t(rows) * Sk), std::vector<int32_t>(size_t(rows) * Sk)};
+  for (size_t e = 0; e < iv.begin.size(); ++e) {
+    const int b = int(rng() % uint64_t(Sq));
+    iv.begin[e] = b;
+    iv.end[e] = rng() % 10 == 0 ? b : b + 1 + int(rng() % uint64_t(Sq - b));
+  }
+  return iv;
+}
+
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  if (cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)) != cudaSuccess) return nullptr;
+  if (!h.empty()) cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+
+struct Lists {
+  std::vector<int32_t> keys, count;  // [rows * q_tiles * cap], [rows * q_tiles]
+};
+
+Lists build(DmaListShape s, int checkpoint_tiles, const int32_t* d_begin, const int32_t* d_end) {
+  s.checkpoint_tiles = checkpoint_tiles;
+  void* work = nullptr;
+  EXPECT_EQ(cudaMalloc(&work, fdma::cuda::dma_lists_workspace(s)), cudaSuccess);
+  const fdma::cuda::DmaListScratch c = fdma::cuda::carve_dma_lists(work, s);
+  fdma::cuda::DmaListInputs in{};
+  in.begin = d_begin, in.end = d_end;
+  const int64_t st[3] = {int64_t(s.Hk) * s.Sk, s.Sk, 1};  // [B, Hk, Sk]
+  for (int i = 0; i < 3; ++i) in.begin_stride[i] = in.end_stride[i] = st[i];
+  in.add_scores = false, in.scale = 1.f;
+  fdma::cuda::KeyLists lists{};
+  EXPECT_EQ(fdma::cuda::build_dma_lists(s, in, c, lists, nullptr, true), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const int64_t tiles = int64_t(s.B) * s.Hk * s.q_tiles();
+  Lists out{std::vector<int32_t>(tiles * s.cap()), std::vector<int32_t>(tiles)};
+  cudaMemcpy(out.keys.data(), c.tile_keys, out.keys.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(out.count.data(), c.tile_count, out.count.size() * 4, cudaMemcpyDeviceToHost);
+  cudaFree(work);
+  return out;
+}
+
+// Tile t's list on the host: the kept keys up to the causal limit of its last row whose
+// interval meets its rows, covering ones first (unless there are more than 2 * 128 partial
+// ones: then index order), cut at cap.
+std::vector<int32_t> host_tile_list(const DmaListShape& s, const Intervals& iv, int row, int t) {
+  const int lo = t * s.block_m, hi = std::min(s.Sq, lo + s.block_m);
+  const int64_t last_key = int64_t(hi) - 1 + (s.Sk - s.Sq);
+  std::vector<int32_t> cover, partial, all;
+  for (int j = 0; j < s.Sk && j <= last_key; ++j) {
+    const int b = iv.begin[size_t(row) * s.Sk + j], e = iv.end[size_t(row) * s.Sk + j];
+    if (e <= b || b >= hi || e <= lo) continue;
+    all.push_back(j);
+    (b <= lo && e >= hi ? cover : partial).push_back(j);
+  }
+  std::vector<int32_t> list = partial.size() > 256 ? all : cover;
+  if (partial.size() <= 256) list.insert(list.end(), partial.begin(), partial.end());
+  if (int64_t(list.size()) > s.cap()) list.resize(size_t(s.cap()));
+  return list;
+}
+
+void check(int B, int Hk, int Sq, int Sk, int w, bool caller, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Intervals iv = caller ? caller_intervals(B * Hk, Sq, Sk, rng) : causal_top_w(B * Hk, Sq, Sk, w, rng);
+  int32_t *d_begin = to_device(iv.begin), *d_end = to_device(iv.end);
+  ASSERT_TRUE(d_begin && d_end);
+  DmaListShape s{B, Hk, Sk, Sq, w, true, 128, false};
+  const Lists plain = build(s, 0, d_begin, d_end);
+  for (int c : {3, 8}) {
+    SCOPED_TRACE(testing::Message() << "checkpoint every " << c << " tiles");
+    const Lists with = build(s, c, d_begin, d_end);
+    for (int row = 0; row < B * Hk; ++row)
+      for (int t = 0; t < s.q_tiles(); ++t) {
+        const int64_t at = int64_t(row) * s.q_tiles() + t;
+        const std::vector<int32_t> want = host_tile_list(s, iv, row, t);
+        ASSERT_EQ(plain.count[at], int32_t(want.size())) << "row " << row << " tile " << t;
+        ASSERT_EQ(with.count[at], int32_t(want.size())) << "row " << row << " tile " << t;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(plain.keys[at * s.cap() + i], want[i]) << "row " << row << " tile " << t << " place " << i;
+          ASSERT_EQ(with.keys[at * s.cap() + i], want[i]) << "row " << row << " tile " << t << " place " << i;
+        }
+      }
+  }
+  cudaFree(d_begin);
+  cudaFree(d_end);
+}
+
+TEST(DmaListsGpu, CheckpointListsGiveTheSameTileLists) {
+  if (!fdma::cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped";
+  // The default: checkpoints every 8 tiles from 1024 tiles a call (B * Hk * tiles), none for a
+  // packed batch or below.
+  const DmaListShape big{1, 4, 131072, 131072, 2048, true, 128, false}, small{1, 1, 5000, 5000, 300, true, 128, false};
+  EXPECT_EQ(fdma::cuda::tile_checkpoints(big), 8);
+  EXPECT_EQ(fdma::cuda::tile_checkpoints(small), 0);
+  DmaListShape packed = big;
+  const int32_t cu[2] = {0, 131072};
+  packed.cu_q = packed.cu_k = cu, packed.num_seqs = 1, packed.max_k = 131072;
+  EXPECT_EQ(fdma::cuda::tile_checkpoints(packed), 0);
+  uint64_t seed = 5;
+  {
+    SCOPED_TRACE("a causal selection, Sq == Sk, not a multiple of the tile");
+    check(2, 2, 5000, 5000, 300, false, seed++);
+  }
+  {
+    SCOPED_TRACE("a causal selection, 700 keys before the first query's");
+    check(1, 3, 3000, 3700, 500, false, seed++);
+  }
+  {
+    SCOPED_TRACE("a window as wide as the row");
+    check(1, 1, 2100, 2100, 4096, false, seed++);
+  }
+  {
+    SCOPED_TRACE("a caller's intervals: checkpoint lists overflow");
+    check(1, 2, 1500, 1500, 64, true, seed++);
+  }
+}
+
+}  // namespace
