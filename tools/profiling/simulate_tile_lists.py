@@ -5,7 +5,7 @@ the last tile of a list 32 or 64 keys wide where it holds no more (FDMA_FWD_LAST
 the forward), and over the lists' exact lengths (docs/performance.md, "key lists").
 
 With --checkpoints C, also the candidates the tile-lists kernel scans: now, every kept key
-below a tile's last row; with checkpoint lists (not built), every C tiles the kept keys still
+below a tile's last row; with checkpoint lists (dma_lists.cu), every C tiles the kept keys still
 alive at the checkpoint's first row, so that a tile scans its checkpoint's list and the kept
 keys from the checkpoint's row on, plus each checkpoint's own scan of the kept keys below it.
 
