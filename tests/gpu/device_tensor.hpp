@@ -32,6 +32,22 @@ inline double max_err(const std::vector<double>& a, const std::vector<double>& r
     ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);           \
   } while (0)
 
+// A vector's copy in device memory (null where it cannot be allocated; the caller frees it),
+// and n elements of device memory copied back.
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  if (cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)) != cudaSuccess) return nullptr;
+  if (!h.empty()) cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  if (n) cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return h;
+}
+
 // A path switch the library reads from the environment per call (FDMA_SELECT_PATH and the
 // others in src/cuda/primitives/path_switches.hpp's users): set and cleared by the test, and cleared when
 // it ends, pass or fail.

@@ -18,10 +18,13 @@
 
 #include "cpu/convert.hpp"
 #include "cuda/dma/bwd_setup.hpp"
+#include "device_tensor.hpp"
 #include "fdma/fdma.hpp"
 
 namespace {
 
+using fdma::test::to_device;
+using fdma::test::to_host;
 using fdma::cpu::bf16_to_float;
 using fdma::cpu::float_to_bf16;
 using fdma::cuda::EndOrder;
@@ -33,19 +36,6 @@ struct SetupCase {
   int H = 0;     // query heads of the prepare's rows (0: no prepare)
 };
 
-template <class T>
-T* to_device(const std::vector<T>& h) {
-  T* d = nullptr;
-  if (cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)) != cudaSuccess) return nullptr;
-  if (!h.empty()) cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return h;
-}
 
 void check(const SetupCase& c, uint64_t seed) {
   const int rows = c.B * c.Hk;

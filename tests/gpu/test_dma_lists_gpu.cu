@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "cuda/dma/dma_lists.hpp"
+#include "device_tensor.hpp"
 #include "fdma/fdma.hpp"
 
 namespace {
 
+using fdma::test::to_device;
 using fdma::cuda::DmaListShape;
 
 struct Intervals {
@@ -64,13 +66,6 @@ Intervals caller_intervals(int rows, int Sq, int Sk, std::mt19937_64& rng) {
   return iv;
 }
 
-template <class T>
-T* to_device(const std::vector<T>& h) {
-  T* d = nullptr;
-  if (cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)) != cudaSuccess) return nullptr;
-  if (!h.empty()) cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
 
 struct Lists {
   std::vector<int32_t> keys, count;  // [rows * q_tiles * cap], [rows * q_tiles]
