@@ -59,10 +59,26 @@ __device__ bool fold_chunk(float term, float scale, BiasChunk& chunk) {
 
 // The list kernels may be launched overlapping their predecessors (launch.cuh): each waits for
 // them first thing and lets its successor in early.
-// Key j of row bh = b * Hk + hk: its record (and folded term); whether it is kept.
-__device__ bool key_record(const DmaListShape& s, const DmaListInputs& in, KeyInfo* info, BiasChunk* chunks,
-                           int64_t bh, int j) {
+// Key j of row bh = b * Hk + hk as the caller (or the selection) gave it: its interval and,
+// where scores are added, its score. Loaded apart from key_record, so that a thread's keys'
+// loads are all in flight at once: issued key by key, each key's loads waited behind the
+// stores of the one before (the compiler cannot move a load above a store that may alias it).
+struct KeyInput {
+  int32_t begin, end;
+  float score;
+};
+__device__ KeyInput key_input(const DmaListShape& s, const DmaListInputs& in, int64_t bh, int j) {
   const int hk = int(bh % s.Hk), b = int(bh / s.Hk);
+  KeyInput k;
+  k.begin = in.begin[b * in.begin_stride[0] + hk * in.begin_stride[1] + j * in.begin_stride[2]];
+  k.end = in.end[b * in.end_stride[0] + hk * in.end_stride[1] + j * in.end_stride[2]];
+  k.score = in.add_scores ? load_score(in, b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]) : 0.f;
+  return k;
+}
+
+// Key j's record (and folded term) from its input; whether it is kept.
+__device__ bool key_record(const DmaListShape& s, const DmaListInputs& in, KeyInfo* info, BiasChunk* chunks,
+                           int64_t bh, int j, const KeyInput& k) {
   const int64_t e = bh * s.Sk + j;
   // Clamped to the queries that exist: a caller's intervals that are not a selection's give
   // wrong results, never a query row out of bounds in the kernels. A packed sequence's
@@ -73,11 +89,9 @@ __device__ bool key_record(const DmaListShape& s, const DmaListInputs& in, KeyIn
     q0 = min(max(s.cu_q[seq], 0), s.Sq);
     nq = min(max(s.cu_q[seq + 1], q0), s.Sq) - q0;
   }
-  const int32_t begin = min(max(in.begin[b * in.begin_stride[0] + hk * in.begin_stride[1] + j * in.begin_stride[2]], 0), nq);
-  const int32_t end = min(max(in.end[b * in.end_stride[0] + hk * in.end_stride[1] + j * in.end_stride[2]], begin), nq);
-  float bias = 0.f;
-  if (in.add_scores && end > begin)
-    bias = load_score(in, b * in.score_stride[0] + hk * in.score_stride[1] + j * in.score_stride[2]);
+  const int32_t begin = min(max(k.begin, 0), nq);
+  const int32_t end = min(max(k.end, begin), nq);
+  const float bias = end > begin ? k.score : 0.f;
   int32_t unfolded = 0;  // KeyInfo::pad bit 0: the term does not fold (kept_list_kernel reports it)
   if (chunks && end > begin) {
     BiasChunk chunk;
@@ -100,11 +114,17 @@ __global__ void __launch_bounds__(kListThreads) key_records_kernel(DmaListShape 
   const int64_t bh = blockIdx.x / blocks;
   const int j0 = int(blockIdx.x % blocks) * kListBlockKeys;
   if (blockIdx.x == 0 && threadIdx.x == 0 && fold_off) *fold_off = 0;  // kept_list_kernel, after this one, sets it
+  KeyInput k[kListKeysPerThread];
+#pragma unroll
+  for (int i = 0; i < kListKeysPerThread; ++i) {
+    const int j = j0 + i * kListThreads + int(threadIdx.x);
+    if (j < s.Sk) k[i] = key_input(s, in, bh, j);
+  }
   int kept_here = 0;
 #pragma unroll
   for (int i = 0; i < kListKeysPerThread; ++i) {
     const int j = j0 + i * kListThreads + int(threadIdx.x);
-    if (j < s.Sk) kept_here += key_record(s, in, info, chunks, bh, j);
+    if (j < s.Sk) kept_here += key_record(s, in, info, chunks, bh, j, k[i]);
   }
   int unused, total;
   ListScan(scan).ExclusiveSum(kept_here, unused, total);
@@ -128,22 +148,25 @@ __global__ void __launch_bounds__(kListThreads) kept_list_kernel(DmaListShape s,
   ListScan(scan).ExclusiveSum(partial, unused, before);  // before: the row's kept keys in earlier blocks
   __syncthreads();  // (the scan's storage, again below)
   const int j0 = block * kListBlockKeys + int(threadIdx.x) * kListKeysPerThread;
-  int2 span[kListKeysPerThread];  // (begin, end): the record's first 8 bytes
+  // Whole records (begin, end, bias, pad): the pad's unfolded bit comes with the interval rather
+  // than by a load after the scan.
+  static_assert(sizeof(KeyInfo) == sizeof(int4), "a record is one 16-byte load");
+  int4 rec[kListKeysPerThread];
   int mine = 0;
 #pragma unroll
   for (int i = 0; i < kListKeysPerThread; ++i) {
-    span[i] = j0 + i < s.Sk ? *reinterpret_cast<const int2*>(&info[row0 + j0 + i]) : make_int2(0, 0);
-    mine += span[i].y > span[i].x;
+    rec[i] = j0 + i < s.Sk ? *reinterpret_cast<const int4*>(&info[row0 + j0 + i]) : make_int4(0, 0, 0, 0);
+    mine += rec[i].y > rec[i].x;
   }
   int at, total;
   ListScan(scan).ExclusiveSum(mine, at, total);
   at += before;
 #pragma unroll
   for (int i = 0; i < kListKeysPerThread; ++i) {
-    if (span[i].y <= span[i].x) continue;
+    if (rec[i].y <= rec[i].x) continue;
     kept[row0 + at] = j0 + i;
-    if (kept_span) kept_span[row0 + at] = span[i];
-    if (fold_off && (info[row0 + j0 + i].pad & 1)) atomicOr(fold_off, 1);
+    if (kept_span) kept_span[row0 + at] = make_int2(rec[i].x, rec[i].y);
+    if (fold_off && (rec[i].w & 1)) atomicOr(fold_off, 1);
     ++at;
   }
   if (block == blocks - 1 && threadIdx.x == 0) kept_count[bh] = before + total;
