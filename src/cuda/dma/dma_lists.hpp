@@ -81,8 +81,10 @@ inline bool lists_fold_bias(bool forward, bool bf16, double softcap, double scal
 constexpr int kFwdListBlockM = 128;
 
 // The tiles a checkpoint list serves for a call's tile lists (DmaListShape::checkpoint_tiles):
-// FDMA_TILE_CHECKPOINTS where set, else 8; none for packed batches (their tiles start their
-// scans at their sequences' keys) or where the lists have a single checkpoint's worth of tiles.
+// FDMA_TILE_CHECKPOINTS where set, else 8 for calls of 1024 tiles or more (B * Hk * tiles:
+// fewer run in one wave of the tile kernel, where a checkpoint launch only adds its own scan);
+// none for packed batches (their tiles start their scans at their sequences' keys) or where the
+// lists have a single checkpoint's worth of tiles.
 int tile_checkpoints(const DmaListShape& s);
 
 struct DmaListScratch {
