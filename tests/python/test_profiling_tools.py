@@ -130,11 +130,12 @@ def test_tile_list_checkpoints_hold_every_listed_key():
     import simulate_dkdv_groups
     import simulate_tile_lists
     S, w, block_m, every = 700, 40, 16, 2
-    begin, end = simulate_dkdv_groups.causal_intervals(np.random.default_rng(5).standard_normal(S), w)
+    begin, end = simulate_dkdv_groups.causal_intervals(np.random.default_rng(4).standard_normal(S), w)
     for i in range(S):
         assert int(((begin <= i) & (i < end)).sum()) == min(w, i + 1)
     kept = [j for j in range(S) if end[j] > begin[j]]
     now = tiles = ckpts = largest = 0
+    longest = (0, 0, 0)
     for t in range(-(-S // block_m)):
         lo, hi = t * block_m, min(S, (t + 1) * block_m)
         c = t // every * every * block_m
@@ -146,7 +147,10 @@ def test_tile_list_checkpoints_hold_every_listed_key():
         tiles += len(ckpt) + len(since)
         ckpts += sum(j < c for j in kept) if t % every == 0 else 0
         largest = max(largest, len(ckpt))
-    assert simulate_tile_lists.scanned_candidates(begin, end, block_m, every) == (now, tiles, ckpts, largest)
+        scans = (sum(j < hi for j in kept), sum(j < c for j in kept), len(ckpt) + len(since))
+        longest = tuple(max(a, b) for a, b in zip(longest, scans))
+    assert simulate_tile_lists.scanned_candidates(begin, end, block_m, every) == ((now, tiles, ckpts, largest), longest)
+    assert longest[2] < longest[1] < longest[0]  # a tile scans more than its checkpoint: its own rows
     assert largest <= w and tiles + ckpts < now
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "profiling", "simulate_tile_lists.py"),
                         "--seqlens", "600", "--w", "40", "--checkpoints", "2"], capture_output=True, text=True)

@@ -7,7 +7,8 @@ the forward), and over the lists' exact lengths (docs/performance.md, "key lists
 With --checkpoints C, also the candidates the tile-lists kernel scans: now, every kept key
 below a tile's last row; with checkpoint lists (dma_lists.cu), every C tiles the kept keys still
 alive at the checkpoint's first row, so that a tile scans its checkpoint's list and the kept
-keys from the checkpoint's row on, plus each checkpoint's own scan of the kept keys below it.
+keys from the checkpoint's row on, plus each checkpoint's own scan of the kept keys below it;
+and the longest single scans, which set the time of a launch whose CTAs fit one wave.
 
 Usage: python3 tools/profiling/simulate_tile_lists.py [--seqlens 16384,32768,131072] [--w 2048]
        [--checkpoints 8]  (the seed config: --seqlens 32768 --w 1024)
@@ -25,10 +26,12 @@ from simulate_dkdv_groups import causal_intervals  # noqa: E402
 def scanned_candidates(begin, end, block_m, every):
     """Candidates the tile lists scan for causal intervals [begin, end) (empty: not kept), one
     tile a block_m rows: (now, with checkpoint lists every `every` tiles, the checkpoints' own
-    scans, the largest checkpoint list)."""
+    scans, the largest checkpoint list), and the longest single scans, which bound a launch
+    whose CTAs all fit one wave: (a tile's now, a checkpoint's, a tile's with checkpoints)."""
     S = len(begin)
     kept = np.nonzero(end > begin)[0]  # index order, as the kept list
     now = tiles_scan = ckpt_scan = largest = 0
+    longest = [0, 0, 0]
     for t in range(-(-S // block_m)):
         below = int(np.searchsorted(kept, min(S, (t + 1) * block_m)))  # kept keys before the tile's end
         now += below
@@ -39,7 +42,8 @@ def scanned_candidates(begin, end, block_m, every):
         tiles_scan += alive + below - since
         if t % every == 0:
             ckpt_scan += since
-    return now, tiles_scan, ckpt_scan, largest
+        longest = [max(longest[0], below), max(longest[1], since), max(longest[2], alive + below - since)]
+    return (now, tiles_scan, ckpt_scan, largest), tuple(longest)
 
 
 def main():
@@ -70,10 +74,12 @@ def main():
             print(f"S {S}, {name}: kept / computed pairs: full tiles {cells[0]}, narrow last tile {cells[1]}, "
                   f"exact lists {cells[2]}")
         if args.checkpoints:
-            now, tiles, ckpts, largest = scanned_candidates(begin, end, 128, args.checkpoints)
+            (now, tiles, ckpts, largest), (one, one_ckpt, one_tile) = scanned_candidates(begin, end, 128,
+                                                                                   args.checkpoints)
             print(f"S {S}, tile lists' candidates scanned: now {now}; with a checkpoint list every "
                   f"{args.checkpoints} tiles {tiles} + {ckpts} for the checkpoints = {tiles + ckpts} "
-                  f"({now / (tiles + ckpts):.2f}x fewer), the largest list {largest} keys")
+                  f"({now / (tiles + ckpts):.2f}x fewer), the largest list {largest} keys; the longest "
+                  f"scan {one} now, {one_ckpt} (a checkpoint) then {one_tile} (a tile) with them")
 
 
 if __name__ == "__main__":
