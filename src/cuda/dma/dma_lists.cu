@@ -312,14 +312,14 @@ __global__ void __launch_bounds__(kTileThreads)
   }
   // The candidates in two parts, each scanned in whole steps: the checkpoint's list (none where
   // it overflowed), then the kept list from `first`.
-  Candidates parts[2] = {{nullptr, nullptr, 0}, {}};
+  Candidates checkpoint{nullptr, nullptr, 0};
   if constexpr (kCheckpointed) {
     const int64_t at = bh * s.checkpoints() + t / s.checkpoint_tiles;
     const int2 meta = ck_meta[at];
     if (meta.x >= 0)
-      parts[0] = {ck_keys + at * s.checkpoint_cap(), ck_spans + at * s.checkpoint_cap(), meta.x}, first = meta.y;
+      checkpoint = {ck_keys + at * s.checkpoint_cap(), ck_spans + at * s.checkpoint_cap(), meta.x}, first = meta.y;
   }
-  parts[1] = {keys, spans, n};
+  const Candidates kept_keys{keys, spans, n};
   const int64_t cap = s.cap();
   int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
   __shared__ int warp_totals[kTileThreads / 32];
@@ -356,8 +356,8 @@ __global__ void __launch_bounds__(kTileThreads)
   };
   auto compact = [&](bool split, int& n_cover, int& n_partial) {
     n_cover = n_partial = 0;
-    if (kCheckpointed && parts[0].n > 0) scan(parts[0], 0, split, n_cover, n_partial);  // uniform
-    scan(parts[1], first, split, n_cover, n_partial);
+    if (kCheckpointed && checkpoint.n > 0) scan(checkpoint, 0, split, n_cover, n_partial);  // uniform
+    scan(kept_keys, first, split, n_cover, n_partial);
   };
   int n_cover = 0, n_partial = 0;
   compact(true, n_cover, n_partial);

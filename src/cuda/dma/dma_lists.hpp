@@ -51,11 +51,13 @@ struct DmaListShape {
   __host__ __device__ int checkpoints() const {
     return checkpoint_tiles > 0 ? (q_tiles() + checkpoint_tiles - 1) / checkpoint_tiles : 0;
   }
-  // A checkpoint list's room: the keys one query row keeps. A list that would hold more (the
-  // caller's own intervals) is marked overflowed and its tiles scan the whole kept list.
-  __host__ __device__ int64_t checkpoint_cap() const { return window < Sk ? window : Sk; }
+  // The most keys one query row keeps.
+  __host__ __device__ int64_t row_keeps() const { return window < Sk ? window : Sk; }
+  // A checkpoint list's room: one row's keys. A list that would hold more (the caller's own
+  // intervals) is marked overflowed and its tiles scan the whole kept list.
+  __host__ __device__ int64_t checkpoint_cap() const { return row_keeps(); }
   __host__ __device__ int64_t cap() const {
-    const int64_t w = window < Sk ? window : Sk;
+    const int64_t w = row_keeps();
     if (!cu_k) return w + block_m;
     const int64_t per_seq = window < max_k ? window : max_k, seqs = num_seqs < block_m ? num_seqs : block_m;
     const int64_t most = per_seq * seqs + block_m;
