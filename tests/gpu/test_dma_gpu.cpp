@@ -414,6 +414,50 @@ TEST(DmaGpu, CausalKeptKeysSpanSeveralWindows) {
   run_gpu_dma(r);
 }
 
+// Rows of more than 8192 keys, whose causal walk counts each list block's kept keys so that
+// one launch writes the records and the kept list (KeptCounts, select_topw.cuh): against the
+// same calls with the wavelet's interval ends (FDMA_SELECT_ENDS=wavelet), whose lists take the
+// records and kept-list launches, bitwise (forward and deterministic backward, both selecting
+// the same intervals), and against the CPU. Several rows (each zeroes its counts), key padding,
+// more keys than queries, and keys of 1e38 whose terms do not fold (the fold flag, which the
+// walk's kernels zero).
+TEST(DmaGpu, CountedKeptBlocksEitherPath) {
+  REQUIRE_GPU();
+  const ScopedEnv ends("FDMA_SELECT_ENDS");
+  for (int variant = 0; variant < 3; ++variant) {
+    DmaCase c;
+    c.B = 2, c.Sq = 8300, c.Sk = variant == 1 ? 9000 : 8300, c.H = 4, c.Hk = 2, c.D = 64, c.w = 400;
+    c.causal = true, c.seed = 2100 + variant, c.dtype = DType::bf16, c.padding = variant == 1;
+    c.deterministic = true;  // compared bitwise
+    SCOPED_TRACE(testing::Message() << "variant " << variant << " " << c.str());
+    DmaRun r(c);
+    if (variant == 2) {
+      for (int64_t i = 50; i < r.scores.numel(); i += 97) r.scores.set(i, 1e38);
+      r.rebuild_reference_mask();
+    }
+    GpuDma gpu(r);
+    std::vector<std::vector<unsigned char>> by_path[2];
+    for (int wavelet = 0; wavelet < 2; ++wavelet) {
+      if (wavelet) ends.set("wavelet");
+      else ends.clear();
+      gpu.run(Pass::forward);
+      for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {
+        dev->download();
+        by_path[wavelet].push_back(host->bytes());
+      }
+      gpu.run(Pass::backward);
+      for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {&gpu.dscores, &r.dscores}}) {
+        dev->download();
+        by_path[wavelet].push_back(host->bytes());
+      }
+    }
+    for (size_t i = 0; i < by_path[0].size(); ++i)
+      EXPECT_TRUE(by_path[0][i] == by_path[1][i]) << "output " << i << " differs between the walk and the wavelet";
+    ends.clear();
+    run_gpu_dma(r, variant == 0);  // the CPU's backward of the largest rows only once
+  }
+}
+
 // Tile lists built through checkpoint lists (every 2 tiles, FDMA_TILE_CHECKPOINTS; calls of
 // fewer than 1024 tiles take none by default), the forward's and the deterministic backward's,
 // against the CPU: as many keys as queries, and 600 more.

@@ -186,6 +186,8 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
     begin = reinterpret_cast<int32_t*>(base + l.select);
     end = reinterpret_cast<int32_t*>(base + l.select + l.intervals);
   }
+  const DmaListScratch ls = carve_dma_lists(base + l.select + 2 * l.intervals, l.shape);
+  bool counted = false;  // the walk counted each list block's kept keys (KeptCounts)
   if (l.selects) {
     const TopwScratch s = carve_topw(base, in);
     WaveletScratch wv{};
@@ -199,7 +201,9 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
       fill(te, 0, stream);
     }
     const int Sq = int(prob.varlen.on ? prob.varlen.max_q : prob.dims.Sq);  // a sequence's most queries
-    check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, Sq, begin, bs, end, es, stream, overlap),
+    const KeptCounts counts{ls.block_counts, list_blocks_per_row(int(Sk)), kListBlockKeysLog2, ls.fold_off};
+    check_cuda(select_intervals(in, s, prob.causal ? &wv : nullptr, prob.window, Sq, begin, bs, end, es, stream, overlap,
+                                &counts, &counted),
                op, "selection");
   }
   DmaListInputs li{};
@@ -210,8 +214,8 @@ KeyLists select_and_list(const char* op, const fdma_dma_params& p, const detail:
   for (int d = 0; d < 3; ++d) li.score_stride[d] = p.key_scores.stride[d];
   li.add_scores = prob.add_scores;
   li.scale = float(prob.scale);
+  li.counted = counted;
   KeyLists lists{};
-  const DmaListScratch ls = carve_dma_lists(base + l.select + 2 * l.intervals, l.shape);
   check_cuda(build_dma_lists(l.shape, li, ls, lists, stream, overlap), op, "key lists");
   return lists;
 }

@@ -26,8 +26,10 @@ unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) 
 // kernel sums its row's earlier blocks' counts itself and places its kept keys after them. Two
 // launches, each overlapping its predecessor, where cub's exclusive sum took two more that could
 // not (docs/performance.md, "the kept list's scan"). A row's last block reads Sk / 1024 counts.
-constexpr int kListThreads = 256, kListKeysPerThread = 4, kListBlockKeys = kListThreads * kListKeysPerThread;
-__host__ __device__ int list_blocks_per_row(int Sk) { return Sk > kListBlockKeys ? (Sk + kListBlockKeys - 1) / kListBlockKeys : 1; }
+// Where the selection's walk has counted the blocks (DmaListInputs::counted), one launch does
+// both (records_and_kept_kernel).
+constexpr int kListThreads = 256, kListKeysPerThread = 4;
+static_assert(kListBlockKeys == kListThreads * kListKeysPerThread, "a list block: a CTA's keys");
 using ListScan = cub::BlockScan<int, kListThreads, cub::BLOCK_SCAN_WARP_SCANS>;  // 64 bytes of shared memory
 
 __device__ float load_score(const DmaListInputs& in, int64_t off) {
@@ -76,8 +78,8 @@ __device__ KeyInput key_input(const DmaListShape& s, const DmaListInputs& in, in
   return k;
 }
 
-// Key j's record (and folded term) from its input; whether it is kept.
-__device__ bool key_record(const DmaListShape& s, const DmaListInputs& in, KeyInfo* info, BiasChunk* chunks,
+// Key j's record (and folded term) from its input, as stored; kept where end > begin.
+__device__ KeyInfo key_record(const DmaListShape& s, const DmaListInputs& in, KeyInfo* info, BiasChunk* chunks,
                            int64_t bh, int j, const KeyInput& k) {
   const int64_t e = bh * s.Sk + j;
   // Clamped to the queries that exist: a caller's intervals that are not a selection's give
@@ -98,8 +100,9 @@ __device__ bool key_record(const DmaListShape& s, const DmaListInputs& in, KeyIn
     unfolded = !fold_chunk(bias, in.scale, chunk);
     chunks[e] = chunk;
   }
-  info[e] = KeyInfo{q0 + begin, q0 + end, bias, unfolded};
-  return end > begin;
+  const KeyInfo r{q0 + begin, q0 + end, bias, unfolded};
+  info[e] = r;
+  return r;
 }
 
 // A CTA per block of kListBlockKeys keys of a row (list_blocks_per_row blocks a row): the
@@ -124,7 +127,10 @@ __global__ void __launch_bounds__(kListThreads) key_records_kernel(DmaListShape 
 #pragma unroll
   for (int i = 0; i < kListKeysPerThread; ++i) {
     const int j = j0 + i * kListThreads + int(threadIdx.x);
-    if (j < s.Sk) kept_here += key_record(s, in, info, chunks, bh, j, k[i]);
+    if (j < s.Sk) {
+      const KeyInfo r = key_record(s, in, info, chunks, bh, j, k[i]);
+      kept_here += r.end > r.begin;
+    }
   }
   int unused, total;
   ListScan(scan).ExclusiveSum(kept_here, unused, total);
@@ -170,6 +176,66 @@ __global__ void __launch_bounds__(kListThreads) kept_list_kernel(DmaListShape s,
     ++at;
   }
   if (block == blocks - 1 && threadIdx.x == 0) kept_count[bh] = before + total;
+}
+
+// The records kernel and the kept-list kernel in one, for blocks whose kept keys the selection
+// has counted (and fold_off zeroed): a block's kept keys go after the counts of the row's
+// earlier blocks. Keys are striped (item i of thread t: key i * kListThreads + t of the block),
+// as in the records kernel; in index order, item i's keys follow those of items below it, and
+// within an item the warps' and lanes' in order (a ballot a warp, totals in shared memory).
+__global__ void __launch_bounds__(kListThreads)
+    records_and_kept_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info, BiasChunk* chunks,
+                            const int32_t* block_counts, int32_t* kept, int2* kept_span, int32_t* kept_count,
+                            int32_t* fold_off) {
+  constexpr int kWarps = kListThreads / 32;
+  __shared__ typename ListScan::TempStorage scan;
+  __shared__ int warp_kept[kListKeysPerThread][kWarps];
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const int blocks = list_blocks_per_row(s.Sk);
+  const int64_t bh = blockIdx.x / blocks, row0 = bh * s.Sk;
+  const int block = int(blockIdx.x % blocks), j0 = block * kListBlockKeys;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  KeyInput k[kListKeysPerThread];
+#pragma unroll
+  for (int i = 0; i < kListKeysPerThread; ++i) {
+    const int j = j0 + i * kListThreads + int(threadIdx.x);
+    if (j < s.Sk) k[i] = key_input(s, in, bh, j);
+  }
+  int partial = 0, unused, before;
+  for (int i = threadIdx.x; i < block; i += kListThreads) partial += block_counts[bh * blocks + i];
+  uint32_t ballot[kListKeysPerThread];
+  int2 span[kListKeysPerThread];
+  int unfolded = 0;
+#pragma unroll
+  for (int i = 0; i < kListKeysPerThread; ++i) {
+    const int j = j0 + i * kListThreads + int(threadIdx.x);
+    KeyInfo r{0, 0, 0.f, 0};
+    if (j < s.Sk) r = key_record(s, in, info, chunks, bh, j, k[i]);
+    span[i] = make_int2(r.begin, r.end);
+    unfolded |= r.end > r.begin ? r.pad & 1 : 0;
+    ballot[i] = __ballot_sync(0xffffffffu, r.end > r.begin);
+    if (lane == 0) warp_kept[i][warp] = __popc(ballot[i]);
+  }
+  if (fold_off && unfolded) atomicOr(fold_off, 1);
+  ListScan(scan).ExclusiveSum(partial, unused, before);  // before: the row's kept keys in earlier blocks (syncs)
+  int at = before;
+#pragma unroll
+  for (int i = 0; i < kListKeysPerThread; ++i) {
+    int item_total = 0, warps_before = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      item_total += warp_kept[i][w];
+      warps_before += w < warp ? warp_kept[i][w] : 0;
+    }
+    if (ballot[i] >> lane & 1) {
+      const int pos = at + warps_before + __popc(ballot[i] & ((1u << lane) - 1u));
+      kept[row0 + pos] = j0 + i * kListThreads + int(threadIdx.x);
+      if (kept_span) kept_span[row0 + pos] = span[i];
+    }
+    at += item_total;
+  }
+  if (block == blocks - 1 && threadIdx.x == 0) kept_count[bh] = at;
 }
 
 // The first position of a kept list (index order) holding a key >= key.
@@ -476,7 +542,12 @@ cudaError_t build_dma_lists(const DmaListShape& s, const DmaListInputs& in, cons
   if (s.block_m <= 0 || 1 << lists.tile_rows_log2 != s.block_m) return cudaErrorInvalidValue;  // tiles of 2^k rows
   const int64_t blocks = int64_t(s.B) * s.Hk * list_blocks_per_row(s.Sk);  // 0 only without rows
   cudaError_t err = cudaSuccess;
-  if (blocks > 0) {
+  if (blocks > 0 && in.counted) {
+    err = launch_kernel(overlap, records_and_kept_kernel, unsigned(blocks), kListThreads, 0, stream, s, in, c.info,
+                        c.bias_chunks, c.block_counts, c.kept, s.tile_lists ? c.kept_span : nullptr, c.kept_count,
+                        c.fold_off);
+    if (err != cudaSuccess) return err;
+  } else if (blocks > 0) {
     err = launch_kernel(overlap, key_records_kernel, unsigned(blocks), kListThreads, 0, stream, s, in, c.info,
                         c.block_counts, c.bias_chunks, c.fold_off);  // null without fold_bias (carve_dma_lists)
     if (err != cudaSuccess) return err;

@@ -89,6 +89,13 @@ constexpr int kFwdListBlockM = 128;
 // lists have a single checkpoint's worth of tiles.
 int tile_checkpoints(const DmaListShape& s);
 
+// The records and the kept list go by blocks of kListBlockKeys consecutive keys of a row:
+// each block's kept keys are counted, and placed after those of the row's earlier blocks.
+constexpr int kListBlockKeysLog2 = 10, kListBlockKeys = 1 << kListBlockKeysLog2;
+__host__ __device__ inline int list_blocks_per_row(int Sk) {
+  return Sk > kListBlockKeys ? (Sk + kListBlockKeys - 1) / kListBlockKeys : 1;
+}
+
 struct DmaListScratch {
   KeyInfo* info;                 // [B * Hk * Sk]
   int32_t* block_counts;         // [B * Hk * blocks a row]: kept keys of each block of a row (dma_lists.cu)
@@ -117,6 +124,9 @@ struct DmaListInputs {
   int64_t score_stride[3];
   bool add_scores;
   float scale;  // fold_bias: the call's softmax scale (the chunks hold bias / scale)
+  // The selection has counted each block's kept keys into the scratch's block_counts and
+  // zeroed fold_off (KeptCounts, select_topw.cuh): one launch then writes records and kept list.
+  bool counted = false;
 };
 
 // Builds records, kept list and (causal) tile lists; fills `lists` to point at them. overlap:

@@ -426,20 +426,25 @@ WalkShape walk_shape(const TopwInputs& in, int sms) {
 // The causal intervals by the walk, after the sort (ranks in s); the prefix bitmaps go where
 // the wavelet's zero counts would (rows * (spans - 1) * words words, less than its
 // levels * (n + 1)).
+// counts: the kept keys counted too, where the span kernel runs to zero them first (rows of more
+// than one span) and keys are not packed (a packed key's block is not its row's).
 cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch& wv, int64_t w, int Sq,
                            int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
-                           cudaStream_t stream, bool overlap) {
+                           cudaStream_t stream, bool overlap, const KeptCounts* counts, bool* counted) {
   const int rows = in.B * in.Hk;
   const WalkShape sh = walk_shape(in, device_limits().sms);
+  KeptCounts kc{};
+  if (counts && sh.spans > 1 && !in.cu_k) kc = *counts;
   // Never true: pieces of at most 256, at most 16 spans of Sk / 32 words.
   if (sh.piece > kWalkThreads || sh.spans > kWalkMaxSpans ||
       int64_t(sh.spans - 1) * sh.words > int64_t(wv.levels) * in.Sk)
     return cudaErrorInvalidValue;
+  if (counted) *counted = kc.counts != nullptr;
   auto* prefix = reinterpret_cast<uint32_t*>(wv.rank0);
   const size_t bitmap_bytes = size_t(sh.words) * 4;
   if (sh.spans > 1) {
     if (const cudaError_t err = launch_kernel(overlap, walk_span_bits_kernel, dim3(rows, sh.spans - 1), kWalkThreads,
-                                              bitmap_bytes, stream, in.Sk, sh, s.idx_out, prefix);
+                                              bitmap_bytes, stream, in.Sk, sh, s.idx_out, prefix, kc);
         err != cudaSuccess)
       return err;
     if (const cudaError_t err =
@@ -450,19 +455,20 @@ cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const Wav
   }
   return launch_kernel(overlap, walk_intervals_kernel, dim3(rows, (in.Sk + sh.piece - 1) / sh.piece), kWalkThreads,
                        bitmap_bytes, stream, in, sh, s.keys_out, s.idx_out, prefix, w, Sq, begin, bs[0], bs[1], bs[2],
-                       end, es[0], es[1], es[2]);
+                       end, es[0], es[1], es[2], kc);
 }
 
 }  // namespace
 
 cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, int64_t w, int Sq,
                              int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
-                             cudaStream_t stream, bool overlap) {
+                             cudaStream_t stream, bool overlap, const KeptCounts* counts, bool* counted) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
+  if (counted) *counted = false;
   if (wv && walk_applies(in)) {  // the sort alone, then the walk
     if (const cudaError_t err = rank_rows(in, s, nullptr, select_path(in, true), stream); err != cudaSuccess)
       return err;
-    return walk_intervals(in, s, *wv, w, Sq, begin, bs, end, es, stream, overlap);
+    return walk_intervals(in, s, *wv, w, Sq, begin, bs, end, es, stream, overlap, counts, counted);
   }
   if (const cudaError_t err = rank_rows(in, s, wv, select_path(in, wv == nullptr), stream); err != cudaSuccess)
     return err;

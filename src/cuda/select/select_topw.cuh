@@ -69,13 +69,27 @@ struct WaveletScratch {
 size_t wavelet_workspace(const TopwInputs& in, size_t* scan_bytes);
 WaveletScratch carve_wavelet(void* base, const TopwInputs& in);
 
+// Kept keys per block of 2^block_log2 consecutive keys of each row ([B * Hk][blocks], counts),
+// added up by the walk as it writes the intervals, for the key lists (dma_lists.hpp): with the
+// counts known, the records and the kept list take one launch after the selection instead of
+// two. The counts and *flag (nullable; the lists' fold flag) are zeroed by the walk's first
+// kernel, so a selection counts only where that kernel runs: select_intervals says whether.
+struct KeptCounts {
+  int32_t* counts;
+  int blocks, block_log2;
+  int32_t* flag;
+};
+
 // The selection as per-key query intervals [begin, end) (strided [B, Hk, Sk] int32): ranks
 // every row, then non-causal (wv null): [0, Sq) for the kept keys, (0, 0) for the others;
 // causal: through the wavelet matrix in wv. Ranks land in s.keys_out/s.idx_out: idx_out[row *
 // Sk + t] is the t-th ranked key of the row, kept iff t < w and rank_key_exists(keys_out[...]).
-// overlap: the intervals kernel may start while the ranking finishes (launch.cuh).
+// overlap: the intervals kernel may start while the ranking finishes (launch.cuh). counts
+// (nullable): count the kept keys as well where the path allows (a causal walk over rows of more
+// than one span, not a packed batch); *counted says whether they were.
 cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const WaveletScratch* wv, int64_t w, int Sq,
                              int32_t* begin, const int64_t (&begin_stride)[3], int32_t* end,
-                             const int64_t (&end_stride)[3], cudaStream_t stream, bool overlap = false);
+                             const int64_t (&end_stride)[3], cudaStream_t stream, bool overlap = false,
+                             const KeptCounts* counts = nullptr, bool* counted = nullptr);
 
 }  // namespace fdma::cuda

@@ -40,12 +40,17 @@ struct WalkShape {
 };
 
 // Span k's bits (keys ranked span * k .. span * (k + 1) - 1) of each row, for k < spans - 1.
+// With counts, it zeroes them for the walk (a row's by its first span's CTA).
 __global__ void __launch_bounds__(kWalkThreads)
-    walk_span_bits_kernel(int Sk, WalkShape sh, const int32_t* idx_out, uint32_t* prefix) {
+    walk_span_bits_kernel(int Sk, WalkShape sh, const int32_t* idx_out, uint32_t* prefix, KeptCounts counts) {
   extern __shared__ uint32_t bits[];
   ptx::griddep_wait();  // the ranks
   ptx::griddep_launch_dependents();
   const int row = blockIdx.x, k = blockIdx.y;
+  if (counts.counts && k == 0) {
+    for (int i = threadIdx.x; i < counts.blocks; i += kWalkThreads) counts.counts[int64_t(row) * counts.blocks + i] = 0;
+    if (row == 0 && threadIdx.x == 0 && counts.flag) *counts.flag = 0;
+  }
   for (int i = threadIdx.x; i < sh.words; i += kWalkThreads) bits[i] = 0;
   __syncthreads();
   const int32_t* idx = idx_out + int64_t(row) * Sk;
@@ -148,11 +153,12 @@ __device__ __forceinline__ int walk_step(uint32_t* bits, int& x, int j, int64_t 
   return mine;
 }
 
-// Piece blockIdx.y of row blockIdx.x: every key's interval, as causal_intervals_kernel writes it.
+// Piece blockIdx.y of row blockIdx.x: every key's interval, as causal_intervals_kernel writes it,
+// and, with counts (zeroed by the span kernel), the kept ones added to their blocks' counts.
 __global__ void __launch_bounds__(kWalkThreads)
     walk_intervals_kernel(TopwInputs in, WalkShape sh, const uint64_t* keys, const int32_t* idx_out,
                           const uint32_t* prefix, int64_t w, int Sq, int32_t* begin, int64_t b0, int64_t b1, int64_t b2,
-                          int32_t* end, int64_t e0, int64_t e1, int64_t e2) {
+                          int32_t* end, int64_t e0, int64_t e1, int64_t e2, KeptCounts counts) {
   extern __shared__ uint32_t bits[];
   using Scan = cub::BlockScan<int, kWalkThreads>;
   __shared__ typename Scan::TempStorage scan;
@@ -171,6 +177,8 @@ __global__ void __launch_bounds__(kWalkThreads)
     const KeyInterval kept = causal_interval(r, j, exists, x);
     begin[at_b] = kept.begin;
     end[at_e] = kept.end;
+    if (counts.counts && kept.end > kept.begin)
+      atomicAdd(&counts.counts[int64_t(row) * counts.blocks + (j >> counts.block_log2)], 1);
   };
   for (int t = t0 + threadIdx.x; t < walk0; t += kWalkThreads)
     write(idx_out[base + t], rank_key_exists(keys[base + t], in.index_bits), -1);
