@@ -415,15 +415,16 @@ TEST(DmaGpu, CausalKeptKeysSpanSeveralWindows) {
 }
 
 // Rows of more than 8192 keys, whose causal walk counts each list block's kept keys so that
-// one launch writes the records and the kept list (KeptCounts, select_topw.cuh): against the
-// same calls with the wavelet's interval ends (FDMA_SELECT_ENDS=wavelet), whose lists take the
-// records and kept-list launches, bitwise (forward and deterministic backward, both selecting
-// the same intervals), and against the CPU. Several rows (each zeroes its counts), key padding,
-// more keys than queries, and keys of 1e38 whose terms do not fold (the fold flag, which the
-// walk's kernels zero).
+// one launch writes the records and the kept list (KeptCounts, select_topw.cuh), after the
+// cluster sort (the default here) and after a CTA per row (FDMA_SELECT_PATH=shared): against
+// the same calls with the wavelet's interval ends
+// (FDMA_SELECT_ENDS=wavelet), whose lists take the records and kept-list launches, bitwise
+// (forward and deterministic backward, all selecting the same intervals), and against the
+// CPU. Several rows (each zeroes its counts), key padding, more keys than queries, and keys of
+// 1e38 whose terms do not fold (the fold flag, which the walk's kernels zero).
 TEST(DmaGpu, CountedKeptBlocksEitherPath) {
   REQUIRE_GPU();
-  const ScopedEnv ends("FDMA_SELECT_ENDS");
+  const ScopedEnv ends("FDMA_SELECT_ENDS"), sort_path("FDMA_SELECT_PATH");
   for (int variant = 0; variant < 3; ++variant) {
     DmaCase c;
     c.B = 2, c.Sq = 8300, c.Sk = variant == 1 ? 9000 : 8300, c.H = 4, c.Hk = 2, c.D = 64, c.w = 400;
@@ -436,24 +437,28 @@ TEST(DmaGpu, CountedKeptBlocksEitherPath) {
       r.rebuild_reference_mask();
     }
     GpuDma gpu(r);
-    std::vector<std::vector<unsigned char>> by_path[2];
-    for (int wavelet = 0; wavelet < 2; ++wavelet) {
-      if (wavelet) ends.set("wavelet");
+    std::vector<std::vector<unsigned char>> by_path[3];
+    for (int how = 0; how < 3; ++how) {  // cluster prefix, span kernels, wavelet
+      if (how == 1) sort_path.set("shared");
+      else sort_path.clear();
+      if (how == 2) ends.set("wavelet");
       else ends.clear();
       gpu.run(Pass::forward);
       for (auto [dev, host] : {std::pair{&gpu.out, &r.out}, {&gpu.lse, &r.lse}}) {
         dev->download();
-        by_path[wavelet].push_back(host->bytes());
+        by_path[how].push_back(host->bytes());
       }
       gpu.run(Pass::backward);
       for (auto [dev, host] : {std::pair{&gpu.dq, &r.dq}, {&gpu.dk, &r.dk}, {&gpu.dv, &r.dv}, {&gpu.dscores, &r.dscores}}) {
         dev->download();
-        by_path[wavelet].push_back(host->bytes());
+        by_path[how].push_back(host->bytes());
       }
     }
-    for (size_t i = 0; i < by_path[0].size(); ++i)
-      EXPECT_TRUE(by_path[0][i] == by_path[1][i]) << "output " << i << " differs between the walk and the wavelet";
+    for (int how = 1; how < 3; ++how)
+      for (size_t i = 0; i < by_path[0].size(); ++i)
+        EXPECT_TRUE(by_path[0][i] == by_path[how][i]) << "output " << i << " differs, path " << how;
     ends.clear();
+    sort_path.clear();
     run_gpu_dma(r, variant == 0);  // the CPU's backward of the largest rows only once
   }
 }
