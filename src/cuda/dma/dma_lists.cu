@@ -258,12 +258,15 @@ struct Candidates {
   int n;
 };
 
-// A CTA scans its candidates kScanPer a thread a step (4 loads in flight; the scan was
-// latency-bound at one). The next step's candidates and its first key (the uniform exit test)
-// are loaded before a step's placement and stores, under them (a small gain: a step is bound by
-// its instructions more than by its loads; docs/performance.md, "key lists").
-constexpr int kTileThreads = 256;
-constexpr int kScanPer = 4, kScanStep = kScanPer * kTileThreads;
+// A CTA scans its candidates a step of kScanStep at a time: warp w takes the step's positions
+// [w * kWarpStep, (w + 1) * kWarpStep), kScanPer rounds of 32 consecutive ones (coalesced
+// loads, kScanPer in flight a thread; the scan was latency-bound at one). Order-preserving
+// placement then needs no scan: within a warp a ballot per round ranks its lanes and counts the
+// round, across warps one barrier exchanges the warps' totals. The next step's candidates and
+// its first key (the uniform exit test) are loaded before a step's placement and stores, under
+// them (docs/performance.md, "key lists").
+constexpr int kTileThreads = 256, kTileWarps = kTileThreads / 32;
+constexpr int kScanPer = 4, kWarpStep = kScanPer * 32, kScanStep = kWarpStep * kTileWarps;
 struct ScanStep {
   int head;  // the step's first key (INT_MAX past the candidates): every later key is past it too
   int j[kScanPer];
@@ -271,26 +274,37 @@ struct ScanStep {
 };
 __device__ __forceinline__ void load_step(const Candidates& c, int base, ScanStep& x) {
   x.head = base < c.n ? c.keys[base] : INT_MAX;
+  const int first = base + int(threadIdx.x / 32) * kWarpStep + int(threadIdx.x % 32);
 #pragma unroll
   for (int u = 0; u < kScanPer; ++u) {
-    const int i = base + kScanPer * int(threadIdx.x) + u;
+    const int i = first + 32 * u;
     x.j[u] = i < c.n ? c.keys[i] : INT_MAX;
     x.span[u] = i < c.n ? c.spans[i] : make_int2(0, 0);
   }
 }
-// A step's exclusive prefix (.x) and total (.y) over the CTA of each thread's packed counts (two
-// 16-bit counts: a step's stay below 2^16), by one warp scan. The caller syncs before the next.
-__device__ __forceinline__ int2 step_prefix(int packed, int* warp_totals) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int inclusive = warp_inclusive_sum(packed);  // both 16-bit halves at once
-  if (lane == 31) warp_totals[warp] = inclusive;
+// A step's two classes of taken candidates (ballots a round: a[u], b[u]): the positions before
+// this warp's in the step (.x) and the step's totals (.y), each as two 16-bit counts (a low, b
+// high; a step's stay below 2^16). The caller syncs before the next step.
+__device__ __forceinline__ int2 step_offsets(const uint32_t (&a)[kScanPer], const uint32_t (&b)[kScanPer],
+                                             int* warp_totals) {
+  int mine = 0;
+#pragma unroll
+  for (int u = 0; u < kScanPer; ++u) mine += __popc(a[u]) + (__popc(b[u]) << 16);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) warp_totals[warp] = mine;
   __syncthreads();
-  int before = inclusive - packed, total = 0;
-  for (int w = 0; w < kTileThreads / 32; ++w) {
-    before += w < warp ? warp_totals[w] : 0;
-    total += warp_totals[w];
+  int before = 0, total = 0;
+#pragma unroll
+  for (int w = 0; w < kTileWarps; ++w) {
+    const int v = warp_totals[w];
+    before += w < warp ? v : 0;
+    total += v;
   }
   return make_int2(before, total);
+}
+// This lane's rank among the set lanes of a ballot below it.
+__device__ __forceinline__ int lanes_below(uint32_t ballot) {
+  return __popc(ballot & ((1u << (threadIdx.x % 32)) - 1u));
 }
 
 // One CTA per (checkpoint, batch * KV head): checkpoint k's row c is the first of its tiles,
@@ -312,24 +326,26 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t cap = s.checkpoint_cap(), at = bh * s.checkpoints() + k;
   int32_t* out = ck_keys + at * cap;
   int2* out_span = ck_spans + at * cap;
-  __shared__ int warp_totals[kTileThreads / 32];
+  __shared__ int warp_totals[kTileWarps];
   int alive = 0, below = 0;
   ScanStep x, next;
   load_step(src, 0, x);
   for (int base = 0; x.head < bound; base += kScanStep) {  // uniform
     load_step(src, base + kScanStep, next);
-    int packed = 0;  // low half: alive at c; high half: below the limit
+    uint32_t keep[kScanPer], under[kScanPer];  // alive at c; below the limit
 #pragma unroll
-    for (int u = 0; u < kScanPer; ++u)
-      packed += x.j[u] < bound ? (x.span[u].y > c ? 1 : 0) + (1 << 16) : 0;
-    const int2 p = step_prefix(packed, warp_totals);
+    for (int u = 0; u < kScanPer; ++u) {
+      keep[u] = __ballot_sync(0xffffffffu, x.j[u] < bound && x.span[u].y > c);
+      under[u] = __ballot_sync(0xffffffffu, x.j[u] < bound);
+    }
+    const int2 p = step_offsets(keep, under, warp_totals);
     int pos = alive + (p.x & 0xffff);
 #pragma unroll
-    for (int u = 0; u < kScanPer; ++u)
-      if (x.j[u] < bound && x.span[u].y > c) {
-        if (pos < cap) out[pos] = x.j[u], out_span[pos] = x.span[u];
-        ++pos;
-      }
+    for (int u = 0; u < kScanPer; ++u) {
+      const int at = pos + lanes_below(keep[u]);
+      if ((keep[u] >> (threadIdx.x % 32) & 1) && at < cap) out[at] = x.j[u], out_span[at] = x.span[u];
+      pos += __popc(keep[u]);
+    }
     alive += p.y & 0xffff;
     below += p.y >> 16;
     __syncthreads();
@@ -388,7 +404,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const Candidates kept_keys{keys, spans, n};
   const int64_t cap = s.cap();
   int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
-  __shared__ int warp_totals[kTileThreads / 32];
+  __shared__ int warp_totals[kTileWarps];
   __shared__ int32_t partial[kMaxPartialKeys];
   // One pass; with split, partial keys go to shared memory. The two classes' counts share one
   // packed scan.
@@ -397,22 +413,26 @@ __global__ void __launch_bounds__(kTileThreads)
     load_step(src, from, x);
     for (int base = from; x.head <= last_key; base += kScanStep) {  // uniform
       load_step(src, base + kScanStep, next);
-      int cls[kScanPer], packed = 0;  // class 0 covers the tile, 1 partial, -1 not taken
+      uint32_t cover[kScanPer], part[kScanPer];  // ballots: taken and covering the tile (all taken
+                                                 // without split); taken, partial
 #pragma unroll
       for (int u = 0; u < kScanPer; ++u) {
         const int2 span = x.span[u];
-        cls[u] = -1;
-        if (x.j[u] <= last_key && span.x < row_hi && span.y > row_lo)
-          cls[u] = !split || (span.x <= row_lo && span.y >= row_hi) ? 0 : 1;
-        packed += cls[u] == 0 ? 1 : cls[u] == 1 ? 1 << 16 : 0;
+        const bool taken = x.j[u] <= last_key && span.x < row_hi && span.y > row_lo;
+        const bool covers = !split || (span.x <= row_lo && span.y >= row_hi);
+        cover[u] = __ballot_sync(0xffffffffu, taken && covers);
+        part[u] = __ballot_sync(0xffffffffu, taken && !covers);
       }
-      const int2 p = step_prefix(packed, warp_totals);
-      int pos[2] = {n_cover + (p.x & 0xffff), n_partial + (p.x >> 16)};
+      const int2 p = step_offsets(cover, part, warp_totals);
+      int pos_cover = n_cover + (p.x & 0xffff), pos_part = n_partial + (p.x >> 16);
+      const int lane = threadIdx.x % 32;
 #pragma unroll
       for (int u = 0; u < kScanPer; ++u) {
-        if (cls[u] == 0 && pos[0] < cap) out[pos[0]] = x.j[u];
-        if (cls[u] == 1 && pos[1] < kMaxPartialKeys) partial[pos[1]] = x.j[u];
-        if (cls[u] >= 0) ++pos[cls[u]];
+        const int at_cover = pos_cover + lanes_below(cover[u]), at_part = pos_part + lanes_below(part[u]);
+        if ((cover[u] >> lane & 1) && at_cover < cap) out[at_cover] = x.j[u];
+        if ((part[u] >> lane & 1) && at_part < kMaxPartialKeys) partial[at_part] = x.j[u];
+        pos_cover += __popc(cover[u]);
+        pos_part += __popc(part[u]);
       }
       n_cover += p.y & 0xffff;
       n_partial += p.y >> 16;
