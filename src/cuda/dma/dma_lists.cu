@@ -406,8 +406,8 @@ __global__ void __launch_bounds__(kTileThreads)
   int32_t* out = tile_keys + (bh * s.q_tiles() + t) * cap;
   __shared__ int warp_totals[kTileWarps];
   __shared__ int32_t partial[kMaxPartialKeys];
-  // One pass; with split, partial keys go to shared memory. The two classes' counts share one
-  // packed scan.
+  // One pass; with split, partial keys go to shared memory. The two classes' counts cross the
+  // warps packed in one word.
   auto scan = [&](const Candidates& src, int from, bool split, int& n_cover, int& n_partial) {
     ScanStep x, next;
     load_step(src, from, x);
