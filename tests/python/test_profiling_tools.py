@@ -155,3 +155,27 @@ def test_tile_list_checkpoints_hold_every_listed_key():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "profiling", "simulate_tile_lists.py"),
                         "--seqlens", "600", "--w", "40", "--checkpoints", "2"], capture_output=True, text=True)
     assert r.returncode == 0 and "x fewer" in r.stdout, r.stderr
+
+
+def test_walk_hits_are_the_kept_keys_past_rank_w():
+    # A step's hits (keys whose index lies below x, the w-th smallest index ranked before them)
+    # against their definition, walked key by key in rank order; a piece's weight sums its steps'.
+    np = pytest.importorskip("numpy")
+    import simulate_walk_pieces
+    S, w = 900, 50
+    scores = np.random.default_rng(6).standard_normal(S)
+    order = np.lexsort((np.arange(S), -scores))
+    hits = np.zeros(S, bool)
+    for t in range(w, S):
+        x = np.sort(order[:t])[w - 1]
+        hits[t] = order[t] < x
+    nh = simulate_walk_pieces.step_hits(scores, w)
+    padded = np.zeros(-(-S // 32) * 32, bool)
+    padded[:S] = hits
+    assert nh.tolist() == padded.reshape(-1, 32).sum(1).tolist()
+    assert nh[: w // 32].sum() == 0 and nh.sum() > 0
+    one = simulate_walk_pieces.piece_weights(nh, w, 32)
+    assert simulate_walk_pieces.piece_weights(nh, w, 64).tolist() == [int(one[i:i + 2].sum()) for i in range(0, len(one), 2)]
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "profiling", "simulate_walk_pieces.py"),
+                        "--seqlen", "2000", "--w", "100"], capture_output=True, text=True)
+    assert r.returncode == 0 and "heaviest" in r.stdout, r.stderr
