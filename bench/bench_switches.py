@@ -23,6 +23,8 @@ Configurations (environment switches, read by the library per call):
                             the wavelet matrix instead of the walk (the same intervals)
   ckpt0, ckpt4, ckpt16      FDMA_TILE_CHECKPOINTS=0, 4 or 16: the causal tile lists with no
                             checkpoint lists, or one every 4 or 16 tiles (the default: 8)
+  narrow1, narrow3          FDMA_WALK_NARROW=1 or 3: the selection's walk cuts the w or 3w ranks
+                            after rank w one step a piece (the default: none; the same intervals)
   det                       deterministic=1 (a call parameter): the dq and dk/dv kernels, where
                             the default on Hopper at D 64 and 128 is the warp-specialized backward
                             with fused dq (its gradients differ in the last bits: atomics)
@@ -62,6 +64,8 @@ CONFIGS = {
     "ckpt0": {"FDMA_TILE_CHECKPOINTS": "0"},
     "ckpt4": {"FDMA_TILE_CHECKPOINTS": "4"},
     "ckpt16": {"FDMA_TILE_CHECKPOINTS": "16"},
+    "narrow1": {"FDMA_WALK_NARROW": "1"},
+    "narrow3": {"FDMA_WALK_NARROW": "3"},
     "sort-global": {"FDMA_SELECT_PATH": "global"},
     "sort-shared": {"FDMA_SELECT_PATH": "shared"},
     "det": {"deterministic": 1},

@@ -294,6 +294,30 @@ TEST(SelectGpu, SixteenCtaClustersMatchTheCpu) {
   }
 }
 
+// The walk with the ranks after rank w cut one step (32 positions) a piece (FDMA_WALK_NARROW=k:
+// k * w ranks; walk_pieces.cuh), rows of one span and of several, w of 1, at a piece's edge and
+// past the row's last narrow rank, scores rising with the index (every step hits) and random:
+// the CPU's intervals exactly.
+TEST(SelectGpu, NarrowWalkPiecesMatchTheCpu) {
+  REQUIRE_GPU();
+  const ScopedEnv ends("FDMA_SELECT_ENDS"), narrow("FDMA_WALK_NARROW");
+  ends.set("walk");
+  std::mt19937_64 rng(97);
+  for (const char* k : {"1", "3", "64"}) {
+    narrow.set(k);
+    for (int64_t Sk : {int64_t(300), int64_t(8193), int64_t(20011), int64_t(65536)})
+      for (int order = 0; order < 2; ++order) {
+        SCOPED_TRACE(::testing::Message() << "FDMA_WALK_NARROW=" << k << " Sk " << Sk << " order " << order);
+        HostTensor scores(DType::f32, {2, 2, Sk});
+        if (order == 1) scores.fill_uniform(rng, -1, 1);
+        else
+          for (int64_t i = 0; i < scores.numel(); ++i) scores.set(i, double(i % Sk));
+        for (int64_t w : {int64_t(1), int64_t(64), int64_t(1000), Sk / 2})
+          run_gpu_select(scores, nullptr, Sk, w, true);
+      }
+  }
+}
+
 // A small case of the above for compute-sanitizer: scores rising with the index (32 hits a
 // step, the bitmap searched over several rounds of words) over rows of one and of sixteen spans.
 TEST(SelectGpu, WalkEveryKeyHitsSmall) {

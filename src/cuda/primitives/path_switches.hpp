@@ -48,6 +48,13 @@ inline const char* forced_select_path() {
 // (select_walk.cuh) would take the row.
 inline bool select_walk_allowed() { return !env_is("FDMA_SELECT_ENDS", "wavelet"); }
 
+// FDMA_WALK_NARROW=k: the walk cuts the k * w ranks after rank w one step (32 positions) a
+// piece (walk_pieces.cuh; 0, the default: none).
+inline int walk_narrow_ranks() {
+  const char* env = std::getenv("FDMA_WALK_NARROW");
+  return env ? std::clamp(std::atoi(env), 0, 64) : 0;
+}
+
 // FDMA_FWD_LAST_TILE=full: a list's last key tile as wide as the others.
 inline bool narrow_last_tile() { return !env_is("FDMA_FWD_LAST_TILE", "full"); }
 

@@ -410,7 +410,8 @@ bool walk_applies(const TopwInputs& in) { return in.Sk <= kWalkMaxKeys && select
 
 // Pieces of 64-256 positions, as many as fill the GPU about 8 times over (a piece's work is
 // mostly one warp's); spans of a sixteenth of the row, or the whole row where its keys are few
-// enough for every piece to place them with atomics (no prefix kernels then).
+// enough for every piece to place them with atomics (no prefix kernels then). The narrow ranks
+// (walk_pieces.cuh) are set apart, by FDMA_WALK_NARROW.
 WalkShape walk_shape(const TopwInputs& in, int sms) {
   const int64_t rows = int64_t(in.B) * in.Hk;
   WalkShape sh{};
@@ -432,7 +433,8 @@ cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const Wav
                            int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
                            cudaStream_t stream, bool overlap, const KeptCounts* counts, bool* counted) {
   const int rows = in.B * in.Hk;
-  const WalkShape sh = walk_shape(in, device_limits().sms);
+  WalkShape sh = walk_shape(in, device_limits().sms);
+  set_walk_narrow_ranks(sh, in.Sk, w, walk_narrow_ranks());
   KeptCounts kc{};
   if (counts && sh.spans > 1 && !in.cu_k) kc = *counts;
   // Never true: pieces of at most 256, at most 16 spans of Sk / 32 words.
@@ -453,7 +455,7 @@ cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const Wav
         err != cudaSuccess)
       return err;
   }
-  return launch_kernel(overlap, walk_intervals_kernel, dim3(rows, (in.Sk + sh.piece - 1) / sh.piece), kWalkThreads,
+  return launch_kernel(overlap, walk_intervals_kernel, dim3(rows, walk_pieces(sh, in.Sk)), kWalkThreads,
                        bitmap_bytes, stream, in, sh, s.keys_out, s.idx_out, prefix, w, Sq, begin, bs[0], bs[1], bs[2],
                        end, es[0], es[1], es[2], kc);
 }

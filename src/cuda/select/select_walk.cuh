@@ -25,19 +25,13 @@
 
 #include "cuda/primitives/ptx.cuh"
 #include "cuda/select/rank_key.cuh"
+#include "cuda/select/walk_pieces.cuh"
 
 namespace fdma::cuda {
 
 constexpr int kWalkThreads = 256;
 constexpr int kWalkMaxSpans = 16;
-
-// How a row's rank order is cut: pieces of `piece` positions (a multiple of 32), spans of
-// `span` positions (a multiple of piece); `spans` = ceil(Sk / span); `words` = ceil(Sk / 32),
-// the 32-bit words of a row's bitmap. prefix[row][k][words], k < spans - 1: the bitmap of the
-// keys ranked in spans 0..k.
-struct WalkShape {
-  int piece, span, spans, words;
-};
+static_assert(kWalkNarrowPiece <= kWalkThreads, "a piece's keys: a thread each");
 
 // Span k's bits (keys ranked span * k .. span * (k + 1) - 1) of each row, for k < spans - 1.
 // With counts, it zeroes them for the walk (a row's by its first span's CTA).
@@ -153,7 +147,7 @@ __device__ __forceinline__ int walk_step(uint32_t* bits, int& x, int j, int64_t 
   return mine;
 }
 
-// Piece blockIdx.y of row blockIdx.x: every key's interval, as causal_intervals_kernel writes it,
+// Piece blockIdx.y of row blockIdx.x (walk_piece): every key's interval, as causal_intervals_kernel writes it,
 // and, with counts (zeroed by the span kernel), the kept ones added to their blocks' counts.
 __global__ void __launch_bounds__(kWalkThreads)
     walk_intervals_kernel(TopwInputs in, WalkShape sh, const uint64_t* keys, const int32_t* idx_out,
@@ -166,7 +160,8 @@ __global__ void __launch_bounds__(kWalkThreads)
   ptx::griddep_wait();  // the ranks and the prefix bitmaps
   ptx::griddep_launch_dependents();
   const int row = blockIdx.x, hk = row % in.Hk, b = row / in.Hk, Sk = in.Sk;
-  const int t0 = blockIdx.y * sh.piece, t_end = min(Sk, t0 + sh.piece);
+  const WalkPiece my_piece = walk_piece(sh, Sk, int(blockIdx.y));
+  const int t0 = my_piece.first, t_end = my_piece.last;
   const int walk0 = int(w < t0 ? t0 : w < t_end ? w : t_end);  // positions before it are kept to the end
   const int64_t base = int64_t(row) * Sk;
   const IntervalRow r = interval_row(in, b, Sq);  // a packed sequence's own Sq and offset
