@@ -94,7 +94,7 @@ __device__ KeyInfo key_record(const DmaListShape& s, const DmaListInputs& in, Ke
   const int32_t begin = min(max(k.begin, 0), nq);
   const int32_t end = min(max(k.end, begin), nq);
   const float bias = end > begin ? k.score : 0.f;
-  int32_t unfolded = 0;  // KeyInfo::pad bit 0: the term does not fold (kept_list_kernel reports it)
+  int32_t unfolded = 0;  // KeyInfo::pad bit 0: the term does not fold (the kept-list launch reports it)
   if (chunks && end > begin) {
     BiasChunk chunk;
     unfolded = !fold_chunk(bias, in.scale, chunk);
