@@ -70,110 +70,6 @@ Intervals caller_intervals(int rows, int Sq, int Sk, std::mt19937_64& rng) {
 }
 
 
-struct Lists {
-  std::vector<int32_t> keys, count;  // [rows * q_tiles * cap], [rows * q_tiles]
-};
-
-Lists build(DmaListShape s, int checkpoint_tiles, const int32_t* d_begin, const int32_t* d_end) {
-  s.checkpoint_tiles = checkpoint_tiles;
-  void* work = nullptr;
-  EXPECT_EQ(cudaMalloc(&work, fdma::cuda::dma_lists_workspace(s)), cudaSuccess);
-  const fdma::cuda::DmaListScratch c = fdma::cuda::carve_dma_lists(work, s);
-  fdma::cuda::DmaListInputs in{};
-  in.begin = d_begin, in.end = d_end;
-  const int64_t st[3] = {int64_t(s.Hk) * s.Sk, s.Sk, 1};  // [B, Hk, Sk]
-  for (int i = 0; i < 3; ++i) in.begin_stride[i] = in.end_stride[i] = st[i];
-  in.add_scores = false, in.scale = 1.f;
-  fdma::cuda::KeyLists lists{};
-  EXPECT_EQ(fdma::cuda::build_dma_lists(s, in, c, lists, nullptr, true), cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const int64_t tiles = int64_t(s.B) * s.Hk * s.q_tiles();
-  Lists out{std::vector<int32_t>(tiles * s.cap()), std::vector<int32_t>(tiles)};
-  cudaMemcpy(out.keys.data(), c.tile_keys, out.keys.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(out.count.data(), c.tile_count, out.count.size() * 4, cudaMemcpyDeviceToHost);
-  cudaFree(work);
-  return out;
-}
-
-// Tile t's list on the host: the kept keys up to the causal limit of its last row whose
-// interval meets its rows, covering ones first (unless there are more than 2 * 128 partial
-// ones: then index order), cut at cap.
-std::vector<int32_t> host_tile_list(const DmaListShape& s, const Intervals& iv, int row, int t) {
-  const int lo = t * s.block_m, hi = std::min(s.Sq, lo + s.block_m);
-  const int64_t last_key = int64_t(hi) - 1 + (s.Sk - s.Sq);
-  std::vector<int32_t> cover, partial, all;
-  for (int j = 0; j < s.Sk && j <= last_key; ++j) {
-    const int b = iv.begin[size_t(row) * s.Sk + j], e = iv.end[size_t(row) * s.Sk + j];
-    if (e <= b || b >= hi || e <= lo) continue;
-    all.push_back(j);
-    (b <= lo && e >= hi ? cover : partial).push_back(j);
-  }
-  std::vector<int32_t> list = partial.size() > 256 ? all : cover;
-  if (partial.size() <= 256) list.insert(list.end(), partial.begin(), partial.end());
-  if (int64_t(list.size()) > s.cap()) list.resize(size_t(s.cap()));
-  return list;
-}
-
-void check(int B, int Hk, int Sq, int Sk, int w, bool caller, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const Intervals iv = caller ? caller_intervals(B * Hk, Sq, Sk, rng) : causal_top_w(B * Hk, Sq, Sk, w, rng);
-  int32_t *d_begin = to_device(iv.begin), *d_end = to_device(iv.end);
-  ASSERT_TRUE(d_begin && d_end);
-  DmaListShape s{B, Hk, Sk, Sq, w, true, 128, false};
-  const Lists plain = build(s, 0, d_begin, d_end);
-  for (int c : {3, 8}) {
-    SCOPED_TRACE(testing::Message() << "checkpoint every " << c << " tiles");
-    const Lists with = build(s, c, d_begin, d_end);
-    for (int row = 0; row < B * Hk; ++row)
-      for (int t = 0; t < s.q_tiles(); ++t) {
-        const int64_t at = int64_t(row) * s.q_tiles() + t;
-        const std::vector<int32_t> want = host_tile_list(s, iv, row, t);
-        ASSERT_EQ(plain.count[at], int32_t(want.size())) << "row " << row << " tile " << t;
-        ASSERT_EQ(with.count[at], int32_t(want.size())) << "row " << row << " tile " << t;
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_EQ(plain.keys[at * s.cap() + i], want[i]) << "row " << row << " tile " << t << " place " << i;
-          ASSERT_EQ(with.keys[at * s.cap() + i], want[i]) << "row " << row << " tile " << t << " place " << i;
-        }
-      }
-  }
-  cudaFree(d_begin);
-  cudaFree(d_end);
-}
-
-}  // namespace
-
-TEST(DmaListsGpu, CheckpointListsGiveTheSameTileLists) {
-  if (!fdma::cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped";
-  // The default: checkpoints every 8 tiles from 1024 tiles a call (B * Hk * tiles), none for a
-  // packed batch or below.
-  const DmaListShape big{1, 4, 131072, 131072, 2048, true, 128, false}, small{1, 1, 5000, 5000, 300, true, 128, false};
-  EXPECT_EQ(fdma::cuda::tile_checkpoints(big), 8);
-  EXPECT_EQ(fdma::cuda::tile_checkpoints(small), 0);
-  DmaListShape packed = big;
-  const int32_t cu[2] = {0, 131072};
-  packed.cu_q = packed.cu_k = cu, packed.num_seqs = 1, packed.max_k = 131072;
-  EXPECT_EQ(fdma::cuda::tile_checkpoints(packed), 0);
-  uint64_t seed = 5;
-  {
-    SCOPED_TRACE("a causal selection, Sq == Sk, not a multiple of the tile");
-    check(2, 2, 5000, 5000, 300, false, seed++);
-  }
-  {
-    SCOPED_TRACE("a causal selection, 700 keys before the first query's");
-    check(1, 3, 3000, 3700, 500, false, seed++);
-  }
-  {
-    SCOPED_TRACE("a window as wide as the row");
-    check(1, 1, 2100, 2100, 4096, false, seed++);
-  }
-  {
-    SCOPED_TRACE("a caller's intervals: checkpoint lists overflow");
-    check(1, 2, 1500, 1500, 64, true, seed++);
-  }
-}
-
-namespace {
-
 // Everything the records and kept-list launches write, built with the blocks' kept keys given
 // (counts: DmaListInputs::counted, the one-launch kernel) or counted by the records kernel
 // (null). The workspace starts as 0xff bytes, so that nothing read before it is written passes.
@@ -222,6 +118,100 @@ Built build_records(const DmaListShape& s, fdma::cuda::DmaListInputs in, const s
   return b;
 }
 
+// The intervals [B, Hk, Sk] as the lists' inputs, no scores added.
+fdma::cuda::DmaListInputs interval_inputs(const DmaListShape& s, const int32_t* d_begin, const int32_t* d_end) {
+  fdma::cuda::DmaListInputs in{};
+  in.begin = d_begin, in.end = d_end;
+  const int64_t st[3] = {int64_t(s.Hk) * s.Sk, s.Sk, 1};
+  for (int i = 0; i < 3; ++i) in.begin_stride[i] = in.end_stride[i] = st[i];
+  in.add_scores = false, in.scale = 1.f;
+  return in;
+}
+
+Built build(DmaListShape s, int checkpoint_tiles, const int32_t* d_begin, const int32_t* d_end) {
+  s.checkpoint_tiles = checkpoint_tiles;
+  return build_records(s, interval_inputs(s, d_begin, d_end), nullptr);
+}
+
+// Tile t's list on the host: the kept keys up to the causal limit of its last row whose
+// interval meets its rows, covering ones first (unless there are more than 2 * 128 partial
+// ones: then index order), cut at cap.
+std::vector<int32_t> host_tile_list(const DmaListShape& s, const Intervals& iv, int row, int t) {
+  const int lo = t * s.block_m, hi = std::min(s.Sq, lo + s.block_m);
+  const int64_t last_key = int64_t(hi) - 1 + (s.Sk - s.Sq);
+  std::vector<int32_t> cover, partial, all;
+  for (int j = 0; j < s.Sk && j <= last_key; ++j) {
+    const int b = iv.begin[size_t(row) * s.Sk + j], e = iv.end[size_t(row) * s.Sk + j];
+    if (e <= b || b >= hi || e <= lo) continue;
+    all.push_back(j);
+    (b <= lo && e >= hi ? cover : partial).push_back(j);
+  }
+  std::vector<int32_t> list = partial.size() > 256 ? all : cover;
+  if (partial.size() <= 256) list.insert(list.end(), partial.begin(), partial.end());
+  if (int64_t(list.size()) > s.cap()) list.resize(size_t(s.cap()));
+  return list;
+}
+
+void check(int B, int Hk, int Sq, int Sk, int w, bool caller, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Intervals iv = caller ? caller_intervals(B * Hk, Sq, Sk, rng) : causal_top_w(B * Hk, Sq, Sk, w, rng);
+  int32_t *d_begin = to_device(iv.begin), *d_end = to_device(iv.end);
+  ASSERT_TRUE(d_begin && d_end);
+  DmaListShape s{B, Hk, Sk, Sq, w, true, 128, false};
+  const Built plain = build(s, 0, d_begin, d_end);
+  for (int c : {3, 8}) {
+    SCOPED_TRACE(testing::Message() << "checkpoint every " << c << " tiles");
+    const Built with = build(s, c, d_begin, d_end);
+    for (int row = 0; row < B * Hk; ++row)
+      for (int t = 0; t < s.q_tiles(); ++t) {
+        const int64_t at = int64_t(row) * s.q_tiles() + t;
+        const std::vector<int32_t> want = host_tile_list(s, iv, row, t);
+        ASSERT_EQ(plain.tile_count[at], int32_t(want.size())) << "row " << row << " tile " << t;
+        ASSERT_EQ(with.tile_count[at], int32_t(want.size())) << "row " << row << " tile " << t;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_EQ(plain.tile_keys[at * s.cap() + i], want[i]) << "row " << row << " tile " << t << " place " << i;
+          ASSERT_EQ(with.tile_keys[at * s.cap() + i], want[i]) << "row " << row << " tile " << t << " place " << i;
+        }
+      }
+  }
+  cudaFree(d_begin);
+  cudaFree(d_end);
+}
+
+}  // namespace
+
+TEST(DmaListsGpu, CheckpointListsGiveTheSameTileLists) {
+  if (!fdma::cuda_available()) GTEST_SKIP() << "no usable GPU: CUDA tests skipped";
+  // The default: checkpoints every 8 tiles from 1024 tiles a call (B * Hk * tiles), none for a
+  // packed batch or below.
+  const DmaListShape big{1, 4, 131072, 131072, 2048, true, 128, false}, small{1, 1, 5000, 5000, 300, true, 128, false};
+  EXPECT_EQ(fdma::cuda::tile_checkpoints(big), 8);
+  EXPECT_EQ(fdma::cuda::tile_checkpoints(small), 0);
+  DmaListShape packed = big;
+  const int32_t cu[2] = {0, 131072};
+  packed.cu_q = packed.cu_k = cu, packed.num_seqs = 1, packed.max_k = 131072;
+  EXPECT_EQ(fdma::cuda::tile_checkpoints(packed), 0);
+  uint64_t seed = 5;
+  {
+    SCOPED_TRACE("a causal selection, Sq == Sk, not a multiple of the tile");
+    check(2, 2, 5000, 5000, 300, false, seed++);
+  }
+  {
+    SCOPED_TRACE("a causal selection, 700 keys before the first query's");
+    check(1, 3, 3000, 3700, 500, false, seed++);
+  }
+  {
+    SCOPED_TRACE("a window as wide as the row");
+    check(1, 1, 2100, 2100, 4096, false, seed++);
+  }
+  {
+    SCOPED_TRACE("a caller's intervals: checkpoint lists overflow");
+    check(1, 2, 1500, 1500, 64, true, seed++);
+  }
+}
+
+namespace {
+
 // The one-launch records and kept list against the two launches, on the same intervals and
 // scores (float32, folded): records, folded terms of the kept keys, kept lists with their
 // spans, tile lists and the fold flag, which keys of 1e38 set.
@@ -244,10 +234,9 @@ void check_counted(DmaListShape s, bool caller, bool huge, uint64_t seed) {
   int32_t *d_begin = to_device(iv.begin), *d_end = to_device(iv.end);
   float* d_scores = to_device(scores);
   ASSERT_TRUE(d_begin && d_end && d_scores);
-  fdma::cuda::DmaListInputs in{};
-  in.begin = d_begin, in.end = d_end, in.scores = d_scores, in.score_dtype = FDMA_FLOAT32;
-  const int64_t st[3] = {int64_t(s.Hk) * s.Sk, s.Sk, 1};
-  for (int i = 0; i < 3; ++i) in.begin_stride[i] = in.end_stride[i] = in.score_stride[i] = st[i];
+  fdma::cuda::DmaListInputs in = interval_inputs(s, d_begin, d_end);
+  in.scores = d_scores, in.score_dtype = FDMA_FLOAT32;
+  for (int i = 0; i < 3; ++i) in.score_stride[i] = in.begin_stride[i];
   in.add_scores = true, in.scale = 0.125f;
   s.fold_bias = true;
   const Built two = build_records(s, in, nullptr), one = build_records(s, in, &counts);

@@ -105,6 +105,11 @@ __device__ KeyInfo key_record(const DmaListShape& s, const DmaListInputs& in, Ke
   return r;
 }
 
+// This lane's rank among the set lanes of a ballot below it.
+__device__ __forceinline__ int lanes_below(uint32_t ballot) {
+  return __popc(ballot & ((1u << (threadIdx.x % 32)) - 1u));
+}
+
 // A CTA per block of kListBlockKeys keys of a row (list_blocks_per_row blocks a row): the
 // records, and the block's kept count.
 __global__ void __launch_bounds__(kListThreads) key_records_kernel(DmaListShape s, DmaListInputs in, KeyInfo* info,
@@ -213,7 +218,7 @@ __global__ void __launch_bounds__(kListThreads)
     KeyInfo r{0, 0, 0.f, 0};
     if (j < s.Sk) r = key_record(s, in, info, chunks, bh, j, k[i]);
     span[i] = make_int2(r.begin, r.end);
-    unfolded |= r.end > r.begin ? r.pad & 1 : 0;
+    unfolded |= r.pad & 1;  // set for kept keys only
     ballot[i] = __ballot_sync(0xffffffffu, r.end > r.begin);
     if (lane == 0) warp_kept[i][warp] = __popc(ballot[i]);
   }
@@ -229,7 +234,7 @@ __global__ void __launch_bounds__(kListThreads)
       warps_before += w < warp ? warp_kept[i][w] : 0;
     }
     if (ballot[i] >> lane & 1) {
-      const int pos = at + warps_before + __popc(ballot[i] & ((1u << lane) - 1u));
+      const int pos = at + warps_before + lanes_below(ballot[i]);
       kept[row0 + pos] = j0 + i * kListThreads + int(threadIdx.x);
       if (kept_span) kept_span[row0 + pos] = span[i];
     }
@@ -301,10 +306,6 @@ __device__ __forceinline__ int2 step_offsets(const uint32_t (&a)[kScanPer], cons
     total += v;
   }
   return make_int2(before, total);
-}
-// This lane's rank among the set lanes of a ballot below it.
-__device__ __forceinline__ int lanes_below(uint32_t ballot) {
-  return __popc(ballot & ((1u << (threadIdx.x % 32)) - 1u));
 }
 
 // One CTA per (checkpoint, batch * KV head): checkpoint k's row c is the first of its tiles,

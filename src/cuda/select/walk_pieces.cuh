@@ -25,11 +25,19 @@ struct WalkShape {
 
 constexpr int kWalkNarrowPiece = 32;
 
+// The pieces before the narrow ranks (the last of them cut at narrow_from) and the narrow ones.
+struct WalkPieceSplit {
+  int before, narrow;
+};
+FDMA_HOST_DEVICE inline WalkPieceSplit walk_piece_split(const WalkShape& sh) {
+  return {(sh.narrow_from + sh.piece - 1) / sh.piece,
+          (sh.narrow_to - sh.narrow_from + kWalkNarrowPiece - 1) / kWalkNarrowPiece};
+}
+
 // The pieces a row takes: those before the narrow ranks, the narrow ones, those after.
 FDMA_HOST_DEVICE inline int walk_pieces(const WalkShape& sh, int Sk) {
-  const int before = (sh.narrow_from + sh.piece - 1) / sh.piece;
-  const int narrow = (sh.narrow_to - sh.narrow_from + kWalkNarrowPiece - 1) / kWalkNarrowPiece;
-  return before + narrow + (Sk - sh.narrow_to + sh.piece - 1) / sh.piece;
+  const WalkPieceSplit n = walk_piece_split(sh);
+  return n.before + n.narrow + (Sk - sh.narrow_to + sh.piece - 1) / sh.piece;
 }
 
 // Piece y's positions [first, last) of the rank order.
@@ -37,18 +45,17 @@ struct WalkPiece {
   int first, last;
 };
 FDMA_HOST_DEVICE inline WalkPiece walk_piece(const WalkShape& sh, int Sk, int y) {
-  const int before = (sh.narrow_from + sh.piece - 1) / sh.piece;
-  if (y < before) {
+  const WalkPieceSplit n = walk_piece_split(sh);
+  if (y < n.before) {
     const int first = y * sh.piece;
     return {first, first + sh.piece < sh.narrow_from ? first + sh.piece : sh.narrow_from};
   }
-  y -= before;
-  const int narrow = (sh.narrow_to - sh.narrow_from + kWalkNarrowPiece - 1) / kWalkNarrowPiece;
-  if (y < narrow) {
+  y -= n.before;
+  if (y < n.narrow) {
     const int first = sh.narrow_from + y * kWalkNarrowPiece;
     return {first, first + kWalkNarrowPiece < sh.narrow_to ? first + kWalkNarrowPiece : sh.narrow_to};
   }
-  const int first = sh.narrow_to + (y - narrow) * sh.piece;
+  const int first = sh.narrow_to + (y - n.narrow) * sh.piece;
   return {first, first + sh.piece < Sk ? first + sh.piece : Sk};
 }
 
