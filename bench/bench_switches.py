@@ -23,8 +23,9 @@ Configurations (environment switches, read by the library per call):
                             the wavelet matrix instead of the walk (the same intervals)
   ckpt0, ckpt4, ckpt16      FDMA_TILE_CHECKPOINTS=0, 4 or 16: the causal tile lists with no
                             checkpoint lists, or one every 4 or 16 tiles (the default: 8)
-  narrow1, narrow3          FDMA_WALK_NARROW=1 or 3: the selection's walk cuts the w or 3w ranks
-                            after rank w one step a piece (the default: none; the same intervals)
+  narrow0, narrow1, narrow3 FDMA_WALK_NARROW=0, 1 or 3: the selection's walk cuts none, or the w
+                            or 3w ranks after rank w, one step a piece (the default: 3w where the
+                            walk's grid so cut runs in one wave, else none; the same intervals)
   det                       deterministic=1 (a call parameter): the dq and dk/dv kernels, where
                             the default on Hopper at D 64 and 128 is the warp-specialized backward
                             with fused dq (its gradients differ in the last bits: atomics)
@@ -64,6 +65,7 @@ CONFIGS = {
     "ckpt0": {"FDMA_TILE_CHECKPOINTS": "0"},
     "ckpt4": {"FDMA_TILE_CHECKPOINTS": "4"},
     "ckpt16": {"FDMA_TILE_CHECKPOINTS": "16"},
+    "narrow0": {"FDMA_WALK_NARROW": "0"},
     "narrow1": {"FDMA_WALK_NARROW": "1"},
     "narrow3": {"FDMA_WALK_NARROW": "3"},
     "sort-global": {"FDMA_SELECT_PATH": "global"},

@@ -295,15 +295,15 @@ TEST(SelectGpu, SixteenCtaClustersMatchTheCpu) {
 }
 
 // The walk with the ranks after rank w cut one step (32 positions) a piece (FDMA_WALK_NARROW=k:
-// k * w ranks; walk_pieces.cuh), rows of one span and of several, w of 1, at a piece's edge and
-// past the row's last narrow rank, scores rising with the index (every step hits) and random:
-// the CPU's intervals exactly.
+// k * w ranks; walk_pieces.cuh) and with none cut (these small grids take 3w by default), rows
+// of one span and of several, w of 1, at a piece's edge and past the row's last narrow rank,
+// scores rising with the index (every step hits) and random: the CPU's intervals exactly.
 TEST(SelectGpu, NarrowWalkPiecesMatchTheCpu) {
   REQUIRE_GPU();
   const ScopedEnv ends("FDMA_SELECT_ENDS"), narrow("FDMA_WALK_NARROW");
   ends.set("walk");
   std::mt19937_64 rng(97);
-  for (const char* k : {"1", "3", "64"}) {
+  for (const char* k : {"0", "1", "3", "64"}) {
     narrow.set(k);
     for (int64_t Sk : {int64_t(300), int64_t(8193), int64_t(20011), int64_t(65536)})
       for (int order = 0; order < 2; ++order) {

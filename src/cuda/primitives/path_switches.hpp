@@ -49,10 +49,10 @@ inline const char* forced_select_path() {
 inline bool select_walk_allowed() { return !env_is("FDMA_SELECT_ENDS", "wavelet"); }
 
 // FDMA_WALK_NARROW=k: the walk cuts the k * w ranks after rank w one step (32 positions) a
-// piece (walk_pieces.cuh; 0, the default: none).
+// piece (walk_pieces.cuh; 0: none). Unset (-1): select_topw.cu chooses per call.
 inline int walk_narrow_ranks() {
   const char* env = std::getenv("FDMA_WALK_NARROW");
-  return env ? std::clamp(std::atoi(env), 0, 64) : 0;
+  return env ? std::clamp(std::atoi(env), 0, 64) : -1;
 }
 
 // FDMA_FWD_LAST_TILE=full: a list's last key tile as wide as the others.

@@ -411,7 +411,7 @@ bool walk_applies(const TopwInputs& in) { return in.Sk <= kWalkMaxKeys && select
 // Pieces of 64-256 positions, as many as fill the GPU about 8 times over (a piece's work is
 // mostly one warp's); spans of a sixteenth of the row, or the whole row where its keys are few
 // enough for every piece to place them with atomics (no prefix kernels then). The narrow ranks
-// (walk_pieces.cuh) are set apart, by FDMA_WALK_NARROW.
+// (walk_pieces.cuh) are set apart by choose_narrow_ranks.
 WalkShape walk_shape(const TopwInputs& in, int sms) {
   const int64_t rows = int64_t(in.B) * in.Hk;
   WalkShape sh{};
@@ -424,6 +424,23 @@ WalkShape walk_shape(const TopwInputs& in, int sms) {
   return sh;
 }
 
+// The 3w ranks after rank w cut narrow where the walk's grid, so cut, still runs in one wave: the
+// kernel then lasts as long as its heaviest CTA, which the narrow pieces lighten. Over several
+// waves each extra piece's setup (the prefix bitmap, Sk / 32 words, ORed in again) adds to the
+// total instead (docs/performance.md measures both). FDMA_WALK_NARROW=k forces k * w ranks.
+constexpr int kNarrowRanksPerW = 3;
+cudaError_t choose_narrow_ranks(WalkShape& sh, int rows, int Sk, int64_t w, size_t bitmap_bytes, int sms) {
+  const int forced = walk_narrow_ranks();
+  set_walk_narrow_ranks(sh, Sk, w, forced >= 0 ? forced : kNarrowRanksPerW);
+  if (forced >= 0 || sh.narrow_from == sh.narrow_to) return cudaSuccess;
+  int per_sm = 0;
+  const cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, walk_intervals_kernel, kWalkThreads, bitmap_bytes);
+  if (err != cudaSuccess) return err;
+  if (int64_t(rows) * walk_pieces(sh, Sk) > int64_t(per_sm) * sms) set_walk_narrow_ranks(sh, Sk, w, 0);
+  return cudaSuccess;
+}
+
 // The causal intervals by the walk, after the sort (ranks in s); the prefix bitmaps go where
 // the wavelet's zero counts would (rows * (spans - 1) * words words, less than its
 // levels * (n + 1)).
@@ -433,8 +450,11 @@ cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const Wav
                            int32_t* begin, const int64_t (&bs)[3], int32_t* end, const int64_t (&es)[3],
                            cudaStream_t stream, bool overlap, const KeptCounts* counts, bool* counted) {
   const int rows = in.B * in.Hk;
-  WalkShape sh = walk_shape(in, device_limits().sms);
-  set_walk_narrow_ranks(sh, in.Sk, w, walk_narrow_ranks());
+  const int sms = device_limits().sms;
+  WalkShape sh = walk_shape(in, sms);
+  const size_t bitmap_bytes = size_t(sh.words) * 4;
+  if (const cudaError_t err = choose_narrow_ranks(sh, rows, in.Sk, w, bitmap_bytes, sms); err != cudaSuccess)
+    return err;
   KeptCounts kc{};
   if (counts && sh.spans > 1 && !in.cu_k) kc = *counts;
   // Never true: pieces of at most 256, at most 16 spans of Sk / 32 words.
@@ -443,7 +463,6 @@ cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const Wav
     return cudaErrorInvalidValue;
   if (counted) *counted = kc.counts != nullptr;
   auto* prefix = reinterpret_cast<uint32_t*>(wv.rank0);
-  const size_t bitmap_bytes = size_t(sh.words) * 4;
   if (sh.spans > 1) {
     if (const cudaError_t err = launch_kernel(overlap, walk_span_bits_kernel, dim3(rows, sh.spans - 1), kWalkThreads,
                                               bitmap_bytes, stream, in.Sk, sh, s.idx_out, prefix, kc);
