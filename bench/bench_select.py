@@ -30,12 +30,12 @@ def ok(lib, st):
         raise RuntimeError(lib.fdma_last_error().decode())
 
 
-def time_select(lib, S, rows, w, causal=True):
+def time_select(lib, S, rows, w, causal=True, score_dtype=torch.float32):
     dev = torch.device("cuda")
     Hk = min(rows, 8) if rows % 8 == 0 else rows
     B = rows // Hk
     torch.manual_seed(0)
-    scores = torch.randn(B, Hk, S, device=dev, dtype=torch.float32)
+    scores = torch.randn(B, Hk, S, device=dev, dtype=score_dtype)
     begin = torch.empty(B, Hk, S, device=dev, dtype=torch.int32)
     end = torch.empty_like(begin)
     sp = _abi.SelectParams()
@@ -91,6 +91,8 @@ def main():
     ap.add_argument("--rows", default="4,64")
     ap.add_argument("--window", type=int, default=2048)
     ap.add_argument("--causal", type=int, default=1)
+    ap.add_argument("--score-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the key scores' dtype (16-bit scores sort on fewer bits)")
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     table = []
@@ -98,7 +100,7 @@ def main():
         for S in [int(s) for s in args.seqlens.split(",")]:
             if rows * S > 2**26:
                 continue
-            t = time_select(lib, S, rows, args.window, bool(args.causal))
+            t = time_select(lib, S, rows, args.window, bool(args.causal), getattr(torch, args.score_dtype))
             table.append((rows, S, t))
             print(rows, S, t, flush=True)
     print("\n| rows (B x Hk) | S | library's choice | wavelet ends | cluster | shared | global | levels | host per call | back to back |")

@@ -99,6 +99,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--score-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the key scores' dtype (16-bit scores sort on fewer bits)")
     args = ap.parse_args()
     names = args.configs.split(",")
     if names[0] != "default" or any(n not in CONFIGS for n in names):
@@ -111,7 +113,7 @@ def main():
     B, H, Hk, D, w = 1, args.heads, args.kv_heads, args.headdim, args.window
     rows = []
     for S in [int(s) for s in args.seqlens.split(",")]:
-        prob = dma_problem(S, B=B, H=H, Hk=Hk, D=D, w=w)
+        prob = dma_problem(S, B=B, H=H, Hk=Hk, D=D, w=w, score_dtype=getattr(torch, args.score_dtype))
         out, p = prob.out, prob.params
         kept = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)
         p.keep_begin, p.keep_end = view(kept[0]), view(kept[1])

@@ -1,5 +1,5 @@
 """The causal dynamic-mask problem the benchmark and profiling scripts share (the headline shape:
-B1 H16 Hk4 D128 w2048 bf16 by default): inputs drawn from seed 0, outputs and gradients
+B1 H16 Hk4 D128 w2048 bf16, float32 key scores, by default): inputs drawn from seed 0, outputs and gradients
 allocated, and the library's DmaParams pointing at them (no workspace, no kept selection: each
 script sets those as it measures)."""
 import ctypes
@@ -11,14 +11,15 @@ from bench_attention import view
 from flash_dma import _abi
 
 
-def dma_problem(S, device="cuda", causal=1, B=1, H=16, Hk=4, D=128, w=2048, dtype=torch.bfloat16):
+def dma_problem(S, device="cuda", causal=1, B=1, H=16, Hk=4, D=128, w=2048, dtype=torch.bfloat16,
+                score_dtype=torch.float32):
     torch.manual_seed(0)
     t = SimpleNamespace()
     t.q = torch.randn(B, S, H, D, device=device, dtype=dtype)
     t.k = torch.randn(B, S, Hk, D, device=device, dtype=dtype)
     t.v = torch.randn(B, S, Hk, D, device=device, dtype=dtype)
     t.dout = torch.randn_like(t.q)
-    t.scores = torch.randn(B, Hk, S, device=device, dtype=torch.float32)
+    t.scores = torch.randn(B, Hk, S, device=device, dtype=score_dtype)
     t.out, t.lse = torch.empty_like(t.q), torch.empty(B, H, S, device=device, dtype=torch.float32)
     t.dq, t.dk, t.dv, t.dscores = (torch.empty_like(x) for x in (t.q, t.k, t.v, t.scores))
     p = _abi.DmaParams()

@@ -243,6 +243,55 @@ TEST(SelectGpu, EveryPathMatchesTheCpu) {
   }
 }
 
+// The cluster sort and the CTA's sort leave out the low score bits that bfloat16 and float16
+// scores leave decided (rank_key.cuh, score_decided_low_bits). Scores that differ only in
+// their last mantissa bits (float16's sit above bfloat16's 16), ties, signed zeros, infinities,
+// subnormals and NaN (which must still rank between -inf and padding: a padded key just before
+// a NaN one), on each sorting path and on the default one: the CPU's selection exactly.
+namespace {
+
+void check_sixteen_bit_scores(const std::vector<const char*>& paths, const std::vector<int64_t>& sizes,
+                              const std::vector<int64_t>& windows) {
+  const ScopedEnv select_path("FDMA_SELECT_PATH");
+  std::mt19937_64 rng(99);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    const double ulp = dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;  // of 1.0 in the dtype
+    const double tiny = dt == DType::bf16 ? 1e-39 : dt == DType::f16 ? 6e-8 : 1e-44;
+    const std::vector<double> pool = {1.0,  1.0 + ulp, 1.0 + 2 * ulp, 1.0 + 7 * ulp, -1.0, -1.0 - ulp, -1.0 - 3 * ulp,
+                                      0.0,  -0.0,      INFINITY,      -INFINITY,     NAN,  tiny,       -tiny,
+                                      2 * tiny, 65504.0, -65504.0};
+    std::uniform_int_distribution<size_t> pick(0, pool.size() - 1);
+    for (const char* path : paths) {
+      SCOPED_TRACE(::testing::Message() << "dtype " << int(dt) << " path '" << path << "'");
+      path[0] ? select_path.set(path) : select_path.clear();
+      for (int64_t Sk : sizes) {
+        HostTensor scores(dt, {2, 3, Sk}), pad(DType::boolean, {2, Sk});
+        for (int64_t i = 0; i < scores.numel(); ++i) scores.set(i, pool[pick(rng)]);
+        pad.fill_bool(rng, 0.9);
+        pad.set(1, 0), pad.set(3, 1), scores.set(3, NAN);  // row 0: padding at 1 ties NaN at 3's high bits
+        for (int64_t w : windows) {
+          run_gpu_select(scores, &pad, Sk, w, true);
+          run_gpu_select(scores, nullptr, (Sk + 1) / 2, w, true);
+          run_gpu_select(scores, &pad, Sk, w, false);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(SelectGpu, SixteenBitScoresRankOnTheirHighBits) {
+  REQUIRE_GPU();
+  check_sixteen_bit_scores({"", "cluster", "shared", "global"}, {33, 4097, 16385, 32768}, {1, 7, 2048});
+}
+
+// The same, small, for compute-sanitizer.
+TEST(SelectGpu, SixteenBitScoresSmall) {
+  REQUIRE_GPU();
+  check_sixteen_bit_scores({"cluster", "shared"}, {33, 2000}, {7});
+}
+
 // The walk (select_walk.cuh) against the CPU where its steps work hardest: scores rising with
 // the index (every key lands below the current end, 32 hits a step), falling (none), random,
 // and in blocks; rows of one span (up to 8192 keys) and of sixteen, pieces of 64 (few rows)

@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--score-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the key scores' dtype (16-bit scores sort on fewer bits)")
     ap.add_argument("--forward-only", action="store_true")
     ap.add_argument("--timeline", type=int, default=0, help="calls to profile with the torch profiler")
     ap.add_argument("--back-to-back", action="store_true", help="timeline calls queued, not each alone")
@@ -46,7 +48,8 @@ def main():
     args = ap.parse_args()
     lib = _abi.load_library(args.lib)
     dev, S, B, Hk = torch.device("cuda"), args.seqlen, 1, args.kv_heads
-    prob = dma_problem(S, causal=args.causal, B=B, H=args.heads, Hk=Hk, D=args.headdim, w=args.window)
+    prob = dma_problem(S, causal=args.causal, B=B, H=args.heads, Hk=Hk, D=args.headdim, w=args.window,
+                      score_dtype=getattr(torch, args.score_dtype))
     p = prob.params
     keep = torch.empty(2, B, Hk, S, device=dev, dtype=torch.int32)  # the forward's selection, for the backward
     p.keep_begin, p.keep_end = view(keep[0]), view(keep[1])

@@ -19,14 +19,25 @@ __device__ __forceinline__ float load_score(const void* p, int dtype, int64_t of
   }
 }
 
-// Order-preserving map of a float to uint32, with NaN mapped to 1 (below -inf, which maps to
-// 0x007fffff; 0 is left for padding) and -0.0 to +0.0's value: they compare equal, so they
-// must tie (and fall back to the index).
+// Order-preserving map of a float to uint32, with NaN mapped to 1 << 16 (below -inf, which
+// maps to 0x007fffff; 0 is left for padding) and -0.0 to +0.0's value: they compare equal, so
+// they must tie (and fall back to the index).
+constexpr uint32_t kNanScoreBits = 1u << 16;
 __device__ __forceinline__ uint32_t sortable(float f) {
-  if (isnan(f)) return 1u;
+  if (isnan(f)) return kNanScoreBits;
   if (f == 0.f) f = 0.f;
   const uint32_t u = __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Low bits of sortable(score) that its higher bits decide, by the scores' dtype (fdma_dtype). A
+// float widened from bfloat16 (float16) ends in 16 (13) zero mantissa bits, which sortable
+// turns into all zeros or all ones by the sign; NaN (1 << 16) and padding (0) differ above
+// them. So a stable least-significant-digit sort over index order may leave them out: the
+// cluster sort skips 16 bits for bfloat16 scores and 8 for float16 (8-bit digits), the CTA's
+// sort 16 for bfloat16 (docs/performance.md, "selection").
+__host__ __device__ constexpr int score_decided_low_bits(int score_dtype) {
+  return score_dtype == 3 ? 16 : score_dtype == 2 ? 13 : 0;
 }
 
 // Rows [start, start + len) of a packed sequence from device offsets, clamped to [0, total]

@@ -5,9 +5,11 @@
 // can place such a cluster, and past 16K keys where the rows are few), one per CTA, and the
 // CTAs exchange data through distributed shared memory:
 //   - the rank sort is a least-significant-digit radix sort over the 32 inverted score bits,
-//     8 bits per pass. Each pass ranks the CTA's keys by digit (stable), reads the peers' digit
-//     counts, and stores every key straight into the CTA that holds its destination. The
-//     input is in index order and every pass is stable, so ties go to the lower index;
+//     8 bits per pass, less the low digits that 16-bit scores leave decided (rank_key.cuh:
+//     two passes for bfloat16, three for float16). Each pass ranks the CTA's keys by digit
+//     (stable), reads the peers' digit counts, and stores every key straight into the CTA
+//     that holds its destination. The input is in index order and every pass is stable, so
+//     ties go to the lower index;
 //   - each wavelet level counts its segment's zeros, places them after the zeros of the
 //     segments before (the row's total is known in closed form, zeros_of_bit), partitions the
 //     segment locally and copies its zeros and its ones as two runs into the peers, 16 bytes
@@ -178,12 +180,13 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t key[kItems];
   int32_t idx[kItems];
   constexpr int kPasses = 32 / kDigitBits;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int cur = pass & 1, next = cur ^ 1;
+  const int first_pass = score_decided_low_bits(in.score_dtype) / kDigitBits;
+  for (int pass = first_pass; pass < kPasses; ++pass) {
+    const int cur = (pass - first_pass) & 1, next = cur ^ 1;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int p = warp * 32 * kItems + 32 * i + lane;
-      if (pass == 0) {
+      if (pass == first_pass) {
         idx[i] = first + p;  // past the segment: ~0u, ranked after every real key
         key[i] = p < mine ? ~score_bits(in, row / in.Hk, row % in.Hk, idx[i]) : ~0u;
       } else {
@@ -231,7 +234,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // Ranked: this CTA holds ranks [first, first + mine) in kv[sorted]; the other buffer is free
   // and stages each level's partition.
-  const int sorted = kPasses & 1;
+  const int sorted = (kPasses - first_pass) & 1;
   const uint2* ranked = sm.kv[sorted];
   int32_t* stage = reinterpret_cast<int32_t*>(sm.kv[sorted ^ 1]);  // mine + 9 ints at most
   for (int p = tid; p < mine; p += kThreads) {

@@ -148,10 +148,11 @@ constexpr size_t select_row_smem() {
 }
 
 // One row per CTA. kSortItems > 0: ranks the row here (Sk <= kRowThreads * kSortItems) and
-// writes keys_out/idx_out as the device-wide sort would; 0: the row comes ranked in idx_out.
-// Then, given rank0 (causal), builds the row's wavelet matrix with the sequence in shared
-// memory.
-template <int kSortItems>
+// writes keys_out/idx_out as the device-wide sort would, on the score bits above kSkipBits
+// (score_decided_low_bits of the scores' dtype: a constant, as a run-time one made cub's sort
+// spill more); 0: the row comes ranked in idx_out. Then, given rank0 (causal), builds the
+// row's wavelet matrix with the sequence in shared memory.
+template <int kSortItems, int kSkipBits = 0>
 __global__ void __launch_bounds__(kRowThreads)
     select_row_kernel(TopwInputs in, int levels, uint64_t* keys_out, int32_t* idx_out, int32_t* rank0) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -172,7 +173,8 @@ __global__ void __launch_bounds__(kRowThreads)
       key[i] = j < Sk ? ~score_bits(in, row / in.Hk, row % in.Hk, j) : ~0u;
       val[i] = uint16_t(j);
     }
-    Sort(*reinterpret_cast<typename Sort::TempStorage*>(seq)).SortBlockedToStriped(key, val);
+    Sort(*reinterpret_cast<typename Sort::TempStorage*>(seq))
+        .SortBlockedToStriped(key, val, kSkipBits, 32);
     __syncthreads();  // the sort's storage becomes the sequence
 #pragma unroll
     for (int i = 0; i < kSortItems; ++i) {

@@ -361,11 +361,11 @@ cudaError_t launch_select_cluster(const TopwInputs& in, const TopwScratch& s, in
   });
 }
 
-template <int kSortItems>
-cudaError_t launch_select_row(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
-                              cudaStream_t stream) {
+template <int kSortItems, int kSkipBits>
+cudaError_t launch_select_row_kernel(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
+                                     cudaStream_t stream) {
   constexpr size_t smem = select_row_smem<kSortItems>();
-  const auto kernel = select_row_kernel<kSortItems>;
+  const auto kernel = select_row_kernel<kSortItems, kSkipBits>;
   static std::atomic<bool> done[kMaxDevices] = {};
   if (const cudaError_t err = once_per_device(
           done, [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)); });
@@ -373,6 +373,18 @@ cudaError_t launch_select_row(const TopwInputs& in, const TopwScratch& s, int le
     return err;
   kernel<<<in.B * in.Hk, kRowThreads, smem, stream>>>(in, levels, s.keys_out, s.idx_out, rank0);
   return cudaGetLastError();
+}
+
+// The CTA's sort leaves out the 16 score bits bfloat16 leaves decided (rank_key.cuh); float16's
+// 13 took another instantiation of cub's sort and 14 s more to compile per architecture.
+template <int kSortItems>
+cudaError_t launch_select_row(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
+                              cudaStream_t stream) {
+  if constexpr (kSortItems > 0) {
+    if (score_decided_low_bits(in.score_dtype) == 16)
+      return launch_select_row_kernel<kSortItems, 16>(in, s, levels, rank0, stream);
+  }
+  return launch_select_row_kernel<kSortItems, 0>(in, s, levels, rank0, stream);
 }
 
 // The device-wide rank sort: every row at once, ranks in keys_out/idx_out.

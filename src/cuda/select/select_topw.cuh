@@ -1,7 +1,7 @@
 // Top-w selection on the GPU. Each key gets a 64-bit rank key, high bits first: its inverted
-// row (b * Hk + hk), its score as an order-preserving integer (0 for padding, 1 for NaN, every
-// number above), and its inverted index. One descending sort of all rows at once (CUB) then
-// keeps the rows in order and ranks ties by lower index without relying on sort stability
+// row (b * Hk + hk), its score as an order-preserving integer (0 for padding, 1 << 16 for NaN,
+// every number above), and its inverted index. One descending sort of all rows at once (CUB)
+// then keeps the rows in order and ranks ties by lower index without relying on sort stability
 // (measured: CUB's segmented descending sort reversed ties). One device-wide sort, not a
 // segmented one: CUB sorts a segment per thread block, so the few long rows of a long
 // sequence ran on a few SMs (about 1.5 of the 1.8 ms the causal selection took at 128K).
