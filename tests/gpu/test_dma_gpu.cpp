@@ -243,11 +243,12 @@ TEST(SelectGpu, EveryPathMatchesTheCpu) {
   }
 }
 
-// The cluster sort and the CTA's sort leave out the low score bits that bfloat16 and float16
-// scores leave decided (rank_key.cuh, score_decided_low_bits). Scores that differ only in
-// their last mantissa bits (float16's sit above bfloat16's 16), ties, signed zeros, infinities,
-// subnormals and NaN (which must still rank between -inf and padding: a padded key just before
-// a NaN one), on each sorting path and on the default one: the CPU's selection exactly.
+// The sorts leave out the low score bits that bfloat16 and float16 scores leave decided
+// (select_topw.cuh, score_decided_low_bits): the cluster and CTA sorts skip their digits, the
+// device-wide sort's rank keys drop them (the global and levels paths). Scores that differ
+// only in their last mantissa bits (float16's sit above bfloat16's 16), ties, signed zeros,
+// infinities, subnormals and NaN (which must still rank between -inf and padding: a padded key
+// just before a NaN one), on each sorting path and the default one: the CPU's selection exactly.
 namespace {
 
 void check_sixteen_bit_scores(const std::vector<const char*>& paths, const std::vector<int64_t>& sizes,
@@ -283,13 +284,13 @@ void check_sixteen_bit_scores(const std::vector<const char*>& paths, const std::
 
 TEST(SelectGpu, SixteenBitScoresRankOnTheirHighBits) {
   REQUIRE_GPU();
-  check_sixteen_bit_scores({"", "cluster", "shared", "global"}, {33, 4097, 16385, 32768}, {1, 7, 2048});
+  check_sixteen_bit_scores({"", "cluster", "shared", "global", "levels"}, {33, 4097, 16385, 32768}, {1, 7, 2048});
 }
 
 // The same, small, for compute-sanitizer.
 TEST(SelectGpu, SixteenBitScoresSmall) {
   REQUIRE_GPU();
-  check_sixteen_bit_scores({"cluster", "shared"}, {33, 2000}, {7});
+  check_sixteen_bit_scores({"cluster", "shared", "global"}, {33, 2000}, {7});
 }
 
 // The walk (select_walk.cuh) against the CPU where its steps work hardest: scores rising with

@@ -30,16 +30,6 @@ __device__ __forceinline__ uint32_t sortable(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Low bits of sortable(score) that its higher bits decide, by the scores' dtype (fdma_dtype). A
-// float widened from bfloat16 (float16) ends in 16 (13) zero mantissa bits, which sortable
-// turns into all zeros or all ones by the sign; NaN (1 << 16) and padding (0) differ above
-// them. So a stable least-significant-digit sort over index order may leave them out: the
-// cluster sort skips 16 bits for bfloat16 scores and 8 for float16 (8-bit digits), the CTA's
-// sort 16 for bfloat16 (docs/performance.md, "selection").
-__host__ __device__ constexpr int score_decided_low_bits(int score_dtype) {
-  return score_dtype == 3 ? 16 : score_dtype == 2 ? 13 : 0;
-}
-
 // Rows [start, start + len) of a packed sequence from device offsets, clamped to [0, total]
 // and to `most` rows, so that offsets that are no prefix sums never lead outside the tensors.
 struct SeqRows {
@@ -95,11 +85,13 @@ __device__ __forceinline__ KeyInterval causal_interval(const IntervalRow& r, int
   return hi <= lo ? KeyInterval{0, 0} : KeyInterval{int32_t(lo), int32_t(hi)};
 }
 
-// Descending order of these keys: rows in order, then higher scores, then lower indices.
+// Descending order of these keys: rows in order, then higher scores, then lower indices. The
+// score keeps its top in.score_key_bits bits (the others follow from them).
 __device__ __forceinline__ uint64_t rank_key(const TopwInputs& in, int row, uint32_t score, int j) {
   const uint64_t inv_index = (uint64_t(1) << in.index_bits) - 1 - uint64_t(j);
   const uint64_t inv_row = (uint64_t(1) << in.row_bits) - 1 - uint64_t(row);
-  return (inv_row << (32 + in.index_bits)) | (uint64_t(score) << in.index_bits) | inv_index;
+  const uint64_t top = score >> (32 - in.score_key_bits);
+  return (inv_row << (in.score_key_bits + in.index_bits)) | (top << in.index_bits) | inv_index;
 }
 
 }  // namespace fdma::cuda

@@ -5,7 +5,7 @@
 // can place such a cluster, and past 16K keys where the rows are few), one per CTA, and the
 // CTAs exchange data through distributed shared memory:
 //   - the rank sort is a least-significant-digit radix sort over the 32 inverted score bits,
-//     8 bits per pass, less the low digits that 16-bit scores leave decided (rank_key.cuh:
+//     8 bits per pass, less the low digits that 16-bit scores leave decided (select_topw.cuh:
 //     two passes for bfloat16, three for float16). Each pass ranks the CTA's keys by digit
 //     (stable), reads the peers' digit counts, and stores every key straight into the CTA
 //     that holds its destination. The input is in index order and every pass is stable, so

@@ -41,7 +41,7 @@ __global__ void intervals_kernel(TopwInputs in, const uint64_t* keys, const int3
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
     const int rank = int(t % in.Sk), row = int(t / in.Sk), hk = row % in.Hk, b = row / in.Hk;
-    const bool kept = rank < w && rank_key_exists(keys[t], in.index_bits);
+    const bool kept = rank < w && rank_key_exists(keys[t], in);
     const int j = idx[t];  // each key appears once per row, so every output is written once
     const IntervalRow r = interval_row(in, b, Sq);
     const int64_t at_b = interval_at(in, r, b, hk, j, b0, b1, b2), at_e = interval_at(in, r, b, hk, j, e0, e1, e2);
@@ -104,7 +104,7 @@ __global__ void causal_intervals_kernel(TopwInputs in, const uint64_t* keys, con
     const IntervalRow r = interval_row(in, b, Sq);  // a packed sequence's own Sq and offset
     const int64_t at_b = interval_at(in, r, b, hk, j, b0, b1, b2), at_e = interval_at(in, r, b, hk, j, e0, e1, e2);
     if (at_b < 0) continue;  // past a packed sequence's keys
-    const bool exists = rank_key_exists(keys[t], in.index_bits);
+    const bool exists = rank_key_exists(keys[t], in);
     const int64_t x =
         exists && rank >= w ? wavelet_kth(rank0, levels, n, int64_t(row) * in.Sk, in.Sk, rank, int(w - 1)) : -1;
     const KeyInterval kept = causal_interval(r, j, exists, x);
@@ -375,7 +375,7 @@ cudaError_t launch_select_row_kernel(const TopwInputs& in, const TopwScratch& s,
   return cudaGetLastError();
 }
 
-// The CTA's sort leaves out the 16 score bits bfloat16 leaves decided (rank_key.cuh); float16's
+// The CTA's sort leaves out the 16 score bits bfloat16 leaves decided (select_topw.cuh); float16's
 // 13 took another instantiation of cub's sort and 14 s more to compile per architecture.
 template <int kSortItems>
 cudaError_t launch_select_row(const TopwInputs& in, const TopwScratch& s, int levels, int32_t* rank0,
@@ -517,12 +517,13 @@ cudaError_t select_intervals(const TopwInputs& in, const TopwScratch& s, const W
 void set_rank_bits(TopwInputs& in) {
   in.index_bits = 1;
   while ((int64_t(1) << in.index_bits) < in.Sk) ++in.index_bits;
+  in.score_key_bits = 32 - score_decided_low_bits(in.score_dtype);
   in.row_bits = 0;
   while ((int64_t(1) << in.row_bits) < int64_t(in.B) * in.Hk) ++in.row_bits;
 }
 
 // The significant bits of a rank key: index, score, row.
-int rank_bits(const TopwInputs& in) { return in.index_bits + 32 + in.row_bits; }
+int rank_bits(const TopwInputs& in) { return in.index_bits + in.score_key_bits + in.row_bits; }
 
 size_t topw_workspace(const TopwInputs& in, size_t* cub_bytes) {
   const int64_t n = int64_t(in.B) * in.Hk * in.Sk;

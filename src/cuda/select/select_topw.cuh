@@ -1,6 +1,7 @@
 // Top-w selection on the GPU. Each key gets a 64-bit rank key, high bits first: its inverted
 // row (b * Hk + hk), its score as an order-preserving integer (0 for padding, 1 << 16 for NaN,
-// every number above), and its inverted index. One descending sort of all rows at once (CUB)
+// every number above; of 16-bit scores only the bits that are not decided by the others, see
+// score_decided_low_bits), and its inverted index. One descending sort of all rows at once (CUB)
 // then keeps the rows in order and ranks ties by lower index without relying on sort stability
 // (measured: CUB's segmented descending sort reversed ties). One device-wide sort, not a
 // segmented one: CUB sorts a segment per thread block, so the few long rows of a long
@@ -23,8 +24,9 @@ struct TopwInputs {
   const uint8_t* padding;  // optional [B, Sk]
   int64_t padding_stride[2];
   int B, Hk, Sk;
-  int index_bits;  // bits of the inverted index at the bottom of each rank key
-  int row_bits;    // bits of the inverted row at the top
+  int index_bits;      // bits of the inverted index at the bottom of each rank key
+  int score_key_bits;  // bits of the score above them: 32 less score_decided_low_bits
+  int row_bits;        // bits of the inverted row at the top
   // A packed variable-length batch (fdma.h, "varlen"): row b * Hk + hk is sequence b's, Sk
   // is max_seqlen_k, and key j of sequence b is packed key cu_k[b] + j (scores [1, Hk,
   // total_k], padding [1, total_k]), which exists while j is below the sequence's length. Its
@@ -34,12 +36,22 @@ struct TopwInputs {
   int total_q = 0, total_k = 0;
 };
 
-// Sets index_bits and row_bits from Sk and B * Hk.
+// Low bits of a score's order-preserving integer (rank_key.cuh, sortable) that its higher bits
+// decide, by the scores' dtype (fdma_dtype). A float widened from bfloat16 (float16) ends in 16
+// (13) zero mantissa bits, which that map turns into all zeros or all ones by the sign; NaN
+// (1 << 16) and padding (0) differ above them. So sorts may leave them out: the device-wide
+// sort's rank keys drop them, the cluster sort's 8-bit passes skip 16 bits for bfloat16 and 8
+// for float16, the CTA's sort 16 for bfloat16 (docs/performance.md, "selection").
+__host__ __device__ constexpr int score_decided_low_bits(int score_dtype) {
+  return score_dtype == 3 ? 16 : score_dtype == 2 ? 13 : 0;
+}
+
+// Sets index_bits, score_bits and row_bits from Sk, the scores' dtype and B * Hk.
 void set_rank_bits(TopwInputs& in);
 
 // Whether the key behind a sorted rank key exists (is not padding: score bits 0).
-__host__ __device__ inline bool rank_key_exists(uint64_t key, int index_bits) {
-  return ((key >> index_bits) & 0xffffffffu) != 0;
+__host__ __device__ inline bool rank_key_exists(uint64_t key, const TopwInputs& in) {
+  return ((key >> in.index_bits) & ((uint64_t(1) << in.score_key_bits) - 1)) != 0;
 }
 
 // Device scratch for the sort; sizes come from topw_workspace with the same inputs.
@@ -83,7 +95,7 @@ struct KeptCounts {
 // The selection as per-key query intervals [begin, end) (strided [B, Hk, Sk] int32): ranks
 // every row, then non-causal (wv null): [0, Sq) for the kept keys, (0, 0) for the others;
 // causal: through the wavelet matrix in wv. Ranks land in s.keys_out/s.idx_out: idx_out[row *
-// Sk + t] is the t-th ranked key of the row, kept iff t < w and rank_key_exists(keys_out[...]).
+// Sk + t] is the t-th ranked key of the row, kept iff t < w and rank_key_exists(keys_out[...], in).
 // overlap: the intervals kernel may start while the ranking finishes (launch.cuh). counts
 // (nullable): count the kept keys as well where the path allows (a causal walk over rows of more
 // than one span, not a packed batch); *counted says whether they were.

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kWalkThreads)
       atomicAdd(&counts.counts[int64_t(row) * counts.blocks + (j >> counts.block_log2)], 1);
   };
   for (int t = t0 + threadIdx.x; t < walk0; t += kWalkThreads)
-    write(idx_out[base + t], rank_key_exists(keys[base + t], in.index_bits), -1);
+    write(idx_out[base + t], rank_key_exists(keys[base + t], in), -1);
   if (walk0 == t_end) return;  // the same for the whole CTA
 
   // Every global read the walk needs, at once (the kernel is a chain of latencies): the piece's
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kWalkThreads)
   const int tp = walk0 + threadIdx.x;
   int my_index = 0;
   bool my_exists = false;
-  if (tp < t_end) my_index = idx_out[base + tp], my_exists = rank_key_exists(keys[base + tp], in.index_bits);
+  if (tp < t_end) my_index = idx_out[base + tp], my_exists = rank_key_exists(keys[base + tp], in);
   for (int i = threadIdx.x; i < sh.words; i += kWalkThreads) bits[i] = 0u;
   __syncthreads();
   const int k = walk0 / sh.span;
