@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fdma/fdma.h"
+
 namespace fdma::cuda {
 
 struct TopwInputs {
@@ -43,10 +45,10 @@ struct TopwInputs {
 // sort's rank keys drop them, the cluster sort's 8-bit passes skip 16 bits for bfloat16 and 8
 // for float16, the CTA's sort 16 for bfloat16 (docs/performance.md, "selection").
 __host__ __device__ constexpr int score_decided_low_bits(int score_dtype) {
-  return score_dtype == 3 ? 16 : score_dtype == 2 ? 13 : 0;
+  return score_dtype == FDMA_BFLOAT16 ? 16 : score_dtype == FDMA_FLOAT16 ? 13 : 0;
 }
 
-// Sets index_bits, score_bits and row_bits from Sk, the scores' dtype and B * Hk.
+// Sets index_bits, score_key_bits and row_bits from Sk, the scores' dtype and B * Hk.
 void set_rank_bits(TopwInputs& in);
 
 // Whether the key behind a sorted rank key exists (is not padding: score bits 0).
