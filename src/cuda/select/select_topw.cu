@@ -436,21 +436,31 @@ WalkShape walk_shape(const TopwInputs& in, int sms) {
   return sh;
 }
 
+// CTAs of the walk kernel an SM holds with the largest bitmap (rows of kWalkMaxKeys keys; a
+// smaller one leaves room for as many or more), queried once per device; 0 if the query fails.
+int walk_ctas_per_sm() {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_per_device(cached, [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, walk_intervals_kernel, kWalkThreads,
+                                                      size_t(kWalkMaxKeys / 32) * 4) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  });
+}
+
 // The 3w ranks after rank w cut narrow where the walk's grid, so cut, still runs in one wave: the
 // kernel then lasts as long as its heaviest CTA, which the narrow pieces lighten. Over several
 // waves each extra piece's setup (the prefix bitmap, Sk / 32 words, ORed in again) adds to the
 // total instead (docs/performance.md measures both). FDMA_WALK_NARROW=k forces k * w ranks.
 constexpr int kNarrowRanksPerW = 3;
-cudaError_t choose_narrow_ranks(WalkShape& sh, int rows, int Sk, int64_t w, size_t bitmap_bytes, int sms) {
+void choose_narrow_ranks(WalkShape& sh, int rows, int Sk, int64_t w, int sms) {
   const int forced = walk_narrow_ranks();
   set_walk_narrow_ranks(sh, Sk, w, forced >= 0 ? forced : kNarrowRanksPerW);
-  if (forced >= 0 || sh.narrow_from == sh.narrow_to) return cudaSuccess;
-  int per_sm = 0;
-  const cudaError_t err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, walk_intervals_kernel, kWalkThreads, bitmap_bytes);
-  if (err != cudaSuccess) return err;
-  if (int64_t(rows) * walk_pieces(sh, Sk) > int64_t(per_sm) * sms) set_walk_narrow_ranks(sh, Sk, w, 0);
-  return cudaSuccess;
+  if (forced < 0 && int64_t(rows) * walk_pieces(sh, Sk) > int64_t(walk_ctas_per_sm()) * sms)
+    set_walk_narrow_ranks(sh, Sk, w, 0);
 }
 
 // The causal intervals by the walk, after the sort (ranks in s); the prefix bitmaps go where
@@ -464,9 +474,8 @@ cudaError_t walk_intervals(const TopwInputs& in, const TopwScratch& s, const Wav
   const int rows = in.B * in.Hk;
   const int sms = device_limits().sms;
   WalkShape sh = walk_shape(in, sms);
+  choose_narrow_ranks(sh, rows, in.Sk, w, sms);
   const size_t bitmap_bytes = size_t(sh.words) * 4;
-  if (const cudaError_t err = choose_narrow_ranks(sh, rows, in.Sk, w, bitmap_bytes, sms); err != cudaSuccess)
-    return err;
   KeptCounts kc{};
   if (counts && sh.spans > 1 && !in.cu_k) kc = *counts;
   // Never true: pieces of at most 256, at most 16 spans of Sk / 32 words.
